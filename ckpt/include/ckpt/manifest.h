@@ -1,0 +1,152 @@
+// manifest.json: what a committed checkpoint tag holds. docs/format.md is the normative spec;
+// this header is its in-memory form. Parsing validates schema, version and the partition
+// tiling before any data is trusted.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ckpt/dtype.h"
+#include "ckpt/status.h"
+
+namespace ckpt {
+
+inline constexpr std::string_view kFormatName = "ckpt";
+inline constexpr int kFormatMajor = 1;
+inline constexpr int kFormatMinor = 0;
+inline constexpr std::string_view kWriterVersion = "ckpt 0.1.0";
+inline constexpr std::string_view kManifestFile = "manifest.json";
+inline constexpr std::string_view kLatestFile = "latest";
+inline constexpr std::string_view kTempPrefix = ".tmp-";
+inline constexpr std::string_view kLockFile = ".lock";
+// Default partition alignment in elements (64 bytes of fp32): every rank's share of the
+// flat buffer, and every ZeRO-3 per-parameter share, is a multiple of it.
+inline constexpr int64_t kDefaultAlignment = 16;
+
+// Conventional dataset names in a rank file (docs/format.md, "Rank files").
+inline constexpr std::string_view kMaster = "master";
+inline constexpr std::string_view kExpAvg = "exp_avg";
+inline constexpr std::string_view kExpAvgSq = "exp_avg_sq";
+inline constexpr std::string_view kCompute = "compute";        // bf16/fp16 shard, optional
+inline constexpr std::string_view kFrozenPrefix = "frozen/";   // + param name, rank 0 only
+inline constexpr std::string_view kRngPrefix = "rng/";         // + generator name, blob
+inline constexpr std::string_view kDataPosition = "data_position";  // json
+inline constexpr std::string_view kScheduler = "scheduler";          // json
+
+// "rank_00003.h5"
+std::string RankFileName(int rank);
+
+struct Counters {
+  int64_t global_step = 0;
+  int64_t micro_step = 0;
+  int64_t skipped_steps = 0;
+  int64_t samples_seen = 0;
+  int64_t tokens_seen = 0;
+};
+
+struct Topology {
+  int dp_world_size = 1;
+  int tp = 1;
+  int pp = 1;
+  int zero_stage = 0;
+};
+
+// Parameter elements [begin, end) live in rank `rank`'s flat shard at
+// [shard_offset, shard_offset + (end - begin)).
+struct PartitionRange {
+  int rank = 0;
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t shard_offset = 0;
+};
+
+struct ParamEntry {
+  std::string name;
+  std::vector<int64_t> shape;
+  DType dtype = DType::kF32;  // the model's parameter dtype; trainable masters are fp32
+  int64_t numel = 0;
+  bool frozen = false;         // stored whole in rank 0's frozen/<name>, never partitioned
+  std::string tied_to;         // non-empty: an alias of that parameter, stored once there
+  std::vector<PartitionRange> ranges;  // trainable owners only; sorted by begin
+  bool trainable() const { return !frozen && tied_to.empty(); }
+};
+
+// How the trainable parameters' flat buffer is split over ranks.
+//  "replicated": ZeRO-0, rank 0 holds the whole buffer (other ranks hold none of it);
+//  "flat":       ZeRO-1/2, parameters packed in table order, the total padded with zeros to a
+//                multiple of alignment × world and split into equal contiguous shares;
+//  "per_param":  ZeRO-3, each parameter split into world shares of
+//                ceil(numel / world) rounded up to alignment; rank r's shard is the
+//                concatenation of its shares in table order, zero-padded.
+struct Partition {
+  std::string scheme = "flat";
+  int64_t alignment = kDefaultAlignment;
+  std::vector<int64_t> shard_numel;  // per rank: length of master / exp_avg / exp_avg_sq
+};
+
+struct DatasetRecord {
+  std::string name;       // path inside the rank file without the leading '/'
+  std::string kind = "tensor";  // "tensor" | "blob" | "json"
+  std::string blob_kind;  // blobs: what the bytes are, e.g. "mt19937_64"
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  uint64_t bytes = 0;     // logical bytes (numel × dtype size)
+  std::string xxh3;       // of the logical little-endian bytes
+};
+
+struct FileRecord {
+  int rank = 0;
+  std::string path;       // relative to the tag directory
+  uint64_t bytes = 0;     // file size on disk
+  std::string xxh3;       // of the whole file; empty when the writer skipped it
+  std::string compression;  // "none", "zstd:3", "zstd:3+shuffle"
+  std::vector<DatasetRecord> datasets;
+};
+
+struct Manifest {
+  std::string format = std::string(kFormatName);
+  int version_major = kFormatMajor;
+  int version_minor = kFormatMinor;
+  std::string writer = std::string(kWriterVersion);
+  std::string kind = "sharded";  // "sharded" | "universal"
+  std::string tag;
+  int64_t created_unix = 0;
+  std::string created_utc;       // ISO 8601
+  Counters counters;
+  Topology topology;
+  nlohmann::json optimizer = nlohmann::json::object();  // {"type":"adamw","lr",...}
+  nlohmann::json dtypes = nlohmann::json::object();     // {"master":"fp32",...}
+  Partition partition;
+  std::vector<ParamEntry> params;
+  std::vector<FileRecord> files;  // one per rank, in rank order
+  nlohmann::json client_state = nlohmann::json::object();
+  nlohmann::json engine_config = nlohmann::json::object();
+
+  const ParamEntry* FindParam(std::string_view name) const;
+  const FileRecord* FileForRank(int rank) const;
+  const DatasetRecord* FindDataset(int rank, std::string_view name) const;
+  // Sum of trainable + frozen numel (tied aliases counted once, at their owner).
+  int64_t UniqueParamCount() const;
+};
+
+nlohmann::json ManifestToJson(const Manifest& m);
+// Parses and validates (ValidateManifest). `source` names the file in error messages.
+// A newer major version is refused: "written by format 2.0, this reader supports 1.x".
+Result<Manifest> ParseManifest(std::string_view text, std::string_view source);
+Result<Manifest> ManifestFromJson(const nlohmann::json& j, std::string_view source);
+// Checks names unique, numel = prod(shape), tied_to targets, ranges tile every trainable
+// parameter exactly (no gap, no overlap), shard slices in bounds and disjoint per rank,
+// one file per rank, dataset sizes = dtype × shape.
+Status ValidateManifest(const Manifest& m);
+
+// Fills params[i].ranges and returns the partition for `world` ranks and ZeRO `zero_stage`
+// (0 replicated, 1-2 flat, 3 per_param). Frozen and tied parameters get no ranges.
+// Errors: world < 1, stage outside 0..3, alignment < 1.
+Result<Partition> BuildPartition(std::vector<ParamEntry>& params, int world, int zero_stage,
+                                 int64_t alignment = kDefaultAlignment);
+
+}  // namespace ckpt

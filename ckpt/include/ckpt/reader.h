@@ -1,0 +1,81 @@
+// Reading a committed checkpoint. Opening validates the manifest before any data is read;
+// nothing on disk is ever modified by a reader.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ckpt/env.h"
+#include "ckpt/manifest.h"
+#include "ckpt/status.h"
+
+namespace ckpt {
+
+struct OpenOptions {
+  Env* env = nullptr;            // nullptr: Env::Default()
+  bool verify_checksums = true;  // whole-dataset reads check their XXH3
+};
+
+// Not thread-safe (it caches open HDF5 handles); movable.
+class CheckpointReader {
+ public:
+  // `path` is a checkpoint root (opens `tag`, or what `latest` names when tag is empty) or a
+  // tag directory (it holds manifest.json). Errors: NotFound, DataLoss (bad manifest),
+  // Unimplemented (newer major version).
+  static Result<CheckpointReader> Open(const std::string& path, const std::string& tag = "",
+                                       OpenOptions options = {});
+  CheckpointReader(CheckpointReader&&) noexcept;
+  CheckpointReader& operator=(CheckpointReader&&) noexcept;
+  ~CheckpointReader();
+
+  const Manifest& manifest() const;
+  const std::string& dir() const;  // the tag directory
+  const std::string& tag() const;
+
+  // The whole dataset into out (out_bytes must equal its logical byte size). Verifies its
+  // XXH3 when verify_checksums. DataLoss on mismatch or an unreadable file.
+  Status ReadDataset(int rank, std::string_view name, void* out, uint64_t out_bytes) const;
+  Result<std::vector<uint8_t>> ReadDatasetBytes(int rank, std::string_view name) const;
+  // Blob or json dataset as a string / parsed JSON.
+  Result<std::string> ReadBlob(int rank, std::string_view name) const;
+  Result<nlohmann::json> ReadJson(int rank, std::string_view name) const;
+  // Elements [offset, offset + count) of a 1-D dataset (HDF5 hyperslab; no checksum, since a
+  // partial read cannot check one).
+  Status ReadSlice(int rank, std::string_view name, int64_t offset, int64_t count,
+                   void* out) const;
+  // Elements [begin, end) of a trainable parameter's `state` (kMaster, kExpAvg, kExpAvgSq) as
+  // fp32, gathered from the owning ranks with hyperslab reads. A tied alias reads its owner.
+  Status ReadParamRange(std::string_view param, std::string_view state, int64_t begin,
+                        int64_t end, float* out) const;
+  // The whole parameter as fp32: trainable from the shards, frozen from rank 0's
+  // frozen/<name> (converted from its stored dtype), aliases from their owner.
+  Result<std::vector<float>> ReadParamFull(std::string_view param,
+                                           std::string_view state = "master") const;
+  // Data bytes read from rank files so far (for reshard's read accounting).
+  uint64_t bytes_read() const;
+
+ private:
+  struct Impl;
+  explicit CheckpointReader(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+struct Problem {
+  std::string file;     // relative to the tag directory, e.g. "rank_00001.h5"
+  std::string dataset;  // empty when the problem is the file itself
+  std::string what;
+};
+
+// Checks a tag directory: manifest parses and validates, every rank file exists with the
+// recorded size, opens as HDF5 and has every dataset with the recorded dtype and shape;
+// with `deep`, every file and dataset checksum. Returns the problems (empty = healthy);
+// an error status only when the check itself cannot run.
+Result<std::vector<Problem>> CheckCheckpoint(const std::string& tag_dir, bool deep,
+                                             Env* env = nullptr);
+
+}  // namespace ckpt

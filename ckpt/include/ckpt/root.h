@@ -1,0 +1,68 @@
+// A checkpoint root: committed tags, the `latest` pointer, leftover temporary directories,
+// the saver lock, retention and garbage collection.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ckpt/env.h"
+#include "ckpt/status.h"
+
+namespace ckpt {
+
+struct TagInfo {
+  std::string tag;
+  std::string path;
+  int64_t global_step = -1;
+  int ranks = 0;
+  uint64_t bytes = 0;
+  int64_t created_unix = 0;
+  bool latest = false;
+  std::string error;  // non-empty when its manifest could not be read
+};
+
+struct RootListing {
+  std::string root;
+  std::string latest;                  // empty when there is no latest pointer
+  std::vector<TagInfo> tags;           // committed tags, oldest global_step first
+  std::vector<std::string> temporary;  // paths of leftover temporary directories
+};
+
+Result<RootListing> ListRoot(const std::string& root, Env* env = nullptr);
+// The tag `latest` names. NotFound when absent; DataLoss when it names a missing tag.
+Result<std::string> ReadLatest(const std::string& root, Env* env = nullptr);
+// Resolves `path` (+ optional tag) to a tag directory: a directory with manifest.json is
+// itself; otherwise a root, at `tag` or at `latest`.
+Result<std::string> ResolveTagDir(const std::string& path, const std::string& tag = "",
+                                  Env* env = nullptr);
+
+// An exclusive advisory lock (flock) on ROOT/.lock, held by a saver or by gc. The kernel
+// drops it when the process dies, so a crashed saver never blocks the next one.
+class RootLock {
+ public:
+  // FailedPrecondition "another save or gc holds ROOT/.lock (pid N)" when held elsewhere.
+  static Result<RootLock> TryAcquire(const std::string& root);
+  RootLock(RootLock&&) noexcept;
+  RootLock& operator=(RootLock&&) noexcept;
+  ~RootLock();
+
+ private:
+  explicit RootLock(int fd) : fd_(fd) {}
+  int fd_ = -1;
+};
+
+struct GcReport {
+  std::vector<std::string> removed_temporary;
+  std::vector<std::string> removed_tags;
+};
+
+// Deletes committed tags older than the newest `keep_last` (0: none), never the one `latest`
+// names. Caller must hold the root lock.
+Result<std::vector<std::string>> ApplyRetention(const std::string& root, int keep_last,
+                                                Env* env = nullptr);
+// Takes the root lock (FailedPrecondition while a saver holds it), removes temporary
+// directories left by crashed saves and applies retention.
+Result<GcReport> CollectGarbage(const std::string& root, int keep_last, Env* env = nullptr);
+
+}  // namespace ckpt

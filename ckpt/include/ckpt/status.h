@@ -1,0 +1,113 @@
+// Status and Result<T>: errors as values with context (leveldb / tensorstore style).
+//
+// Every fallible function returns a Status or a Result<T>. Errors never abort. Each layer adds
+// context with CKPT_RETURN_IF_ERROR(expr, "context"), so a message reads outermost first:
+//   "load global_step12: rank_00001.h5: dataset /exp_avg: checksum mismatch (...)".
+#pragma once
+
+#include <cassert>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+
+namespace ckpt {
+
+enum class StatusCode {
+  kOk = 0,
+  kInvalidArgument,   // bad usage or bad flag values (CLI exit 2)
+  kNotFound,          // missing file, tag, dataset (CLI exit 2)
+  kAlreadyExists,     // target exists and would be overwritten (CLI exit 2)
+  kFailedPrecondition,  // e.g. another saver holds the root lock, topology mismatch (CLI exit 2)
+  kDataLoss,          // checksum mismatch, truncation, corrupt structure (CLI exit 1)
+  kIOError,           // errno-level failure (CLI exit 2)
+  kUnimplemented,     // a newer major format version, an unknown dtype (CLI exit 2)
+  kInternal,          // broken internal invariant (CLI exit 2)
+};
+
+std::string_view StatusCodeName(StatusCode code);
+
+class [[nodiscard]] Status {
+ public:
+  Status() = default;
+  Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
+
+  static Status Ok() { return Status(); }
+  bool ok() const { return code_ == StatusCode::kOk; }
+  StatusCode code() const { return code_; }
+  const std::string& message() const { return message_; }
+  // "DataLoss: rank_00001.h5: dataset /exp_avg: checksum mismatch".
+  std::string ToString() const;
+  // Returns a copy whose message is "context: message". No-op for ok().
+  Status WithContext(std::string_view context) const;
+  // Marks a Status as intentionally unused.
+  void IgnoreError() const {}
+
+ private:
+  StatusCode code_ = StatusCode::kOk;
+  std::string message_;
+};
+
+inline Status InvalidArgument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
+inline Status NotFound(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
+inline Status AlreadyExists(std::string m) { return {StatusCode::kAlreadyExists, std::move(m)}; }
+inline Status FailedPrecondition(std::string m) {
+  return {StatusCode::kFailedPrecondition, std::move(m)};
+}
+inline Status DataLoss(std::string m) { return {StatusCode::kDataLoss, std::move(m)}; }
+inline Status IOError(std::string m) { return {StatusCode::kIOError, std::move(m)}; }
+inline Status Unimplemented(std::string m) { return {StatusCode::kUnimplemented, std::move(m)}; }
+inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+// IOError from errno: "context: strerror(errnum)". ENOSPC and friends keep their text.
+Status ErrnoError(std::string_view context, int errnum);
+
+// CLI exit code for a status: 0 ok, 1 data loss (a check found corruption), 2 anything else.
+int ExitCodeFor(const Status& s);
+
+template <typename T>
+class [[nodiscard]] Result {
+ public:
+  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(Status status) : v_(std::move(status)) {  // NOLINT
+    assert(!std::get<Status>(v_).ok() && "Result constructed from an ok Status");
+  }
+  bool ok() const { return std::holds_alternative<T>(v_); }
+  Status status() const { return ok() ? Status() : std::get<Status>(v_); }
+  T& value() & { return std::get<T>(v_); }
+  const T& value() const& { return std::get<T>(v_); }
+  T&& value() && { return std::get<T>(std::move(v_)); }
+  T* operator->() { return &value(); }
+  const T* operator->() const { return &value(); }
+  T& operator*() & { return value(); }
+  const T& operator*() const& { return value(); }
+
+ private:
+  std::variant<T, Status> v_;
+};
+
+}  // namespace ckpt
+
+#define CKPT_CONCAT_INNER_(a, b) a##b
+#define CKPT_CONCAT_(a, b) CKPT_CONCAT_INNER_(a, b)
+
+// CKPT_RETURN_IF_ERROR(expr, "context"): returns expr's Status with context added.
+// expr may be a Status or a Result<T>.
+#define CKPT_RETURN_IF_ERROR(expr, context)                                   \
+  do {                                                                        \
+    auto&& ckpt_status_or_ = (expr);                                          \
+    if (!ckpt_status_or_.ok()) return ::ckpt::internal::StatusOf(ckpt_status_or_).WithContext(context); \
+  } while (0)
+
+// CKPT_ASSIGN_OR_RETURN(lhs, result_expr, "context").
+#define CKPT_ASSIGN_OR_RETURN(lhs, rexpr, context)                            \
+  auto CKPT_CONCAT_(ckpt_result_, __LINE__) = (rexpr);                        \
+  if (!CKPT_CONCAT_(ckpt_result_, __LINE__).ok())                             \
+    return CKPT_CONCAT_(ckpt_result_, __LINE__).status().WithContext(context); \
+  lhs = std::move(CKPT_CONCAT_(ckpt_result_, __LINE__)).value()
+
+namespace ckpt::internal {
+inline Status StatusOf(const Status& s) { return s; }
+template <typename T>
+Status StatusOf(const Result<T>& r) { return r.status(); }
+}  // namespace ckpt::internal

@@ -1,0 +1,69 @@
+// Saving a checkpoint: every rank calls SaveCheckpoint collectively; the commit protocol
+// (ckpt/src/writer.cc, numbered at the top of that file) makes the tag appear atomically.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ckpt/collective.h"
+#include "ckpt/env.h"
+#include "ckpt/manifest.h"
+#include "ckpt/status.h"
+
+namespace ckpt {
+
+struct Compression {
+  enum class Kind { kNone, kZstd };
+  Kind kind = Kind::kNone;
+  int level = 3;
+  bool shuffle = false;  // HDF5 byte-shuffle filter before zstd
+  // "none", "zstd", "zstd:5", "zstd:3+shuffle".
+  static Result<Compression> Parse(std::string_view text);
+  std::string ToString() const;
+};
+
+// One dataset a rank writes. `data` points at numel × DTypeSize(dtype) logical little-endian
+// bytes that stay valid for the duration of SaveCheckpoint.
+struct DatasetSpec {
+  std::string name;
+  std::string kind = "tensor";  // "tensor" | "blob" | "json"
+  std::string blob_kind;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+
+  static DatasetSpec Tensor(std::string name, DType dtype, std::vector<int64_t> shape,
+                            const void* data);
+  // Opaque bytes (1-D uint8), e.g. an RNG state with blob_kind "mt19937_64".
+  static DatasetSpec Blob(std::string name, std::string blob_kind, std::string_view bytes);
+  // JSON text stored as 1-D uint8 with kind "json".
+  static DatasetSpec Json(std::string name, std::string_view json_text);
+};
+
+struct RankContents {
+  std::vector<DatasetSpec> datasets;
+};
+
+struct SaveOptions {
+  Env* env = nullptr;              // nullptr: Env::Default()
+  Compression compression;
+  uint64_t chunk_bytes = 4u << 20; // HDF5 chunk size for tensors
+  int keep_last = 0;               // > 0: after a successful commit keep only the newest K tags
+  bool update_latest = true;
+  bool file_checksum = true;       // XXH3 of each whole rank file (one read-back pass)
+  int compress_threads = 0;        // 0: hardware concurrency / world size, at least 1
+};
+
+// Collective over `comm`: every rank passes its own contents; `meta` must be the same on
+// every rank (rank 0's is written; files[] is filled by the writer). Returns the same status
+// on every rank. On failure the previous checkpoint and `latest` are untouched and the
+// temporary directory is removed (or left for `ckpt gc` if the process dies).
+// Errors: AlreadyExists (tag exists), FailedPrecondition (another saver holds the root),
+// IOError naming the failed step and file, InvalidArgument (meta does not validate).
+Status SaveCheckpoint(const std::string& root, const Manifest& meta,
+                      const RankContents& mine, Collective& comm,
+                      const SaveOptions& options = {});
+
+}  // namespace ckpt

@@ -91,8 +91,9 @@ class FaultInjectionEnv : public Env {
   bool Exists(const std::string& path) override;
   Result<uint64_t> FileSize(const std::string& path) override;
 
+  struct Impl;  // opaque; public only so the file wrapper in fault_env.cc can name it
+
  private:
-  struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -8,6 +8,8 @@
 #include <string>
 #include <string_view>
 
+#include "ckpt/status.h"
+
 namespace ckpt {
 
 uint64_t Xxh3(const void* data, size_t size);
@@ -15,6 +17,9 @@ std::string DigestHex(uint64_t digest);
 
 // Streaming XXH3-64 over a sequence of Update() calls; equal to Xxh3 of the concatenation.
 // Not thread-safe; move-only.
+// XXH3-64 hex digest of a whole file, read in 4 MiB blocks (bounded memory).
+Result<std::string> Xxh3FileHex(const std::string& path);
+
 class Xxh3Stream {
  public:
   Xxh3Stream();

@@ -134,6 +134,9 @@ struct Manifest {
 };
 
 nlohmann::json ManifestToJson(const Manifest& m);
+// One entry of manifest "files" (also what a rank reports to rank 0 during a save).
+nlohmann::json FileRecordToJson(const FileRecord& f);
+Result<FileRecord> FileRecordFromJson(const nlohmann::json& j, std::string_view source);
 // Parses and validates (ValidateManifest). `source` names the file in error messages.
 // A newer major version is refused: "written by format 2.0, this reader supports 1.x".
 Result<Manifest> ParseManifest(std::string_view text, std::string_view source);

@@ -56,6 +56,9 @@ class CheckpointReader {
   // frozen/<name> (converted from its stored dtype), aliases from their owner.
   Result<std::vector<float>> ReadParamFull(std::string_view param,
                                            std::string_view state = "master") const;
+  // Streams a dataset in bounded memory (8 MiB blocks) and checks its XXH3 against the
+  // manifest. DataLoss naming the file and dataset on mismatch.
+  Status VerifyDataset(int rank, std::string_view name) const;
   // Data bytes read from rank files so far (for reshard's read accounting).
   uint64_t bytes_read() const;
 

@@ -1,0 +1,70 @@
+// Private HDF5 helpers: RAII handles, one-time library setup (zstd filter 32015, quiet error
+// stack), and error text from HDF5's error stack.
+#pragma once
+
+#include <hdf5.h>
+
+#include <string>
+#include <utility>
+
+#include "ckpt/status.h"
+
+namespace ckpt::h5 {
+
+// Registered id of the zstd filter (same as hdf5plugin / HDF Group's registered filter list).
+inline constexpr H5Z_filter_t kZstdFilterId = 32015;
+
+// Registers the zstd filter and silences HDF5's automatic error printing for this thread.
+// Idempotent and cheap; call at every entry point that may run on a new thread.
+void Init();
+
+// The innermost message on HDF5's error stack for this thread, or "" if empty.
+std::string ErrorText();
+
+// Move-only owner of an hid_t; Close(fn) decides how it is released.
+class Handle {
+ public:
+  using Closer = herr_t (*)(hid_t);
+  Handle() = default;
+  Handle(hid_t id, Closer closer) : id_(id), closer_(closer) {}
+  Handle(Handle&& o) noexcept : id_(std::exchange(o.id_, H5I_INVALID_HID)), closer_(o.closer_) {}
+  Handle& operator=(Handle&& o) noexcept {
+    if (this != &o) {
+      Reset();
+      id_ = std::exchange(o.id_, H5I_INVALID_HID);
+      closer_ = o.closer_;
+    }
+    return *this;
+  }
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  ~Handle() { Reset(); }
+  hid_t get() const { return id_; }
+  bool valid() const { return id_ >= 0; }
+  // Closes now and reports failure (e.g. H5Fclose flushing to a full disk).
+  Status Close(std::string_view what) {
+    if (id_ < 0) return Status::Ok();
+    herr_t rc = closer_(id_);
+    id_ = H5I_INVALID_HID;
+    if (rc < 0) return IOError(std::string(what) + ": " + ErrorText());
+    return Status::Ok();
+  }
+
+ private:
+  void Reset() {
+    if (id_ >= 0 && closer_) closer_(id_);
+    id_ = H5I_INVALID_HID;
+  }
+  hid_t id_ = H5I_INVALID_HID;
+  Closer closer_ = nullptr;
+};
+
+inline Handle File(hid_t id) { return Handle(id, H5Fclose); }
+inline Handle Dataset(hid_t id) { return Handle(id, H5Dclose); }
+inline Handle Space(hid_t id) { return Handle(id, H5Sclose); }
+inline Handle Type(hid_t id) { return Handle(id, H5Tclose); }
+inline Handle Plist(hid_t id) { return Handle(id, H5Pclose); }
+inline Handle Attr(hid_t id) { return Handle(id, H5Aclose); }
+inline Handle Group(hid_t id) { return Handle(id, H5Gclose); }
+
+}  // namespace ckpt::h5

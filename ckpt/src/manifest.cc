@@ -1,0 +1,528 @@
+#include "ckpt/manifest.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <set>
+
+namespace ckpt {
+
+using nlohmann::json;
+
+std::string RankFileName(int rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "rank_%05d.h5", rank);
+  return buf;
+}
+
+const ParamEntry* Manifest::FindParam(std::string_view name) const {
+  for (const auto& p : params)
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+const FileRecord* Manifest::FileForRank(int rank) const {
+  for (const auto& f : files)
+    if (f.rank == rank) return &f;
+  return nullptr;
+}
+
+const DatasetRecord* Manifest::FindDataset(int rank, std::string_view name) const {
+  const FileRecord* f = FileForRank(rank);
+  if (!f) return nullptr;
+  for (const auto& d : f->datasets)
+    if (d.name == name) return &d;
+  return nullptr;
+}
+
+int64_t Manifest::UniqueParamCount() const {
+  int64_t n = 0;
+  for (const auto& p : params)
+    if (p.tied_to.empty()) n += p.numel;
+  return n;
+}
+
+// ---------------------------------------------------------------------------------------------
+// JSON <-> Manifest
+
+json FileRecordToJson(const FileRecord& f) {
+  json ds = json::array();
+  for (const auto& d : f.datasets) {
+    json dj = {{"name", d.name},
+               {"kind", d.kind},
+               {"dtype", std::string(DTypeName(d.dtype))},
+               {"shape", d.shape},
+               {"bytes", d.bytes},
+               {"xxh3", d.xxh3}};
+    if (!d.blob_kind.empty()) dj["blob_kind"] = d.blob_kind;
+    ds.push_back(dj);
+  }
+  return {{"rank", f.rank},     {"path", f.path},
+          {"bytes", f.bytes},   {"xxh3", f.xxh3},
+          {"compression", f.compression}, {"datasets", ds}};
+}
+
+json ManifestToJson(const Manifest& m) {
+  json j;
+  j["format"] = m.format;
+  j["format_version"] = std::to_string(m.version_major) + "." + std::to_string(m.version_minor);
+  j["writer"] = m.writer;
+  j["kind"] = m.kind;
+  j["tag"] = m.tag;
+  j["created_unix"] = m.created_unix;
+  j["created_utc"] = m.created_utc;
+  j["counters"] = {{"global_step", m.counters.global_step},
+                   {"micro_step", m.counters.micro_step},
+                   {"skipped_steps", m.counters.skipped_steps},
+                   {"samples_seen", m.counters.samples_seen},
+                   {"tokens_seen", m.counters.tokens_seen}};
+  j["topology"] = {{"dp_world_size", m.topology.dp_world_size},
+                   {"tp", m.topology.tp},
+                   {"pp", m.topology.pp},
+                   {"zero_stage", m.topology.zero_stage}};
+  j["optimizer"] = m.optimizer;
+  j["dtypes"] = m.dtypes;
+  j["partition"] = {{"scheme", m.partition.scheme},
+                    {"alignment", m.partition.alignment},
+                    {"shard_numel", m.partition.shard_numel}};
+  json params = json::array();
+  for (const auto& p : m.params) {
+    json ranges = json::array();
+    for (const auto& r : p.ranges) {
+      ranges.push_back(
+          {{"rank", r.rank}, {"begin", r.begin}, {"end", r.end}, {"shard_offset", r.shard_offset}});
+    }
+    params.push_back({{"name", p.name},
+                      {"shape", p.shape},
+                      {"dtype", std::string(DTypeName(p.dtype))},
+                      {"numel", p.numel},
+                      {"frozen", p.frozen},
+                      {"tied_to", p.tied_to.empty() ? json(nullptr) : json(p.tied_to)},
+                      {"ranges", ranges}});
+  }
+  j["params"] = params;
+  json files = json::array();
+  for (const auto& f : m.files) files.push_back(FileRecordToJson(f));
+  j["files"] = files;
+  j["client_state"] = m.client_state;
+  j["engine_config"] = m.engine_config;
+  return j;
+}
+
+namespace {
+
+// Thrown inside ManifestFromJson only, turned into a DataLoss status at its edge.
+struct SchemaError {
+  std::string what;
+};
+
+const json& Field(const json& j, const char* key, const std::string& where) {
+  if (!j.is_object()) throw SchemaError{where + " is not an object"};
+  auto it = j.find(key);
+  if (it == j.end()) throw SchemaError{where + ": missing field '" + key + "'"};
+  return *it;
+}
+
+int64_t Int(const json& j, const char* key, const std::string& where) {
+  const json& v = Field(j, key, where);
+  if (!v.is_number_integer()) throw SchemaError{where + "." + key + " is not an integer"};
+  return v.get<int64_t>();
+}
+
+std::string Str(const json& j, const char* key, const std::string& where) {
+  const json& v = Field(j, key, where);
+  if (!v.is_string()) throw SchemaError{where + "." + key + " is not a string"};
+  return v.get<std::string>();
+}
+
+bool Bool(const json& j, const char* key, const std::string& where) {
+  const json& v = Field(j, key, where);
+  if (!v.is_boolean()) throw SchemaError{where + "." + key + " is not a boolean"};
+  return v.get<bool>();
+}
+
+std::vector<int64_t> Shape(const json& j, const char* key, const std::string& where) {
+  const json& v = Field(j, key, where);
+  if (!v.is_array()) throw SchemaError{where + "." + key + " is not an array"};
+  std::vector<int64_t> out;
+  for (const auto& d : v) {
+    if (!d.is_number_integer() || d.get<int64_t>() < 0)
+      throw SchemaError{where + "." + key + " has a negative or non-integer dimension"};
+    out.push_back(d.get<int64_t>());
+  }
+  return out;
+}
+
+DType Dtype(const json& j, const char* key, const std::string& where) {
+  std::string name = Str(j, key, where);
+  auto t = DTypeFromName(name);
+  if (!t) throw SchemaError{where + "." + key + ": unknown dtype '" + name + "'"};
+  return *t;
+}
+
+int Int32(const json& j, const char* key, const std::string& where) {
+  int64_t v = Int(j, key, where);
+  if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max())
+    throw SchemaError{where + "." + key + " is out of range"};
+  return static_cast<int>(v);
+}
+
+FileRecord ParseFileRecord(const json& fj, const std::string& where) {
+  FileRecord f;
+  f.rank = Int32(fj, "rank", where);
+  f.path = Str(fj, "path", where);
+  int64_t bytes = Int(fj, "bytes", where);
+  if (bytes < 0) throw SchemaError{where + ".bytes is negative"};
+  f.bytes = static_cast<uint64_t>(bytes);
+  f.xxh3 = Str(fj, "xxh3", where);
+  f.compression = Str(fj, "compression", where);
+  const json& ds = Field(fj, "datasets", where);
+  if (!ds.is_array()) throw SchemaError{where + ".datasets is not an array"};
+  for (size_t k = 0; k < ds.size(); ++k) {
+    const json& dj = ds[k];
+    const std::string dw = where + ".datasets[" + std::to_string(k) + "]";
+    DatasetRecord d;
+    d.name = Str(dj, "name", dw);
+    d.kind = Str(dj, "kind", dw);
+    if (dj.contains("blob_kind")) d.blob_kind = Str(dj, "blob_kind", dw);
+    d.dtype = Dtype(dj, "dtype", dw);
+    d.shape = Shape(dj, "shape", dw);
+    int64_t db = Int(dj, "bytes", dw);
+    if (db < 0) throw SchemaError{dw + ".bytes is negative"};
+    d.bytes = static_cast<uint64_t>(db);
+    d.xxh3 = Str(dj, "xxh3", dw);
+    f.datasets.push_back(std::move(d));
+  }
+  return f;
+}
+
+json ObjectOr(const json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return json::object();
+  return *it;
+}
+
+}  // namespace
+
+Result<Manifest> ManifestFromJson(const json& j, std::string_view source) {
+  const std::string src(source);
+  Manifest m;
+  try {
+    m.format = Str(j, "format", "manifest");
+    if (m.format != kFormatName)
+      return DataLoss(src + ": not a ckpt manifest (format '" + m.format + "')");
+    std::string version = Str(j, "format_version", "manifest");
+    int major = 0, minor = 0;
+    if (std::sscanf(version.c_str(), "%d.%d", &major, &minor) != 2 || major < 0 || minor < 0)
+      return DataLoss(src + ": malformed format_version '" + version + "'");
+    if (major > kFormatMajor) {
+      return Unimplemented(src + ": written by format version " + version +
+                           ", this reader supports " + std::to_string(kFormatMajor) +
+                           ".x; upgrade ckpt to read it");
+    }
+    m.version_major = major;
+    m.version_minor = minor;
+    m.writer = Str(j, "writer", "manifest");
+    m.kind = Str(j, "kind", "manifest");
+    m.tag = Str(j, "tag", "manifest");
+    m.created_unix = Int(j, "created_unix", "manifest");
+    m.created_utc = Str(j, "created_utc", "manifest");
+    const json& c = Field(j, "counters", "manifest");
+    m.counters.global_step = Int(c, "global_step", "counters");
+    m.counters.micro_step = Int(c, "micro_step", "counters");
+    m.counters.skipped_steps = Int(c, "skipped_steps", "counters");
+    m.counters.samples_seen = Int(c, "samples_seen", "counters");
+    m.counters.tokens_seen = Int(c, "tokens_seen", "counters");
+    const json& t = Field(j, "topology", "manifest");
+    m.topology.dp_world_size = Int32(t, "dp_world_size", "topology");
+    m.topology.tp = Int32(t, "tp", "topology");
+    m.topology.pp = Int32(t, "pp", "topology");
+    m.topology.zero_stage = Int32(t, "zero_stage", "topology");
+    m.optimizer = ObjectOr(j, "optimizer");
+    m.dtypes = ObjectOr(j, "dtypes");
+    const json& part = Field(j, "partition", "manifest");
+    m.partition.scheme = Str(part, "scheme", "partition");
+    m.partition.alignment = Int(part, "alignment", "partition");
+    m.partition.shard_numel = Shape(part, "shard_numel", "partition");
+    const json& params = Field(j, "params", "manifest");
+    if (!params.is_array()) throw SchemaError{"params is not an array"};
+    for (size_t i = 0; i < params.size(); ++i) {
+      const json& pj = params[i];
+      const std::string where = "params[" + std::to_string(i) + "]";
+      ParamEntry p;
+      p.name = Str(pj, "name", where);
+      p.shape = Shape(pj, "shape", where);
+      p.dtype = Dtype(pj, "dtype", where);
+      p.numel = Int(pj, "numel", where);
+      p.frozen = Bool(pj, "frozen", where);
+      const json& tied = Field(pj, "tied_to", where);
+      if (tied.is_string()) p.tied_to = tied.get<std::string>();
+      else if (!tied.is_null()) throw SchemaError{where + ".tied_to is neither null nor a string"};
+      const json& ranges = Field(pj, "ranges", where);
+      if (!ranges.is_array()) throw SchemaError{where + ".ranges is not an array"};
+      for (const auto& rj : ranges) {
+        PartitionRange r;
+        r.rank = Int32(rj, "rank", where + ".ranges");
+        r.begin = Int(rj, "begin", where + ".ranges");
+        r.end = Int(rj, "end", where + ".ranges");
+        r.shard_offset = Int(rj, "shard_offset", where + ".ranges");
+        p.ranges.push_back(r);
+      }
+      m.params.push_back(std::move(p));
+    }
+    const json& files = Field(j, "files", "manifest");
+    if (!files.is_array()) throw SchemaError{"files is not an array"};
+    for (size_t i = 0; i < files.size(); ++i)
+      m.files.push_back(ParseFileRecord(files[i], "files[" + std::to_string(i) + "]"));
+    m.client_state = ObjectOr(j, "client_state");
+    m.engine_config = ObjectOr(j, "engine_config");
+  } catch (const SchemaError& e) {
+    return DataLoss(src + ": " + e.what);
+  } catch (const json::exception& e) {
+    return DataLoss(src + ": " + e.what());
+  }
+  if (m.kind == "sharded" && static_cast<int>(m.files.size()) != m.topology.dp_world_size) {
+    return DataLoss(src + ": " + std::to_string(m.files.size()) + " rank files listed for dp_world_size " +
+                    std::to_string(m.topology.dp_world_size));
+  }
+  Status v = ValidateManifest(m);
+  if (!v.ok()) return DataLoss(src + ": " + v.message());
+  return m;
+}
+
+Result<FileRecord> FileRecordFromJson(const json& j, std::string_view source) {
+  try {
+    return ParseFileRecord(j, std::string(source));
+  } catch (const SchemaError& e) {
+    return DataLoss(e.what);
+  } catch (const json::exception& e) {
+    return DataLoss(std::string(source) + ": " + e.what());
+  }
+}
+
+Result<Manifest> ParseManifest(std::string_view text, std::string_view source) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return DataLoss(std::string(source) + ": not valid JSON");
+  return ManifestFromJson(j, source);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validation
+
+namespace {
+
+bool MulOverflows(int64_t a, int64_t b, int64_t* out) {
+  return __builtin_mul_overflow(a, b, out);
+}
+
+}  // namespace
+
+Status ValidateManifest(const Manifest& m) {
+  const int world = m.topology.dp_world_size;
+  if (world < 1) return InvalidArgument("dp_world_size " + std::to_string(world) + " < 1");
+  if (m.topology.zero_stage < 0 || m.topology.zero_stage > 3)
+    return InvalidArgument("zero_stage " + std::to_string(m.topology.zero_stage) + " not in 0..3");
+  if (m.tag.empty() || m.tag.find('/') != std::string::npos || m.tag[0] == '.')
+    return InvalidArgument("invalid tag '" + m.tag + "'");
+  const bool sharded = m.kind == "sharded";
+  if (!sharded && m.kind != "universal") return InvalidArgument("unknown kind '" + m.kind + "'");
+  if (sharded) {
+    if (m.partition.scheme != "replicated" && m.partition.scheme != "flat" &&
+        m.partition.scheme != "per_param")
+      return InvalidArgument("unknown partition scheme '" + m.partition.scheme + "'");
+    if (m.partition.alignment < 1) return InvalidArgument("partition alignment < 1");
+    if (static_cast<int>(m.partition.shard_numel.size()) != world)
+      return InvalidArgument("partition.shard_numel has " +
+                             std::to_string(m.partition.shard_numel.size()) + " entries for " +
+                             std::to_string(world) + " ranks");
+  }
+  std::map<std::string, const ParamEntry*> by_name;
+  for (const auto& p : m.params) {
+    if (p.name.empty()) return InvalidArgument("a parameter has an empty name");
+    if (!by_name.emplace(p.name, &p).second)
+      return InvalidArgument("parameter '" + p.name + "' appears twice");
+    int64_t n = 1;
+    for (int64_t d : p.shape) {
+      if (d < 0 || MulOverflows(n, d, &n))
+        return InvalidArgument("parameter '" + p.name + "': shape overflows");
+    }
+    if (n != p.numel)
+      return InvalidArgument("parameter '" + p.name + "': numel " + std::to_string(p.numel) +
+                             " != product of shape " + std::to_string(n));
+  }
+  // Per rank: occupied shard intervals, to reject overlaps between parameters.
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> used(static_cast<size_t>(world));
+  for (const auto& p : m.params) {
+    if (!p.tied_to.empty()) {
+      auto it = by_name.find(p.tied_to);
+      if (it == by_name.end())
+        return InvalidArgument("parameter '" + p.name + "' is tied to unknown '" + p.tied_to + "'");
+      if (!it->second->tied_to.empty())
+        return InvalidArgument("parameter '" + p.name + "' is tied to an alias '" + p.tied_to + "'");
+      if (it->second->numel != p.numel)
+        return InvalidArgument("parameter '" + p.name + "' is tied to '" + p.tied_to +
+                               "' of a different size");
+      if (!p.ranges.empty())
+        return InvalidArgument("tied parameter '" + p.name + "' must not own storage");
+      continue;
+    }
+    if (p.frozen) {
+      if (!p.ranges.empty())
+        return InvalidArgument("frozen parameter '" + p.name + "' must not be partitioned");
+      continue;
+    }
+    if (!sharded) continue;
+    if (p.dtype != DType::kF32)
+      return InvalidArgument("trainable parameter '" + p.name + "' must have fp32 masters");
+    std::vector<PartitionRange> ranges = p.ranges;
+    std::sort(ranges.begin(), ranges.end(),
+              [](const PartitionRange& a, const PartitionRange& b) { return a.begin < b.begin; });
+    int64_t expect = 0;
+    for (const auto& r : ranges) {
+      const std::string where = "parameter '" + p.name + "' range [" + std::to_string(r.begin) +
+                                ", " + std::to_string(r.end) + ") on rank " + std::to_string(r.rank);
+      if (r.rank < 0 || r.rank >= world) return InvalidArgument(where + ": rank out of range");
+      if (r.begin >= r.end) return InvalidArgument(where + ": empty or reversed");
+      if (r.begin < expect) return InvalidArgument(where + ": overlaps the previous range");
+      if (r.begin > expect)
+        return InvalidArgument("parameter '" + p.name + "': elements [" + std::to_string(expect) +
+                               ", " + std::to_string(r.begin) + ") are owned by no rank");
+      const int64_t len = r.end - r.begin;
+      int64_t shard_end;
+      if (r.shard_offset < 0 || __builtin_add_overflow(r.shard_offset, len, &shard_end) ||
+          shard_end > m.partition.shard_numel[static_cast<size_t>(r.rank)])
+        return InvalidArgument(where + ": shard slice outside the rank's shard");
+      used[static_cast<size_t>(r.rank)].push_back({r.shard_offset, shard_end});
+      expect = r.end;
+    }
+    if (expect != p.numel)
+      return InvalidArgument("parameter '" + p.name + "': elements [" + std::to_string(expect) +
+                             ", " + std::to_string(p.numel) + ") are owned by no rank");
+  }
+  for (int r = 0; r < world && sharded; ++r) {
+    auto& iv = used[static_cast<size_t>(r)];
+    std::sort(iv.begin(), iv.end());
+    for (size_t i = 1; i < iv.size(); ++i) {
+      if (iv[i].first < iv[i - 1].second)
+        return InvalidArgument("rank " + std::to_string(r) +
+                               ": two parameters share shard elements at offset " +
+                               std::to_string(iv[i].first));
+    }
+  }
+  // Files and datasets (absent while a writer is still building the manifest).
+  if (!m.files.empty() && sharded) {
+    std::set<int> ranks;
+    for (const auto& f : m.files) {
+      if (f.rank < 0 || f.rank >= world || !ranks.insert(f.rank).second)
+        return InvalidArgument("file list: rank " + std::to_string(f.rank) +
+                               " is out of range or listed twice");
+      if (f.path != RankFileName(f.rank))
+        return InvalidArgument("file for rank " + std::to_string(f.rank) + " is named '" + f.path +
+                               "', expected '" + RankFileName(f.rank) + "'");
+      std::set<std::string> names;
+      for (const auto& d : f.datasets) {
+        if (!names.insert(d.name).second)
+          return InvalidArgument(f.path + ": dataset '" + d.name + "' listed twice");
+        int64_t n = 1;
+        for (int64_t dim : d.shape)
+          if (dim < 0 || MulOverflows(n, dim, &n))
+            return InvalidArgument(f.path + ": dataset '" + d.name + "' shape overflows");
+        uint64_t expect = static_cast<uint64_t>(n) * DTypeSize(d.dtype);
+        if (d.bytes != expect)
+          return InvalidArgument(f.path + ": dataset '" + d.name + "' records " +
+                                 std::to_string(d.bytes) + " bytes, dtype × shape is " +
+                                 std::to_string(expect));
+      }
+      const int64_t shard = m.partition.shard_numel[static_cast<size_t>(f.rank)];
+      for (std::string_view state : {kMaster, kExpAvg, kExpAvgSq}) {
+        const DatasetRecord* d = nullptr;
+        for (const auto& x : f.datasets)
+          if (x.name == state) d = &x;
+        if (shard > 0 && d == nullptr)
+          return InvalidArgument(f.path + ": dataset '" + std::string(state) + "' is missing");
+        if (d && (d->dtype != DType::kF32 || d->shape.size() != 1 || d->shape[0] != shard))
+          return InvalidArgument(f.path + ": dataset '" + std::string(state) +
+                                 "' must be fp32 of length " + std::to_string(shard));
+      }
+    }
+    for (const auto& p : m.params) {
+      if (!p.frozen || !p.tied_to.empty()) continue;
+      const DatasetRecord* d = m.FindDataset(0, std::string(kFrozenPrefix) + p.name);
+      if (!d) return InvalidArgument("frozen parameter '" + p.name + "' has no dataset in rank 0");
+      int64_t n = 1;
+      for (int64_t dim : d->shape) n *= dim;
+      if (n != p.numel || d->dtype != p.dtype)
+        return InvalidArgument("frozen parameter '" + p.name + "': stored dtype/shape differs");
+    }
+  }
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Partitioning
+
+Result<Partition> BuildPartition(std::vector<ParamEntry>& params, int world, int zero_stage,
+                                 int64_t alignment) {
+  if (world < 1) return InvalidArgument("world size must be at least 1, got " + std::to_string(world));
+  if (zero_stage < 0 || zero_stage > 3)
+    return InvalidArgument("ZeRO stage must be 0..3, got " + std::to_string(zero_stage));
+  if (alignment < 1) return InvalidArgument("alignment must be at least 1");
+  auto round_up = [](int64_t x, int64_t a) { return (x + a - 1) / a * a; };
+  Partition part;
+  part.alignment = alignment;
+  part.shard_numel.assign(static_cast<size_t>(world), 0);
+  for (auto& p : params) p.ranges.clear();
+
+  if (zero_stage == 0) {
+    part.scheme = "replicated";
+    int64_t offset = 0;
+    for (auto& p : params) {
+      if (!p.trainable() || p.numel == 0) continue;
+      p.ranges.push_back({0, 0, p.numel, offset});
+      offset += p.numel;
+    }
+    part.shard_numel[0] = round_up(offset, alignment);
+    return part;
+  }
+  if (zero_stage <= 2) {
+    part.scheme = "flat";
+    int64_t total = 0;
+    for (const auto& p : params)
+      if (p.trainable()) total += p.numel;
+    const int64_t padded = round_up(std::max<int64_t>(total, 1), alignment * world);
+    const int64_t share = padded / world;
+    part.shard_numel.assign(static_cast<size_t>(world), share);
+    int64_t flat = 0;
+    for (auto& p : params) {
+      if (!p.trainable()) continue;
+      int64_t begin = 0;
+      while (begin < p.numel) {
+        const int64_t pos = flat + begin;
+        const int rank = static_cast<int>(pos / share);
+        const int64_t rank_end = static_cast<int64_t>(rank + 1) * share;
+        const int64_t end = std::min(p.numel, begin + (rank_end - pos));
+        p.ranges.push_back({rank, begin, end, pos - static_cast<int64_t>(rank) * share});
+        begin = end;
+      }
+      flat += p.numel;
+    }
+    return part;
+  }
+  part.scheme = "per_param";
+  int64_t offset = 0;
+  for (auto& p : params) {
+    if (!p.trainable()) continue;
+    const int64_t share = round_up((p.numel + world - 1) / world, alignment);
+    for (int r = 0; r < world; ++r) {
+      const int64_t begin = std::min(p.numel, share * r);
+      const int64_t end = std::min(p.numel, share * (r + 1));
+      if (begin < end) p.ranges.push_back({r, begin, end, offset});
+    }
+    offset += share;
+  }
+  part.shard_numel.assign(static_cast<size_t>(world), offset);
+  return part;
+}
+
+}  // namespace ckpt

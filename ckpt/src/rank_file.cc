@@ -1,0 +1,331 @@
+#include "rank_file.h"
+
+#include <zstd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "ckpt/hash.h"
+#include "h5.h"
+
+namespace ckpt::internal {
+
+namespace {
+
+hid_t FileTypeFor(DType t) {
+  switch (t) {
+    case DType::kF32: return H5T_IEEE_F32LE;
+    case DType::kF64: return H5T_IEEE_F64LE;
+    case DType::kBF16:
+    case DType::kF16:
+    case DType::kU16: return H5T_STD_U16LE;
+    case DType::kI64: return H5T_STD_I64LE;
+    case DType::kI32: return H5T_STD_I32LE;
+    case DType::kU8: return H5T_STD_U8LE;
+  }
+  return H5T_STD_U8LE;
+}
+
+hid_t MemTypeFor(DType t) {
+  switch (t) {
+    case DType::kF32: return H5T_NATIVE_FLOAT;
+    case DType::kF64: return H5T_NATIVE_DOUBLE;
+    case DType::kBF16:
+    case DType::kF16:
+    case DType::kU16: return H5T_NATIVE_UINT16;
+    case DType::kI64: return H5T_NATIVE_INT64;
+    case DType::kI32: return H5T_NATIVE_INT32;
+    case DType::kU8: return H5T_NATIVE_UINT8;
+  }
+  return H5T_NATIVE_UINT8;
+}
+
+Status WriteStringAttr(hid_t obj, const char* name, const std::string& value) {
+  h5::Handle type = h5::Type(H5Tcopy(H5T_C_S1));
+  H5Tset_size(type.get(), std::max<size_t>(1, value.size()));
+  H5Tset_strpad(type.get(), H5T_STR_NULLPAD);
+  h5::Handle space = h5::Space(H5Screate(H5S_SCALAR));
+  h5::Handle attr =
+      h5::Attr(H5Acreate2(obj, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT));
+  if (!attr.valid()) return IOError(std::string("attribute ") + name + ": " + h5::ErrorText());
+  std::string padded = value.empty() ? std::string(1, '\0') : value;
+  if (H5Awrite(attr.get(), type.get(), padded.data()) < 0)
+    return IOError(std::string("attribute ") + name + ": " + h5::ErrorText());
+  return Status::Ok();
+}
+
+Status WriteIntAttr(hid_t obj, const char* name, int64_t value) {
+  h5::Handle space = h5::Space(H5Screate(H5S_SCALAR));
+  h5::Handle attr = h5::Attr(
+      H5Acreate2(obj, name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT));
+  if (!attr.valid() || H5Awrite(attr.get(), H5T_NATIVE_INT64, &value) < 0)
+    return IOError(std::string("attribute ") + name + ": " + h5::ErrorText());
+  return Status::Ok();
+}
+
+void ByteShuffle(const uint8_t* in, uint8_t* out, size_t nbytes, size_t elem) {
+  const size_t n = nbytes / elem;
+  for (size_t j = 0; j < elem; ++j) {
+    uint8_t* dst = out + j * n;
+    for (size_t i = 0; i < n; ++i) dst[i] = in[i * elem + j];
+  }
+  std::memcpy(out + n * elem, in + n * elem, nbytes - n * elem);  // leftover bytes, as HDF5
+}
+
+int64_t Numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Writes one chunked tensor with zstd through direct chunk writes: chunks are shuffled and
+// compressed by `threads` workers outside the HDF5 lock, then handed to HDF5 in order.
+Status WriteCompressedChunks(hid_t dset, const DatasetSpec& spec, int64_t rows_per_chunk,
+                             int64_t inner, const Compression& comp, int threads) {
+  const size_t elem = DTypeSize(spec.dtype);
+  const int64_t rows = spec.shape[0];
+  const size_t chunk_bytes = static_cast<size_t>(rows_per_chunk * inner) * elem;
+  const int64_t nchunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
+  const auto* src = static_cast<const uint8_t*>(spec.data);
+  const int batch = std::max(1, threads);
+  std::vector<std::vector<uint8_t>> out(static_cast<size_t>(batch));
+  std::vector<size_t> out_size(static_cast<size_t>(batch));
+  std::vector<std::string> errors(static_cast<size_t>(batch));
+  for (int64_t first = 0; first < nchunks; first += batch) {
+    const int count = static_cast<int>(std::min<int64_t>(batch, nchunks - first));
+    auto work = [&](int k) {
+      const int64_t c = first + k;
+      const int64_t row0 = c * rows_per_chunk;
+      const size_t have = static_cast<size_t>(std::min(rows_per_chunk, rows - row0) * inner) * elem;
+      // The edge chunk is stored full size, zero-padded, as HDF5 does.
+      std::vector<uint8_t> staged(chunk_bytes, 0);
+      const uint8_t* base = src + static_cast<size_t>(row0 * inner) * elem;
+      if (comp.shuffle) {
+        std::vector<uint8_t> plain(chunk_bytes, 0);
+        std::memcpy(plain.data(), base, have);
+        ByteShuffle(plain.data(), staged.data(), chunk_bytes, elem);
+      } else {
+        std::memcpy(staged.data(), base, have);
+      }
+      auto& dst = out[static_cast<size_t>(k)];
+      dst.resize(ZSTD_compressBound(chunk_bytes));
+      size_t got = ZSTD_compress(dst.data(), dst.size(), staged.data(), chunk_bytes, comp.level);
+      if (ZSTD_isError(got)) {
+        errors[static_cast<size_t>(k)] = ZSTD_getErrorName(got);
+        got = 0;
+      }
+      out_size[static_cast<size_t>(k)] = got;
+    };
+    if (count == 1) {
+      work(0);
+    } else {
+      std::vector<std::thread> pool;
+      for (int k = 0; k < count; ++k) pool.emplace_back(work, k);
+      for (auto& t : pool) t.join();
+    }
+    for (int k = 0; k < count; ++k) {
+      if (!errors[static_cast<size_t>(k)].empty())
+        return Internal("zstd compress: " + errors[static_cast<size_t>(k)]);
+      hsize_t offset[H5S_MAX_RANK] = {0};
+      offset[0] = static_cast<hsize_t>((first + k) * rows_per_chunk);
+      if (H5Dwrite_chunk(dset, H5P_DEFAULT, 0, offset, out_size[static_cast<size_t>(k)],
+                         out[static_cast<size_t>(k)].data()) < 0)
+        return IOError("write chunk: " + h5::ErrorText());
+    }
+  }
+  return Status::Ok();
+}
+
+Status WriteOne(hid_t file, const DatasetSpec& spec, const SaveOptions& options, int threads) {
+  const size_t elem = DTypeSize(spec.dtype);
+  const int64_t numel = Numel(spec.shape);
+  const bool chunked = spec.kind == "tensor" && !spec.shape.empty() && numel > 0;
+  std::vector<hsize_t> dims(spec.shape.begin(), spec.shape.end());
+  h5::Handle space = h5::Space(spec.shape.empty()
+                                   ? H5Screate(H5S_SCALAR)
+                                   : H5Screate_simple(static_cast<int>(dims.size()), dims.data(),
+                                                      nullptr));
+  h5::Handle dcpl = h5::Plist(H5Pcreate(H5P_DATASET_CREATE));
+  int64_t rows_per_chunk = 0, inner = 1;
+  const Compression& comp = options.compression;
+  const bool zstd = chunked && comp.kind == Compression::Kind::kZstd;
+  if (chunked) {
+    inner = numel / spec.shape[0];
+    const int64_t chunk_elems =
+        std::max<int64_t>(1, static_cast<int64_t>(options.chunk_bytes / elem));
+    rows_per_chunk = std::clamp<int64_t>(chunk_elems / std::max<int64_t>(inner, 1), 1,
+                                         spec.shape[0]);
+    std::vector<hsize_t> cdims = dims;
+    cdims[0] = static_cast<hsize_t>(rows_per_chunk);
+    H5Pset_chunk(dcpl.get(), static_cast<int>(cdims.size()), cdims.data());
+    if (zstd) {
+      if (comp.shuffle) H5Pset_shuffle(dcpl.get());
+      const unsigned level = static_cast<unsigned>(comp.level);
+      H5Pset_filter(dcpl.get(), h5::kZstdFilterId, H5Z_FLAG_MANDATORY, 1, &level);
+    }
+  }
+  h5::Handle lcpl = h5::Plist(H5Pcreate(H5P_LINK_CREATE));
+  H5Pset_create_intermediate_group(lcpl.get(), 1);
+  h5::Handle dset = h5::Dataset(H5Dcreate2(file, spec.name.c_str(), FileTypeFor(spec.dtype),
+                                           space.get(), lcpl.get(), dcpl.get(), H5P_DEFAULT));
+  if (!dset.valid()) return IOError("create dataset: " + h5::ErrorText());
+  CKPT_RETURN_IF_ERROR(WriteStringAttr(dset.get(), "dtype", std::string(DTypeName(spec.dtype))), "");
+  CKPT_RETURN_IF_ERROR(WriteStringAttr(dset.get(), "kind", spec.kind), "");
+  if (!spec.blob_kind.empty())
+    CKPT_RETURN_IF_ERROR(WriteStringAttr(dset.get(), "blob_kind", spec.blob_kind), "");
+  if (numel == 0) return Status::Ok();
+  if (zstd) return WriteCompressedChunks(dset.get(), spec, rows_per_chunk, inner, comp, threads);
+  if (H5Dwrite(dset.get(), MemTypeFor(spec.dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, spec.data) < 0)
+    return IOError("write: " + h5::ErrorText());
+  (void)elem;
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::vector<DatasetRecord>> WriteRankFile(const std::string& path,
+                                                 const RankFileHeader& header,
+                                                 const std::vector<DatasetSpec>& datasets,
+                                                 const SaveOptions& options) {
+  h5::Init();
+  int threads = options.compress_threads;
+  if (threads <= 0) {
+    threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()) /
+                               static_cast<unsigned>(std::max(1, header.world)));
+    threads = std::max(1, threads);
+  }
+  std::vector<DatasetRecord> records;
+  h5::Handle file = h5::File(H5Fcreate(path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT));
+  if (!file.valid()) return IOError("create " + path + ": " + h5::ErrorText());
+  CKPT_RETURN_IF_ERROR(WriteStringAttr(file.get(), "format", std::string(kFormatName)), path);
+  CKPT_RETURN_IF_ERROR(WriteStringAttr(file.get(), "format_version",
+                                       std::to_string(kFormatMajor) + "." +
+                                           std::to_string(kFormatMinor)),
+                       path);
+  CKPT_RETURN_IF_ERROR(WriteStringAttr(file.get(), "tag", header.tag), path);
+  CKPT_RETURN_IF_ERROR(WriteIntAttr(file.get(), "rank", header.rank), path);
+  CKPT_RETURN_IF_ERROR(WriteIntAttr(file.get(), "dp_world_size", header.world), path);
+  for (const auto& spec : datasets) {
+    const std::string where = path + ": dataset /" + spec.name;
+    int64_t numel = 1;
+    for (int64_t d : spec.shape) {
+      if (d < 0 || __builtin_mul_overflow(numel, d, &numel))
+        return InvalidArgument(where + ": bad shape");
+    }
+    if (numel > 0 && spec.data == nullptr) return InvalidArgument(where + ": no data");
+    const uint64_t bytes = static_cast<uint64_t>(numel) * DTypeSize(spec.dtype);
+    DatasetRecord rec;
+    rec.name = spec.name;
+    rec.kind = spec.kind;
+    rec.blob_kind = spec.blob_kind;
+    rec.dtype = spec.dtype;
+    rec.shape = spec.shape;
+    rec.bytes = bytes;
+    rec.xxh3 = DigestHex(Xxh3(spec.data, bytes));
+    CKPT_RETURN_IF_ERROR(WriteOne(file.get(), spec, options, threads), where);
+    records.push_back(std::move(rec));
+  }
+  CKPT_RETURN_IF_ERROR(file.Close("close " + path), "");
+  return records;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+struct RankFile::Impl {
+  std::string label;
+  h5::Handle file;
+  h5::Handle dapl;
+};
+
+RankFile::~RankFile() = default;
+
+Result<std::unique_ptr<RankFile>> RankFile::Open(const std::string& path, std::string label) {
+  h5::Init();
+  std::unique_ptr<RankFile> rf(new RankFile());
+  rf->impl_ = std::make_unique<Impl>();
+  rf->impl_->label = std::move(label);
+  // Open fails cleanly on a truncated or foreign file; HDF5 checks its own superblock.
+  hid_t fid = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  if (fid < 0) {
+    return DataLoss(rf->impl_->label + ": cannot open as HDF5 (" + h5::ErrorText() + ")");
+  }
+  rf->impl_->file = h5::File(fid);
+  rf->impl_->dapl = h5::Plist(H5Pcreate(H5P_DATASET_ACCESS));
+  // A chunk cache big enough for a few 4 MiB chunks, so neighbouring hyperslab reads do not
+  // decompress the same chunk again.
+  H5Pset_chunk_cache(rf->impl_->dapl.get(), 521, 16u << 20, 1.0);
+  return rf;
+}
+
+namespace {
+Result<h5::Handle> OpenDataset(hid_t file, hid_t dapl, const DatasetRecord& rec,
+                               const std::string& label) {
+  if (H5Lexists(file, rec.name.c_str(), H5P_DEFAULT) <= 0) {
+    // H5Lexists needs every intermediate group; check them one at a time.
+    H5Eclear2(H5E_DEFAULT);
+    return DataLoss(label + ": dataset /" + rec.name + " is missing");
+  }
+  hid_t d = H5Dopen2(file, rec.name.c_str(), dapl);
+  if (d < 0) return DataLoss(label + ": dataset /" + rec.name + ": " + h5::ErrorText());
+  return h5::Dataset(d);
+}
+}  // namespace
+
+Status RankFile::CheckShape(const DatasetRecord& rec) const {
+  CKPT_ASSIGN_OR_RETURN(h5::Handle d,
+                        OpenDataset(impl_->file.get(), impl_->dapl.get(), rec, impl_->label), "");
+  h5::Handle space = h5::Space(H5Dget_space(d.get()));
+  int nd = H5Sget_simple_extent_ndims(space.get());
+  if (nd < 0) return DataLoss(impl_->label + ": dataset /" + rec.name + ": bad dataspace");
+  std::vector<hsize_t> dims(static_cast<size_t>(nd));
+  H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+  std::vector<int64_t> got(dims.begin(), dims.end());
+  if (got != rec.shape)
+    return DataLoss(impl_->label + ": dataset /" + rec.name + ": stored shape differs from manifest");
+  h5::Handle type = h5::Type(H5Dget_type(d.get()));
+  if (H5Tequal(type.get(), FileTypeFor(rec.dtype)) <= 0 &&
+      H5Tget_size(type.get()) != DTypeSize(rec.dtype))
+    return DataLoss(impl_->label + ": dataset /" + rec.name + ": stored type differs from manifest");
+  return Status::Ok();
+}
+
+Status RankFile::ReadAll(const DatasetRecord& rec, void* out) const {
+  CKPT_RETURN_IF_ERROR(CheckShape(rec), "");
+  if (rec.bytes == 0) return Status::Ok();
+  CKPT_ASSIGN_OR_RETURN(h5::Handle d,
+                        OpenDataset(impl_->file.get(), impl_->dapl.get(), rec, impl_->label), "");
+  if (H5Dread(d.get(), MemTypeFor(rec.dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0)
+    return DataLoss(impl_->label + ": dataset /" + rec.name + ": read failed (" +
+                    h5::ErrorText() + ")");
+  return Status::Ok();
+}
+
+Status RankFile::ReadSlice(const DatasetRecord& rec, int64_t offset, int64_t count,
+                           void* out) const {
+  if (rec.shape.size() != 1)
+    return InvalidArgument(impl_->label + ": dataset /" + rec.name + " is not 1-D");
+  if (offset < 0 || count < 0 || offset + count > rec.shape[0])
+    return InvalidArgument(impl_->label + ": dataset /" + rec.name + ": slice [" +
+                           std::to_string(offset) + ", " + std::to_string(offset + count) +
+                           ") outside length " + std::to_string(rec.shape[0]));
+  if (count == 0) return Status::Ok();
+  CKPT_ASSIGN_OR_RETURN(h5::Handle d,
+                        OpenDataset(impl_->file.get(), impl_->dapl.get(), rec, impl_->label), "");
+  h5::Handle fspace = h5::Space(H5Dget_space(d.get()));
+  if (H5Sget_simple_extent_ndims(fspace.get()) != 1)
+    return DataLoss(impl_->label + ": dataset /" + rec.name + ": stored rank differs from manifest");
+  hsize_t len = 0;
+  H5Sget_simple_extent_dims(fspace.get(), &len, nullptr);
+  if (static_cast<int64_t>(len) != rec.shape[0])
+    return DataLoss(impl_->label + ": dataset /" + rec.name + ": stored length differs from manifest");
+  hsize_t start = static_cast<hsize_t>(offset), cnt = static_cast<hsize_t>(count);
+  H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, &start, nullptr, &cnt, nullptr);
+  h5::Handle mspace = h5::Space(H5Screate_simple(1, &cnt, nullptr));
+  if (H5Dread(d.get(), MemTypeFor(rec.dtype), mspace.get(), fspace.get(), H5P_DEFAULT, out) < 0)
+    return DataLoss(impl_->label + ": dataset /" + rec.name + ": read failed (" +
+                    h5::ErrorText() + ")");
+  return Status::Ok();
+}
+
+}  // namespace ckpt::internal

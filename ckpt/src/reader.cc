@@ -1,0 +1,276 @@
+#include "ckpt/reader.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+
+#include "ckpt/hash.h"
+#include "ckpt/root.h"
+#include "rank_file.h"
+
+namespace ckpt {
+
+struct CheckpointReader::Impl {
+  Env* env = nullptr;
+  OpenOptions options;
+  std::string dir;
+  Manifest manifest;
+  mutable std::vector<std::unique_ptr<internal::RankFile>> files;
+  mutable uint64_t bytes_read = 0;
+
+  std::string Label(int rank) const {
+    const FileRecord* f = manifest.FileForRank(rank);
+    return f ? f->path : RankFileName(rank);
+  }
+
+  Result<const DatasetRecord*> Record(int rank, std::string_view name) const {
+    if (!manifest.FileForRank(rank))
+      return NotFound(manifest.tag + ": no rank " + std::to_string(rank) + " (dp_world_size " +
+                      std::to_string(manifest.topology.dp_world_size) + ")");
+    const DatasetRecord* d = manifest.FindDataset(rank, name);
+    if (!d) return NotFound(Label(rank) + ": no dataset '" + std::string(name) + "' in the manifest");
+    return d;
+  }
+
+  Result<internal::RankFile*> File(int rank) const {
+    if (files.size() != manifest.files.size()) files.resize(manifest.files.size());
+    auto& slot = files.at(static_cast<size_t>(rank));
+    if (!slot) {
+      const FileRecord* f = manifest.FileForRank(rank);
+      const std::string path = dir + "/" + f->path;
+      if (!env->Exists(path)) return DataLoss(f->path + " is missing from " + dir);
+      CKPT_ASSIGN_OR_RETURN(uint64_t size, env->FileSize(path), "");
+      if (size != f->bytes)
+        return DataLoss(f->path + ": size " + std::to_string(size) + " bytes, manifest records " +
+                        std::to_string(f->bytes) + " (truncated or replaced)");
+      CKPT_ASSIGN_OR_RETURN(slot, internal::RankFile::Open(path, f->path), "");
+    }
+    return slot.get();
+  }
+};
+
+CheckpointReader::CheckpointReader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CheckpointReader::CheckpointReader(CheckpointReader&&) noexcept = default;
+CheckpointReader& CheckpointReader::operator=(CheckpointReader&&) noexcept = default;
+CheckpointReader::~CheckpointReader() = default;
+
+Result<CheckpointReader> CheckpointReader::Open(const std::string& path, const std::string& tag,
+                                                OpenOptions options) {
+  auto impl = std::make_unique<Impl>();
+  impl->env = options.env ? options.env : Env::Default();
+  impl->options = options;
+  CKPT_ASSIGN_OR_RETURN(impl->dir, ResolveTagDir(path, tag, impl->env), "");
+  const std::string mpath = impl->dir + "/" + std::string(kManifestFile);
+  auto text = impl->env->ReadFileToString(mpath);
+  if (!text.ok()) {
+    if (text.status().code() == StatusCode::kNotFound)
+      return DataLoss(mpath + " is missing (not a committed checkpoint)");
+    return text.status();
+  }
+  CKPT_ASSIGN_OR_RETURN(impl->manifest, ParseManifest(*text, mpath), "");
+  if (impl->manifest.kind != "sharded")
+    return InvalidArgument(impl->dir + " is a " + impl->manifest.kind +
+                           " checkpoint; open it with the convert tools");
+  return CheckpointReader(std::move(impl));
+}
+
+const Manifest& CheckpointReader::manifest() const { return impl_->manifest; }
+const std::string& CheckpointReader::dir() const { return impl_->dir; }
+const std::string& CheckpointReader::tag() const { return impl_->manifest.tag; }
+uint64_t CheckpointReader::bytes_read() const { return impl_->bytes_read; }
+
+Status CheckpointReader::ReadDataset(int rank, std::string_view name, void* out,
+                                     uint64_t out_bytes) const {
+  CKPT_ASSIGN_OR_RETURN(const DatasetRecord* rec, impl_->Record(rank, name), "");
+  if (out_bytes != rec->bytes)
+    return InvalidArgument(impl_->Label(rank) + ": dataset /" + rec->name + " holds " +
+                           std::to_string(rec->bytes) + " bytes, caller expects " +
+                           std::to_string(out_bytes));
+  CKPT_ASSIGN_OR_RETURN(internal::RankFile * f, impl_->File(rank), "");
+  CKPT_RETURN_IF_ERROR(f->ReadAll(*rec, out), "");
+  impl_->bytes_read += rec->bytes;
+  if (impl_->options.verify_checksums) {
+    const std::string got = DigestHex(Xxh3(out, rec->bytes));
+    if (got != rec->xxh3)
+      return DataLoss(impl_->Label(rank) + ": dataset /" + rec->name +
+                      ": checksum mismatch (manifest " + rec->xxh3 + ", data " + got + ")");
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<uint8_t>> CheckpointReader::ReadDatasetBytes(int rank,
+                                                                std::string_view name) const {
+  CKPT_ASSIGN_OR_RETURN(const DatasetRecord* rec, impl_->Record(rank, name), "");
+  std::vector<uint8_t> out(rec->bytes);
+  CKPT_RETURN_IF_ERROR(ReadDataset(rank, name, out.data(), out.size()), "");
+  return out;
+}
+
+Result<std::string> CheckpointReader::ReadBlob(int rank, std::string_view name) const {
+  CKPT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadDatasetBytes(rank, name), "");
+  return std::string(bytes.begin(), bytes.end());
+}
+
+Result<nlohmann::json> CheckpointReader::ReadJson(int rank, std::string_view name) const {
+  CKPT_ASSIGN_OR_RETURN(std::string text, ReadBlob(rank, name), "");
+  auto j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded())
+    return DataLoss(impl_->Label(rank) + ": dataset /" + std::string(name) + " is not valid JSON");
+  return j;
+}
+
+Status CheckpointReader::ReadSlice(int rank, std::string_view name, int64_t offset, int64_t count,
+                                   void* out) const {
+  CKPT_ASSIGN_OR_RETURN(const DatasetRecord* rec, impl_->Record(rank, name), "");
+  CKPT_ASSIGN_OR_RETURN(internal::RankFile * f, impl_->File(rank), "");
+  CKPT_RETURN_IF_ERROR(f->ReadSlice(*rec, offset, count, out), "");
+  impl_->bytes_read += static_cast<uint64_t>(count) * DTypeSize(rec->dtype);
+  return Status::Ok();
+}
+
+Status CheckpointReader::VerifyDataset(int rank, std::string_view name) const {
+  CKPT_ASSIGN_OR_RETURN(const DatasetRecord* rec, impl_->Record(rank, name), "");
+  CKPT_ASSIGN_OR_RETURN(internal::RankFile * f, impl_->File(rank), "");
+  std::string got;
+  if (rec->shape.size() == 1) {
+    CKPT_RETURN_IF_ERROR(f->CheckShape(*rec), "");
+    const size_t elem = DTypeSize(rec->dtype);
+    const int64_t block = std::max<int64_t>(1, (8 << 20) / static_cast<int64_t>(elem));
+    std::vector<uint8_t> buf(static_cast<size_t>(std::min<int64_t>(block, rec->shape[0])) * elem);
+    Xxh3Stream h;
+    for (int64_t off = 0; off < rec->shape[0]; off += block) {
+      const int64_t n = std::min(block, rec->shape[0] - off);
+      CKPT_RETURN_IF_ERROR(f->ReadSlice(*rec, off, n, buf.data()), "");
+      h.Update(buf.data(), static_cast<size_t>(n) * elem);
+    }
+    got = h.HexDigest();
+  } else {
+    std::vector<uint8_t> buf(rec->bytes);
+    CKPT_RETURN_IF_ERROR(f->ReadAll(*rec, buf.data()), "");
+    got = DigestHex(Xxh3(buf.data(), buf.size()));
+  }
+  impl_->bytes_read += rec->bytes;
+  if (got != rec->xxh3)
+    return DataLoss(impl_->Label(rank) + ": dataset /" + rec->name +
+                    ": checksum mismatch (manifest " + rec->xxh3 + ", data " + got + ")");
+  return Status::Ok();
+}
+
+Status CheckpointReader::ReadParamRange(std::string_view param, std::string_view state,
+                                        int64_t begin, int64_t end, float* out) const {
+  const ParamEntry* p = impl_->manifest.FindParam(param);
+  if (!p) return NotFound(impl_->manifest.tag + ": no parameter '" + std::string(param) + "'");
+  if (!p->tied_to.empty()) p = impl_->manifest.FindParam(p->tied_to);
+  if (p->frozen)
+    return InvalidArgument("parameter '" + p->name + "' is frozen: it has no partitioned state");
+  if (state != kMaster && state != kExpAvg && state != kExpAvgSq)
+    return InvalidArgument("unknown state '" + std::string(state) + "'");
+  if (begin < 0 || end > p->numel || begin > end)
+    return InvalidArgument("parameter '" + p->name + "': range [" + std::to_string(begin) + ", " +
+                           std::to_string(end) + ") outside [0, " + std::to_string(p->numel) + ")");
+  for (const auto& r : p->ranges) {
+    const int64_t lo = std::max(begin, r.begin), hi = std::min(end, r.end);
+    if (lo >= hi) continue;
+    CKPT_RETURN_IF_ERROR(ReadSlice(r.rank, state, r.shard_offset + (lo - r.begin), hi - lo,
+                                   out + (lo - begin)),
+                         "parameter '" + p->name + "'");
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<float>> CheckpointReader::ReadParamFull(std::string_view param,
+                                                           std::string_view state) const {
+  const ParamEntry* p = impl_->manifest.FindParam(param);
+  if (!p) return NotFound(impl_->manifest.tag + ": no parameter '" + std::string(param) + "'");
+  if (!p->tied_to.empty()) p = impl_->manifest.FindParam(p->tied_to);
+  std::vector<float> out(static_cast<size_t>(p->numel));
+  if (!p->frozen) {
+    CKPT_RETURN_IF_ERROR(ReadParamRange(p->name, state, 0, p->numel, out.data()), "");
+    return out;
+  }
+  if (state != kMaster)
+    return InvalidArgument("parameter '" + p->name + "' is frozen: it has no optimizer state");
+  const std::string name = std::string(kFrozenPrefix) + p->name;
+  CKPT_ASSIGN_OR_RETURN(std::vector<uint8_t> raw, ReadDatasetBytes(0, name), "");
+  const size_t n = out.size();
+  switch (p->dtype) {
+    case DType::kF32: std::memcpy(out.data(), raw.data(), n * 4); break;
+    case DType::kF64:
+      for (size_t i = 0; i < n; ++i) {
+        double d;
+        std::memcpy(&d, raw.data() + 8 * i, 8);
+        out[i] = static_cast<float>(d);
+      }
+      break;
+    case DType::kBF16:
+    case DType::kF16:
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, raw.data() + 2 * i, 2);
+        out[i] = p->dtype == DType::kBF16 ? Bf16ToFloat(h) : Fp16ToFloat(h);
+      }
+      break;
+    default:
+      return InvalidArgument("parameter '" + p->name + "': dtype " +
+                             std::string(DTypeName(p->dtype)) + " is not a float type");
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+
+Result<std::vector<Problem>> CheckCheckpoint(const std::string& tag_dir, bool deep, Env* env) {
+  if (!env) env = Env::Default();
+  std::vector<Problem> problems;
+  OpenOptions opts;
+  opts.env = env;
+  auto reader = CheckpointReader::Open(tag_dir, "", opts);
+  if (!reader.ok()) {
+    if (reader.status().code() == StatusCode::kNotFound) return reader.status();
+    problems.push_back({std::string(kManifestFile), "", reader.status().message()});
+    return problems;
+  }
+  const Manifest& m = reader->manifest();
+  for (const auto& f : m.files) {
+    const std::string path = reader->dir() + "/" + f.path;
+    if (!env->Exists(path)) {
+      problems.push_back({f.path, "", "file is missing"});
+      continue;
+    }
+    auto size = env->FileSize(path);
+    if (!size.ok() || *size != f.bytes) {
+      problems.push_back({f.path, "",
+                          "size " + (size.ok() ? std::to_string(*size) : std::string("unknown")) +
+                              " bytes, manifest records " + std::to_string(f.bytes)});
+      continue;
+    }
+    if (deep && !f.xxh3.empty()) {
+      auto h = Xxh3FileHex(path);
+      if (!h.ok()) {
+        problems.push_back({f.path, "", h.status().message()});
+        continue;
+      }
+      if (*h != f.xxh3) {
+        problems.push_back({f.path, "", "file checksum mismatch (manifest " + f.xxh3 + ", file " +
+                                            *h + ")"});
+      }
+    }
+    auto rf = internal::RankFile::Open(path, f.path);
+    if (!rf.ok()) {
+      problems.push_back({f.path, "", rf.status().message()});
+      continue;
+    }
+    for (const auto& d : f.datasets) {
+      Status s = (*rf)->CheckShape(d);
+      if (s.ok() && deep) s = reader->VerifyDataset(f.rank, d.name);
+      if (!s.ok()) problems.push_back({f.path, d.name, s.message()});
+    }
+  }
+  return problems;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,185 @@
+#include "ckpt/root.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <random>
+
+#include "ckpt/manifest.h"
+
+namespace ckpt {
+
+namespace {
+
+bool IsTemporary(const std::string& name) { return name.rfind(kTempPrefix, 0) == 0; }
+
+std::string Trim(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+bool ValidTagName(const std::string& tag) {
+  return !tag.empty() && tag.find('/') == std::string::npos && tag[0] != '.' && tag.size() < 256;
+}
+
+}  // namespace
+
+Result<std::string> ReadLatest(const std::string& root, Env* env) {
+  if (!env) env = Env::Default();
+  const std::string path = root + "/" + std::string(kLatestFile);
+  auto text = env->ReadFileToString(path);
+  if (!text.ok()) {
+    if (text.status().code() == StatusCode::kNotFound)
+      return NotFound(root + " has no `latest` pointer (no committed checkpoint)");
+    return text.status();
+  }
+  const std::string tag = Trim(*text);
+  if (!ValidTagName(tag)) return DataLoss(path + ": does not name a tag ('" + tag + "')");
+  if (!env->Exists(root + "/" + tag + "/" + std::string(kManifestFile)))
+    return DataLoss(path + " names '" + tag + "', which is not a committed tag in " + root);
+  return tag;
+}
+
+Result<std::string> ResolveTagDir(const std::string& path, const std::string& tag, Env* env) {
+  if (!env) env = Env::Default();
+  if (!env->Exists(path)) return NotFound(path + ": no such file or directory");
+  if (!tag.empty()) {
+    if (!ValidTagName(tag)) return InvalidArgument("invalid tag '" + tag + "'");
+    const std::string dir = path + "/" + tag;
+    if (!env->Exists(dir)) return NotFound(path + " has no tag '" + tag + "'");
+    return dir;
+  }
+  if (env->Exists(path + "/" + std::string(kManifestFile))) return path;
+  if (env->Exists(path + "/" + std::string(kLatestFile))) {
+    CKPT_ASSIGN_OR_RETURN(std::string latest, ReadLatest(path, env), "");
+    return path + "/" + latest;
+  }
+  return NotFound(path + " is neither a checkpoint root (no `latest`) nor a tag directory (no " +
+                  std::string(kManifestFile) + ")");
+}
+
+Result<RootListing> ListRoot(const std::string& root, Env* env) {
+  if (!env) env = Env::Default();
+  RootListing out;
+  out.root = root;
+  CKPT_ASSIGN_OR_RETURN(std::vector<DirEntry> entries, env->ListDir(root), "");
+  auto latest = ReadLatest(root, env);
+  if (latest.ok()) out.latest = *latest;
+  for (const auto& e : entries) {
+    if (!e.is_dir) continue;
+    const std::string path = root + "/" + e.name;
+    if (IsTemporary(e.name)) {
+      out.temporary.push_back(path);
+      continue;
+    }
+    const std::string mpath = path + "/" + std::string(kManifestFile);
+    if (!env->Exists(mpath)) continue;  // not ours
+    TagInfo info;
+    info.tag = e.name;
+    info.path = path;
+    auto text = env->ReadFileToString(mpath);
+    auto m = text.ok() ? ParseManifest(*text, mpath) : Result<Manifest>(text.status());
+    if (m.ok()) {
+      info.global_step = m->counters.global_step;
+      info.ranks = m->topology.dp_world_size;
+      info.created_unix = m->created_unix;
+      for (const auto& f : m->files) info.bytes += f.bytes;
+    } else {
+      info.error = m.status().message();
+    }
+    info.latest = e.name == out.latest;
+    out.tags.push_back(std::move(info));
+  }
+  std::sort(out.tags.begin(), out.tags.end(), [](const TagInfo& a, const TagInfo& b) {
+    if (a.global_step != b.global_step) return a.global_step < b.global_step;
+    if (a.created_unix != b.created_unix) return a.created_unix < b.created_unix;
+    return a.tag < b.tag;
+  });
+  std::sort(out.temporary.begin(), out.temporary.end());
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+Result<RootLock> RootLock::TryAcquire(const std::string& root) {
+  const std::string path = root + "/" + std::string(kLockFile);
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoError("open lock " + path, errno);
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    int err = errno;
+    char buf[32] = {0};
+    ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+    ::close(fd);
+    if (err == EWOULDBLOCK) {
+      std::string holder = n > 0 ? Trim(std::string(buf, static_cast<size_t>(n))) : "unknown";
+      return FailedPrecondition("another save or gc holds " + path + " (pid " + holder +
+                                "); wait for it to finish");
+    }
+    return ErrnoError("lock " + path, err);
+  }
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd, 0) == 0) {
+    ssize_t w = ::pwrite(fd, pid.data(), pid.size(), 0);
+    (void)w;
+  }
+  return RootLock(fd);
+}
+
+RootLock::RootLock(RootLock&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+RootLock& RootLock::operator=(RootLock&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = std::exchange(o.fd_, -1);
+  }
+  return *this;
+}
+RootLock::~RootLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing the descriptor releases the flock
+}
+
+Result<std::vector<std::string>> ApplyRetention(const std::string& root, int keep_last, Env* env) {
+  if (!env) env = Env::Default();
+  std::vector<std::string> removed;
+  if (keep_last <= 0) return removed;
+  CKPT_ASSIGN_OR_RETURN(RootListing listing, ListRoot(root, env), "");
+  const int n = static_cast<int>(listing.tags.size());
+  std::random_device rd;
+  for (int i = 0; i < n - keep_last; ++i) {
+    const TagInfo& t = listing.tags[static_cast<size_t>(i)];
+    if (t.latest) continue;
+    // Rename first so a crash mid-delete leaves a temporary directory, never a broken tag.
+    const std::string doomed =
+        root + "/" + std::string(kTempPrefix) + "deleting-" + t.tag + "-" + std::to_string(rd());
+    CKPT_RETURN_IF_ERROR(env->RenameFile(t.path, doomed), "retire " + t.tag);
+    CKPT_RETURN_IF_ERROR(env->SyncDir(root), "retire " + t.tag);
+    CKPT_RETURN_IF_ERROR(env->RemoveDirRecursive(doomed), "retire " + t.tag);
+    removed.push_back(t.tag);
+  }
+  return removed;
+}
+
+Result<GcReport> CollectGarbage(const std::string& root, int keep_last, Env* env) {
+  if (!env) env = Env::Default();
+  if (!env->Exists(root)) return NotFound(root + ": no such directory");
+  CKPT_ASSIGN_OR_RETURN(RootLock lock, RootLock::TryAcquire(root), "gc " + root);
+  GcReport report;
+  CKPT_ASSIGN_OR_RETURN(std::vector<DirEntry> entries, env->ListDir(root), "");
+  for (const auto& e : entries) {
+    const std::string path = root + "/" + e.name;
+    // Temporary directories of crashed saves, and temp files of an interrupted `latest` update.
+    if (IsTemporary(e.name) ||
+        (!e.is_dir && e.name.rfind(std::string(kLatestFile) + ".tmp-", 0) == 0)) {
+      CKPT_RETURN_IF_ERROR(e.is_dir ? env->RemoveDirRecursive(path) : env->RemoveFile(path),
+                           "gc");
+      report.removed_temporary.push_back(path);
+    }
+  }
+  if (!report.removed_temporary.empty()) CKPT_RETURN_IF_ERROR(env->SyncDir(root), "gc");
+  CKPT_ASSIGN_OR_RETURN(report.removed_tags, ApplyRetention(root, keep_last, env), "gc");
+  return report;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,277 @@
+// Saving a checkpoint.
+//
+// Commit protocol (SaveCheckpoint). Every step that touches the file system goes through Env,
+// so tests can fail each one and simulate power loss between them.
+//  1. Rank 0 validates the manifest, takes ROOT/.lock (flock: a second saver fails here with
+//     FailedPrecondition), refuses a tag that already exists, creates ROOT/.tmp-<tag>-<nonce>/
+//     and fsyncs ROOT. It broadcasts the temporary path, or its error, to every rank.
+//  2. Every rank writes rank_<r>.h5 into the temporary directory. The XXH3 of each dataset is
+//     computed from the in-memory bytes as they are handed to HDF5 (no second pass); zstd
+//     compression runs outside HDF5's global lock (direct chunk writes).
+//  3. Every rank closes and fsyncs its file, then (file_checksum) hashes the whole file once.
+//  4. Every rank sends its FileRecord, or its error, to rank 0 (Gather).
+//  5. Rank 0: if any rank failed, it removes the temporary directory and broadcasts the failure.
+//     Otherwise it writes manifest.json in the temporary directory (temp name, fsync, rename)
+//     and fsyncs that directory.
+//  6. Rank 0 renames the temporary directory to ROOT/<tag> and fsyncs ROOT. The tag is now
+//     committed: it is complete on disk, with every byte accounted for in its manifest.
+//  7. Rank 0 replaces ROOT/latest (temp name, fsync, rename, fsync ROOT). `latest` therefore
+//     only ever names a committed tag.
+//  8. Rank 0 applies retention (keep_last: older tags are first renamed to temporary names,
+//     then deleted), releases the lock and broadcasts the outcome, which every rank returns.
+// A crash anywhere leaves the previous tags and `latest` untouched; at worst a .tmp-* directory
+// remains, which `ckpt gc` removes (never while a live saver holds the lock).
+#include "ckpt/writer.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <random>
+
+#include "ckpt/hash.h"
+#include "ckpt/root.h"
+#include "rank_file.h"
+
+namespace ckpt {
+
+using nlohmann::json;
+
+Result<Compression> Compression::Parse(std::string_view text) {
+  Compression c;
+  std::string s(text);
+  if (s.empty() || s == "none") return c;
+  const std::string shuffle_suffix = "+shuffle";
+  if (s.size() > shuffle_suffix.size() &&
+      s.compare(s.size() - shuffle_suffix.size(), shuffle_suffix.size(), shuffle_suffix) == 0) {
+    c.shuffle = true;
+    s.resize(s.size() - shuffle_suffix.size());
+  }
+  if (s.rfind("zstd", 0) != 0)
+    return InvalidArgument("compression '" + std::string(text) +
+                           "': expected none, zstd, zstd:LEVEL or zstd:LEVEL+shuffle");
+  c.kind = Kind::kZstd;
+  if (s.size() > 4) {
+    if (s[4] != ':')
+      return InvalidArgument("compression '" + std::string(text) + "': expected zstd:LEVEL");
+    try {
+      size_t used = 0;
+      c.level = std::stoi(s.substr(5), &used);
+      if (used != s.size() - 5) throw std::invalid_argument("trailing");
+    } catch (const std::exception&) {
+      return InvalidArgument("compression '" + std::string(text) + "': bad zstd level");
+    }
+    if (c.level < 1 || c.level > 22)
+      return InvalidArgument("compression '" + std::string(text) + "': zstd level must be 1..22");
+  }
+  return c;
+}
+
+std::string Compression::ToString() const {
+  if (kind == Kind::kNone) return "none";
+  return "zstd:" + std::to_string(level) + (shuffle ? "+shuffle" : "");
+}
+
+DatasetSpec DatasetSpec::Tensor(std::string name, DType dtype, std::vector<int64_t> shape,
+                                const void* data) {
+  DatasetSpec s;
+  s.name = std::move(name);
+  s.dtype = dtype;
+  s.shape = std::move(shape);
+  s.data = data;
+  return s;
+}
+
+DatasetSpec DatasetSpec::Blob(std::string name, std::string blob_kind, std::string_view bytes) {
+  DatasetSpec s;
+  s.name = std::move(name);
+  s.kind = "blob";
+  s.blob_kind = std::move(blob_kind);
+  s.dtype = DType::kU8;
+  s.shape = {static_cast<int64_t>(bytes.size())};
+  s.data = bytes.data();
+  return s;
+}
+
+DatasetSpec DatasetSpec::Json(std::string name, std::string_view json_text) {
+  DatasetSpec s = Blob(std::move(name), "", json_text);
+  s.kind = "json";
+  return s;
+}
+
+namespace {
+
+json StatusToJson(const Status& s) {
+  return {{"code", static_cast<int>(s.code())}, {"message", s.message()}};
+}
+
+Status StatusFromJson(const json& j) {
+  if (!j.is_object() || !j.contains("code")) return Internal("malformed status from a peer");
+  const int code = j["code"].get<int>();
+  if (code == 0) return Status::Ok();
+  return Status(static_cast<StatusCode>(code), j.value("message", ""));
+}
+
+std::string Nonce() {
+  std::random_device rd;
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "%08x%08x", rd(), rd());
+  return buf;
+}
+
+std::string UtcNow(int64_t* unix_seconds) {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t t = std::chrono::system_clock::to_time_t(now);
+  *unix_seconds = static_cast<int64_t>(t);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// Steps 2-3 on one rank.
+Result<FileRecord> WriteMyFile(const std::string& tmp_dir, const Manifest& meta,
+                               const RankContents& mine, int rank, int world, Env* env,
+                               const SaveOptions& options) {
+  FileRecord rec;
+  rec.rank = rank;
+  rec.path = RankFileName(rank);
+  rec.compression = options.compression.ToString();
+  const std::string path = tmp_dir + "/" + rec.path;
+  CKPT_RETURN_IF_ERROR(env->BeginExternalWrite(path), "");
+  internal::RankFileHeader header{rank, world, meta.tag};
+  CKPT_ASSIGN_OR_RETURN(rec.datasets, internal::WriteRankFile(path, header, mine.datasets, options),
+                        "");
+  CKPT_RETURN_IF_ERROR(env->SyncFile(path), "");
+  CKPT_ASSIGN_OR_RETURN(rec.bytes, env->FileSize(path), "");
+  if (options.file_checksum) {
+    CKPT_ASSIGN_OR_RETURN(rec.xxh3, Xxh3FileHex(path), "");
+  }
+  return rec;
+}
+
+struct Prepared {
+  std::string tmp_dir;
+};
+
+// Step 1 on rank 0.
+Result<Prepared> Prepare(const std::string& root, const Manifest& meta, Env* env) {
+  CKPT_RETURN_IF_ERROR(ValidateManifest(meta), "manifest for tag '" + meta.tag + "'");
+  std::error_code ec;
+  std::filesystem::create_directories(root, ec);
+  if (ec) return IOError("create checkpoint root " + root + ": " + ec.message());
+  const std::string target = root + "/" + meta.tag;
+  if (env->Exists(target))
+    return AlreadyExists(target + " already exists; a committed tag is never overwritten");
+  Prepared p;
+  p.tmp_dir = root + "/" + std::string(kTempPrefix) + meta.tag + "-" + Nonce();
+  CKPT_RETURN_IF_ERROR(env->CreateDir(p.tmp_dir), "");
+  CKPT_RETURN_IF_ERROR(env->SyncDir(root), "");
+  return p;
+}
+
+// Steps 5-8 on rank 0, after every rank wrote its file.
+Status Commit(const std::string& root, const std::string& tmp_dir, Manifest meta,
+              std::vector<FileRecord> files, Env* env, const SaveOptions& options) {
+  meta.files = std::move(files);
+  meta.created_utc = UtcNow(&meta.created_unix);
+  meta.format = std::string(kFormatName);
+  meta.version_major = kFormatMajor;
+  meta.version_minor = kFormatMinor;
+  meta.writer = std::string(kWriterVersion);
+  CKPT_RETURN_IF_ERROR(ValidateManifest(meta), "manifest");
+  const std::string text = ManifestToJson(meta).dump(1) + "\n";
+  CKPT_RETURN_IF_ERROR(WriteFileAtomic(env, tmp_dir + "/" + std::string(kManifestFile), text),
+                       "write manifest");
+  const std::string target = root + "/" + meta.tag;
+  if (env->Exists(target)) return AlreadyExists(target + " appeared during the save");
+  CKPT_RETURN_IF_ERROR(env->RenameFile(tmp_dir, target), "commit tag");
+  CKPT_RETURN_IF_ERROR(env->SyncDir(root), "commit tag");
+  if (options.update_latest) {
+    CKPT_RETURN_IF_ERROR(
+        WriteFileAtomic(env, root + "/" + std::string(kLatestFile), meta.tag + "\n"),
+        "tag '" + meta.tag + "' is committed but `latest` was not updated");
+  }
+  if (options.keep_last > 0) {
+    auto removed = ApplyRetention(root, options.keep_last, env);
+    if (!removed.ok()) return removed.status().WithContext("retention after commit");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status SaveCheckpoint(const std::string& root, const Manifest& meta, const RankContents& mine,
+                      Collective& comm, const SaveOptions& options_in) {
+  SaveOptions options = options_in;
+  Env* env = options.env ? options.env : Env::Default();
+  const int rank = comm.rank();
+  const int world = comm.world_size();
+  const std::string what = "save " + root + "/" + meta.tag;
+
+  // Step 1.
+  std::optional<RootLock> lock;
+  std::string prepare_msg;
+  if (rank == 0) {
+    Status s = [&]() -> Status {
+      if (meta.topology.dp_world_size != world)
+        return InvalidArgument("manifest dp_world_size " +
+                               std::to_string(meta.topology.dp_world_size) +
+                               " != collective world size " + std::to_string(world));
+      std::error_code ec;
+      std::filesystem::create_directories(root, ec);
+      if (ec) return IOError("create checkpoint root " + root + ": " + ec.message());
+      CKPT_ASSIGN_OR_RETURN(RootLock l, RootLock::TryAcquire(root), "");
+      lock.emplace(std::move(l));
+      CKPT_ASSIGN_OR_RETURN(Prepared p, Prepare(root, meta, env), "");
+      prepare_msg = json{{"status", StatusToJson(Status::Ok())}, {"tmp", p.tmp_dir}}.dump();
+      return Status::Ok();
+    }();
+    if (!s.ok()) prepare_msg = json{{"status", StatusToJson(s)}, {"tmp", ""}}.dump();
+  }
+  CKPT_ASSIGN_OR_RETURN(std::string prepared, comm.Broadcast(prepare_msg), what);
+  json pj = json::parse(prepared, nullptr, false);
+  if (pj.is_discarded()) return Internal(what + ": malformed broadcast");
+  CKPT_RETURN_IF_ERROR(StatusFromJson(pj["status"]), what);
+  const std::string tmp_dir = pj["tmp"].get<std::string>();
+
+  // Steps 2-4.
+  auto mine_rec = WriteMyFile(tmp_dir, meta, mine, rank, world, env, options);
+  json report;
+  if (mine_rec.ok()) {
+    report = {{"status", StatusToJson(Status::Ok())}, {"file", FileRecordToJson(*mine_rec)}};
+  } else {
+    report = {{"status", StatusToJson(mine_rec.status().WithContext("rank " + std::to_string(rank)))}};
+  }
+  CKPT_ASSIGN_OR_RETURN(std::vector<std::string> reports, comm.Gather(report.dump()), what);
+
+  // Steps 5-8.
+  std::string outcome;
+  if (rank == 0) {
+    Status s = [&]() -> Status {
+      std::vector<FileRecord> files;
+      for (const auto& r : reports) {
+        json rj = json::parse(r, nullptr, false);
+        if (rj.is_discarded()) return Internal("malformed report from a rank");
+        CKPT_RETURN_IF_ERROR(StatusFromJson(rj["status"]), "");
+        CKPT_ASSIGN_OR_RETURN(FileRecord f, FileRecordFromJson(rj["file"], "rank report"), "");
+        files.push_back(std::move(f));
+      }
+      return Commit(root, tmp_dir, meta, std::move(files), env, options);
+    }();
+    if (!s.ok() && env->Exists(tmp_dir)) env->RemoveDirRecursive(tmp_dir).IgnoreError();
+    outcome = StatusToJson(s).dump();
+    lock.reset();
+  }
+  CKPT_ASSIGN_OR_RETURN(std::string final_status, comm.Broadcast(outcome), what);
+  json fj = json::parse(final_status, nullptr, false);
+  if (fj.is_discarded()) return Internal(what + ": malformed outcome");
+  CKPT_RETURN_IF_ERROR(StatusFromJson(fj), what);
+  return Status::Ok();
+}
+
+}  // namespace ckpt

@@ -1,0 +1,177 @@
+// ckpt next-update | verify-resume | verify: the resume verifier (verify/, docs/verify.md).
+// Exit codes: 0 ok; 1 a check found a difference (resume diverged, replay does not match the
+// original run, corruption); 2 could not run (usage, missing input, gradient file that does not
+// match the checkpoint, engine_min failed).
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include "command.h"
+#include "verify/ci.h"
+#include "verify/next_update.h"
+#include "verify/resume.h"
+#include "verify/update_pass.h"
+
+namespace ckpt::cli {
+namespace {
+
+using namespace ckpt::verify;
+
+std::function<int()> SetupNextUpdate(CLI::App& sub) {
+  struct Args {
+    NextUpdateOptions o;
+    std::string device = "auto";
+    bool json = false;
+    uint64_t bench_bytes = 0;
+    int bench_reps = 5;
+  };
+  auto a = std::make_shared<Args>();
+  sub.add_option("root", a->o.root, "checkpoint root or tag directory");
+  sub.add_option("--tag", a->o.tag, "tag to load (default: latest)");
+  sub.add_option("--grad", a->o.grad_file,
+                 "next gradient: full-shape fp32 tensors named by trainable parameter "
+                 "(default: engine_min grad at the saved data position)");
+  sub.add_option("--device", a->device, "auto|cpu|cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  sub.add_option("--out", a->o.out_dir,
+                 "write full_state/weights_only/moments_dropped.safetensors here");
+  sub.add_option("--reference", a->o.reference, "original run log (default ROOT/trainlog.jsonl)");
+  sub.add_flag("--json", a->json, "machine-readable report");
+  sub.add_option("--bench-bytes", a->bench_bytes,
+                 "measure the pass against memcpy over this many input bytes (no checkpoint)");
+  sub.add_option("--bench-reps", a->bench_reps, "repetitions for --bench-bytes (best is kept)");
+  return [a]() -> int {
+    auto device = ParseDevice(a->device);
+    if (!device.ok()) return ReportError("next-update", device.status(), a->json);
+    a->o.device = *device;
+    if (a->bench_bytes > 0) {
+      auto b = BenchUpdatePass(a->o.device, a->bench_bytes, a->bench_reps);
+      if (!b.ok()) return ReportError("next-update", b.status(), a->json);
+      const double pass_gbs = b->pass_bytes_moved / b->pass_seconds / 1e9;
+      const double copy_gbs = 2.0 * b->memcpy_bytes / b->memcpy_seconds / 1e9;
+      if (a->json) {
+        PrintJson({{"device", std::string(DeviceName(b->device))},
+                   {"elements", b->elements},
+                   {"input_bytes", b->memcpy_bytes},
+                   {"pass_bytes_moved", b->pass_bytes_moved},
+                   {"pass_seconds", b->pass_seconds},
+                   {"memcpy_seconds", b->memcpy_seconds},
+                   {"pass_gb_per_s", pass_gbs},
+                   {"memcpy_gb_per_s", copy_gbs},
+                   {"ratio", b->ratio()}});
+      } else {
+        std::printf("next-update pass on %s, %llu elements (%.1f MiB of w, m, v, g)\n",
+                    std::string(DeviceName(b->device)).c_str(),
+                    static_cast<unsigned long long>(b->elements), b->memcpy_bytes / 1048576.0);
+        std::printf("  pass   %.3f ms  (%.2f GB/s read+written)\n", b->pass_seconds * 1e3, pass_gbs);
+        std::printf("  memcpy %.3f ms  (%.2f GB/s read+written)\n", b->memcpy_seconds * 1e3, copy_gbs);
+        std::printf("  ratio memcpy/pass time: %.2fx\n", b->ratio());
+      }
+      return 0;
+    }
+    if (a->o.root.empty()) {
+      return ReportError("next-update", InvalidArgument("a checkpoint ROOT is required"), a->json);
+    }
+    auto r = RunNextUpdate(a->o);
+    if (!r.ok()) return ReportError("next-update", r.status(), a->json);
+    if (a->json) {
+      PrintJson(NextUpdateToJson(*r));
+    } else {
+      std::cout << NextUpdateToText(*r);
+    }
+    return r->matches_reference.has_value() && !*r->matches_reference ? 1 : 0;
+  };
+}
+
+std::function<int()> SetupVerifyResume(CLI::App& sub) {
+  struct Args {
+    ResumeOptions o;
+    std::string ablate = "none";
+    bool json = false;
+  };
+  auto a = std::make_shared<Args>();
+  sub.add_option("root", a->o.root, "checkpoint root or tag directory")->required();
+  sub.add_option("--steps", a->o.steps, "optimizer steps to run after the checkpoint")->required();
+  sub.add_option("--tag", a->o.tag, "tag to resume (default: latest)");
+  sub.add_option("--reference", a->o.reference, "original run log (default ROOT/trainlog.jsonl)");
+  sub.add_option("--ablate", a->ablate,
+                 "none|moments|step|rng|data|scheduler|all (or a comma list): also resume with "
+                 "that component reset to its fresh-start value");
+  sub.add_option("--scratch", a->o.scratch, "directory for the resumed runs (kept)");
+  sub.add_flag("--keep-scratch", a->o.keep_scratch, "keep the temporary scratch directory");
+  sub.add_flag("--json", a->json, "machine-readable report");
+  return [a]() -> int {
+    auto ablate = ParseAblate(a->ablate);
+    if (!ablate.ok()) return ReportError("verify-resume", ablate.status(), a->json);
+    a->o.ablate = *ablate;
+    auto r = RunVerifyResume(a->o);
+    if (!r.ok()) return ReportError("verify-resume", r.status(), a->json);
+    if (a->json) {
+      PrintJson(ResumeToJson(*r));
+    } else {
+      std::cout << ResumeToText(*r);
+    }
+    return r->bitwise() ? 0 : 1;
+  };
+}
+
+std::function<int()> SetupVerify(CLI::App& sub) {
+  struct Args {
+    CiOptions o;
+    std::string device = "auto";
+    std::string junit;
+    bool json = false;
+  };
+  auto a = std::make_shared<Args>();
+  sub.add_option("root", a->o.root, "checkpoint root or tag directory")->required();
+  sub.add_option("--tag", a->o.tag, "tag to verify (default: latest)");
+  sub.add_option("--junit", a->junit, "also write a JUnit XML report here");
+  sub.add_option("--grad", a->o.grad_file, "next-update gradient for non-engine checkpoints");
+  sub.add_option("--reference", a->o.reference, "original run log (default ROOT/trainlog.jsonl)");
+  sub.add_option("--device", a->device, "auto|cpu|cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  sub.add_flag("--json", a->json, "machine-readable report");
+  return [a]() -> int {
+    auto device = ParseDevice(a->device);
+    if (!device.ok()) return ReportError("verify", device.status(), a->json);
+    a->o.device = *device;
+    CiReport r = RunCiVerify(a->o);
+    if (!a->junit.empty()) {
+      std::ofstream f(a->junit);
+      f << CiToJUnit(r);
+      if (!f) return ReportError("verify", IOError("cannot write " + a->junit), a->json);
+    }
+    const int rc = r.ExitCode();
+    if (a->json) {
+      nlohmann::json cases = nlohmann::json::array();
+      for (const CiCase& c : r.cases) {
+        const char* outcome = c.outcome == CiCase::Outcome::kPassed    ? "passed"
+                              : c.outcome == CiCase::Outcome::kFailed  ? "failed"
+                              : c.outcome == CiCase::Outcome::kSkipped ? "skipped"
+                                                                       : "error";
+        cases.push_back({{"name", c.name}, {"outcome", outcome}, {"message", c.message},
+                         {"seconds", c.seconds}});
+      }
+      PrintJson({{"checkpoint", r.target}, {"ok", rc == 0}, {"exit_code", rc}, {"cases", cases}});
+    } else {
+      std::cout << CiToText(r);
+      for (const CiCase& c : r.cases) {
+        if (c.outcome == CiCase::Outcome::kFailed && !c.details.empty()) std::cout << "\n" << c.details;
+      }
+    }
+    return rc;
+  };
+}
+
+}  // namespace
+
+CKPT_REGISTER_COMMAND(next_update, "next-update",
+                      "replay the next AdamW update: full state vs weights-only vs moments dropped",
+                      SetupNextUpdate);
+CKPT_REGISTER_COMMAND(verify_resume, "verify-resume",
+                      "resume engine_min from a checkpoint and compare it step by step with the "
+                      "original run (with ablations)",
+                      SetupVerifyResume);
+CKPT_REGISTER_COMMAND(verify, "verify",
+                      "CI check: deep integrity, one-step resume parity, next-update summary",
+                      SetupVerify);
+
+}  // namespace ckpt::cli

@@ -1,0 +1,81 @@
+// `ckpt verify-resume`: resumes engine_min from a checkpoint in fresh processes, with the
+// checkpoint's topology, on a scratch copy (hard links) so the original is never touched, and
+// compares every step of the new run log with the original run's. Ablations resume with one
+// component reset to its fresh-start value (engine_min --reset-on-resume) and report whether
+// and where the trajectory leaves the original one.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ckpt/status.h"
+
+namespace ckpt::verify {
+
+// The components --ablate accepts, in table order.
+const std::vector<std::string>& AblationComponents();
+// "none" -> {}, "all" -> every component, "moments,step" -> those; InvalidArgument otherwise.
+Result<std::vector<std::string>> ParseAblate(const std::string& text);
+
+struct ResumeOptions {
+  std::string root;
+  std::string tag;
+  int64_t steps = 1;               // K optimizer steps after the checkpoint
+  std::string reference;           // empty: ROOT/trainlog.jsonl
+  std::vector<std::string> ablate; // components to reset, one run each
+  std::string bin_dir;             // empty: EngineBinDir("")
+  std::string scratch;             // empty: a temporary directory, removed afterwards
+  bool keep_scratch = false;
+};
+
+struct Divergence {
+  int64_t step = 0;
+  std::string quantity;  // loss | grad_norm | lr | weights_xxh3 | exp_avg_xxh3 | exp_avg_sq_xxh3 | missing
+  std::optional<double> gap;  // |difference| for numbers; for digests the max element gap
+                              // of that tensor set after the last step, when measurable
+  std::string detail;
+};
+
+struct RunOutcome {
+  std::optional<Divergence> first;
+  int64_t steps_compared = 0;
+  // Max |difference| of the master weights after the last step, against the plain resume
+  // (ablations) or against the original run's checkpoint at that step (plain, when it exists).
+  std::optional<double> max_weight_gap;
+  std::optional<double> max_exp_avg_gap;
+  std::optional<double> max_exp_avg_sq_gap;
+  std::string final_tag_dir;
+};
+
+struct AblationResult {
+  std::string component;
+  RunOutcome outcome;
+  std::string note;
+};
+
+struct ResumeReport {
+  std::string tag_dir;
+  int64_t from_step = 0;
+  int64_t steps = 0;
+  int ranks = 1;
+  int zero_stage = 0;
+  std::string reference;
+  RunOutcome plain;
+  std::vector<AblationResult> ablations;
+  bool bitwise() const { return !plain.first.has_value(); }
+};
+
+// NotFound: checkpoint, reference log or engine_min missing. FailedPrecondition: not an
+// engine_min checkpoint, the log does not cover the K steps, or engine_min failed (its output
+// is in the message). DataLoss: unreadable checkpoint or log.
+Result<ResumeReport> RunVerifyResume(const ResumeOptions& options);
+
+// `--json` contract (issue 5): {"verdict", "steps", "first_divergence", "ablations": [...]}.
+nlohmann::json ResumeToJson(const ResumeReport& r);
+std::string ResumeToText(const ResumeReport& r);
+
+}  // namespace ckpt::verify

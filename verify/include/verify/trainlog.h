@@ -1,0 +1,44 @@
+// trainlog.jsonl, engine_min's run log (docs/architecture.md, "Run log"): one JSON object per
+// optimizer step. Also the weights digest it records and the helpers that launch engine_min.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ckpt/status.h"
+
+namespace ckpt::verify {
+
+struct TrainlogEntry {
+  int64_t step = 0;  // global_step after the update
+  double loss = 0;
+  double grad_norm = 0;
+  double lr = 0;
+  int64_t tokens = 0;
+  std::string weights_xxh3;
+  std::string exp_avg_xxh3;
+  std::string exp_avg_sq_xxh3;
+};
+
+// Entries by step. A step logged twice (a run resumed from an earlier checkpoint into the same
+// log) keeps the last entry. NotFound when the file is missing; DataLoss naming the line when
+// a line is not a valid entry.
+Result<std::map<int64_t, TrainlogEntry>> ReadTrainlog(const std::string& path);
+
+// Directory holding engine_min: `bin_dir` when non-empty, else $CKPT_BIN_DIR, else the
+// directory of /proc/self/exe.
+std::string EngineBinDir(const std::string& bin_dir);
+
+// Runs argv (argv[0] looked up in PATH) with stdout and stderr appended to log_path; returns
+// the exit status (128 + signal when killed). NotFound when the program cannot be started.
+Result<int> RunProcess(const std::vector<std::string>& argv, const std::string& log_path);
+// The last `max_bytes` of a file, for error messages.
+std::string TailOfFile(const std::string& path, size_t max_bytes = 2000);
+
+// `mpirun --allow-run-as-root --oversubscribe -n <ranks> <bin_dir>/engine_min <args...>`.
+std::vector<std::string> EngineCommand(const std::string& bin_dir, int ranks,
+                                       const std::vector<std::string>& args);
+
+}  // namespace ckpt::verify

@@ -1,0 +1,112 @@
+// The next-update pass: one sweep over a tensor's master weights w, Adam moments m and v and
+// the next gradient g that applies the AdamW rule (ckpt/adamw.h) three ways and compares them:
+//   (a) full state      w, m, v, step           -> w_full (+ m, v after the update)
+//   (b) weights only    w, 0, 0, step restarted -> w_weights_only   (a fresh optimizer: t = 1)
+//   (c) moments dropped w, 0, 0, step kept      -> w_moments_dropped (seed 001's comparison)
+// and reduces, for (b) and (c) against (a), the max absolute difference, the squared L2 of the
+// difference, the number of elements that differ and the squared update norms.
+//
+// Two implementations behind one interface: the CPU reference (calls ckpt::AdamWElement, so
+// its w_full is bitwise what engine_min computes) and CUDA kernels (one pass, float4 loads,
+// block reductions; compiled without FMA contraction and with IEEE division and square root, so
+// on the same inputs they produce the same bits as the CPU path; tests hold them to 1e-6).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "ckpt/adamw.h"
+#include "ckpt/status.h"
+
+namespace ckpt::verify {
+
+// Inputs of one tensor; n elements each, read-only.
+struct PassInputs {
+  const float* w = nullptr;
+  const float* m = nullptr;
+  const float* v = nullptr;
+  const float* g = nullptr;
+  size_t n = 0;
+};
+
+// Optional outputs (nullptr: not written). n elements each, must not alias the inputs.
+struct PassOutputs {
+  float* w_full = nullptr;
+  float* m_full = nullptr;
+  float* v_full = nullptr;
+  float* w_weights_only = nullptr;
+  float* w_moments_dropped = nullptr;
+};
+
+// One restore path compared with the full-state path (a).
+struct PathStats {
+  double max_abs = 0.0;       // max |w_x - w_full|
+  double sum_sq_diff = 0.0;   // sum (w_x - w_full)^2
+  uint64_t n_differ = 0;      // elements with w_x != w_full
+  double sum_sq_update = 0.0; // sum (w_x - w)^2: this path's squared update norm
+  void Merge(const PathStats& o);
+};
+
+struct PassStats {
+  uint64_t n = 0;
+  double sum_sq_full = 0.0;         // sum w_full^2 (denominator of the relative L2)
+  double sum_sq_update_full = 0.0;  // sum (w_full - w)^2
+  PathStats weights_only;
+  PathStats moments_dropped;
+  void Merge(const PassStats& o);
+};
+
+// The hyper-parameters of path (a); (c) uses the same, (b) the same with step = 0.
+struct PassHyper {
+  AdamWHyper full;
+  AdamWHyper WeightsOnly() const {
+    AdamWHyper h = full;
+    h.step = 0;
+    return h;
+  }
+};
+
+enum class Device { kAuto, kCpu, kCuda };
+Result<Device> ParseDevice(std::string_view text);  // "auto" | "cpu" | "cuda"
+std::string_view DeviceName(Device d);
+
+// Thread-compatible (one caller at a time); move-only through unique_ptr.
+class UpdatePass {
+ public:
+  virtual ~UpdatePass() = default;
+  virtual Device device() const = 0;
+  // Runs the pass over one tensor. CPU: never fails. CUDA: IOError/Internal with the CUDA
+  // error text when a copy or a launch fails (the sticky error is cleared).
+  virtual Result<PassStats> Run(const PassHyper& hyper, const PassInputs& in,
+                                const PassOutputs& out) = 0;
+};
+
+// The CPU reference.
+std::unique_ptr<UpdatePass> MakeCpuPass();
+// kCpu: the CPU reference. kCuda: the CUDA pass, FailedPrecondition when no GPU is present or
+// Unimplemented when built without CUDA. kAuto: CUDA when a GPU is present, else CPU.
+Result<std::unique_ptr<UpdatePass>> MakeUpdatePass(Device device);
+// Number of usable CUDA devices (0 when built without CUDA or when the runtime finds none);
+// `why` (optional) receives the runtime's explanation when it is 0.
+int CudaDeviceCount(std::string* why = nullptr);
+
+// Measured throughput of the pass against a memcpy of its input bytes (w, m, v, g) in the
+// same process, on the same buffers. CPU: one thread, memcpy(); CUDA: device-resident buffers,
+// cudaMemcpyDeviceToDevice.
+struct PassBench {
+  Device device = Device::kCpu;
+  uint64_t elements = 0;
+  uint64_t pass_bytes_moved = 0;    // read w, m, v, g + write w_full, m, v, w_b, w_c
+  uint64_t memcpy_bytes = 0;        // bytes copied by the memcpy (= input bytes)
+  double pass_seconds = 0.0;        // best of `reps`
+  double memcpy_seconds = 0.0;      // best of `reps`
+  // memcpy_seconds / pass_seconds: the pass over n elements takes 1/ratio the time of copying
+  // its inputs once.
+  double ratio() const { return pass_seconds > 0 ? memcpy_seconds / pass_seconds : 0.0; }
+};
+Result<PassBench> BenchUpdatePass(Device device, uint64_t input_bytes, int reps);
+
+}  // namespace ckpt::verify

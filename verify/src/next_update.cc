@@ -1,0 +1,443 @@
+// ckpt next-update: load the full optimizer state one trainable parameter at a time, get the
+// next gradient, run the three-way update pass, stream the optional result files, and compare
+// path (a) with the original run's log.
+#include "verify/next_update.h"
+
+#include <cerrno>
+#include <cmath>
+#include <map>
+#include <optional>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <sstream>
+
+#include "ckpt/hash.h"
+#include "ckpt/manifest.h"
+#include "ckpt/reader.h"
+#include "ckpt/root.h"
+#include "convert/safetensors.h"
+#include "verify/trainlog.h"
+
+namespace ckpt::verify {
+namespace fs = std::filesystem;
+
+PathReport MakePathReport(const PassStats& s, const PathStats& p) {
+  PathReport r;
+  r.max_abs = p.max_abs;
+  const double diff = std::sqrt(p.sum_sq_diff);
+  const double norm_full = std::sqrt(s.sum_sq_full);
+  const double upd_full = std::sqrt(s.sum_sq_update_full);
+  r.rel_l2 = norm_full > 0 ? diff / norm_full : (diff > 0 ? INFINITY : 0.0);
+  r.rel_update = upd_full > 0 ? diff / upd_full : (diff > 0 ? INFINITY : 0.0);
+  r.n_differ = p.n_differ;
+  r.frac_differ = s.n > 0 ? static_cast<double>(p.n_differ) / static_cast<double>(s.n) : 0.0;
+  r.update_norm = std::sqrt(p.sum_sq_update);
+  r.update_norm_full = upd_full;
+  return r;
+}
+
+namespace {
+
+double JsonNumber(const nlohmann::json& j, const char* key, double fallback, bool* found) {
+  if (j.is_object() && j.contains(key) && j[key].is_number()) {
+    if (found) *found = true;
+    return j[key].get<double>();
+  }
+  return fallback;
+}
+
+// The hyper-parameters of the next update. engine_min records the optimizer's settings and
+// its update count in manifest.optimizer and the rate of the next update in rank 0's
+// `scheduler` dataset; other writers may only have manifest.optimizer.
+Result<AdamWHyper> ResolveHyper(const CheckpointReader& reader, std::string* source) {
+  const Manifest& m = reader.manifest();
+  const nlohmann::json& opt = m.optimizer;
+  AdamWHyper h;
+  if (opt.is_object() && opt.contains("type") && opt["type"].is_string()) {
+    const std::string type = opt["type"].get<std::string>();
+    if (type != "adamw" && type != "adam") {
+      return Unimplemented("optimizer type '" + type + "' in manifest.json: next-update replays "
+                           "AdamW only");
+    }
+  }
+  bool have_lr = false;
+  h.lr = JsonNumber(opt, "lr", h.lr, &have_lr);
+  if (opt.contains("betas") && opt["betas"].is_array() && opt["betas"].size() == 2) {
+    h.beta1 = opt["betas"][0].get<double>();
+    h.beta2 = opt["betas"][1].get<double>();
+  }
+  h.beta1 = JsonNumber(opt, "beta1", h.beta1, nullptr);
+  h.beta2 = JsonNumber(opt, "beta2", h.beta2, nullptr);
+  h.eps = JsonNumber(opt, "eps", h.eps, nullptr);
+  h.weight_decay = JsonNumber(opt, "weight_decay", h.weight_decay, nullptr);
+  std::string lr_from = have_lr ? "manifest optimizer.lr" : "default lr";
+  bool have_step = false;
+  h.step = static_cast<int64_t>(JsonNumber(opt, "step", -1, &have_step));
+  std::string step_from = "manifest optimizer.step";
+  if (!have_step || h.step < 0) {
+    h.step = m.counters.global_step - m.counters.skipped_steps;
+    step_from = "counters.global_step - skipped_steps";
+  }
+  if (m.FindDataset(0, kScheduler) != nullptr) {
+    auto sched = reader.ReadJson(0, kScheduler);
+    CKPT_RETURN_IF_ERROR(sched, "rank 0 scheduler state");
+    for (const char* key : {"next_lr", "lr"}) {
+      bool found = false;
+      const double lr = JsonNumber(*sched, key, 0, &found);
+      if (found) {
+        h.lr = lr;
+        lr_from = std::string("scheduler.") + key;
+        break;
+      }
+    }
+    for (const char* key : {"optimizer_step", "step"}) {
+      bool found = false;
+      const double step = JsonNumber(*sched, key, 0, &found);
+      if (found && !have_step) {
+        h.step = static_cast<int64_t>(step);
+        step_from = std::string("scheduler.") + key;
+        break;
+      }
+    }
+  }
+  if (!(h.lr >= 0) || !(h.beta1 >= 0 && h.beta1 < 1) || !(h.beta2 >= 0 && h.beta2 < 1) ||
+      !(h.eps > 0) || h.step < 0) {
+    return DataLoss("optimizer hyper-parameters in manifest.json are out of range");
+  }
+  if (source) *source = "lr: " + lr_from + "; step: " + step_from;
+  return h;
+}
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// Checks the gradient file against the trainable parameters before anything is computed.
+Status CheckGradientFile(const Manifest& m, const std::string& path,
+                         const convert::SafetensorsHeader& header) {
+  std::vector<std::string> problems;
+  for (const ParamEntry& p : m.params) {
+    if (!p.trainable()) continue;
+    const convert::SafetensorsTensor* t = header.Find(p.name);
+    if (t == nullptr) {
+      problems.push_back("missing tensor '" + p.name + "' " + ShapeString(p.shape));
+      continue;
+    }
+    if (t->shape != p.shape) {
+      problems.push_back("tensor '" + p.name + "' has shape " + ShapeString(t->shape) +
+                         ", the checkpoint's parameter is " + ShapeString(p.shape));
+    }
+    if (t->dtype != DType::kF32 && t->dtype != DType::kF64 && t->dtype != DType::kBF16 &&
+        t->dtype != DType::kF16) {
+      problems.push_back("tensor '" + p.name + "' has dtype " +
+                         std::string(SafetensorsDTypeName(t->dtype)) + ", expected F32");
+    }
+  }
+  for (const auto& t : header.tensors) {
+    const ParamEntry* p = m.FindParam(t.name);
+    if (p == nullptr) {
+      problems.push_back("tensor '" + t.name + "' is not a parameter of the checkpoint");
+    } else if (!p->trainable()) {
+      problems.push_back("tensor '" + t.name + "' is a " +
+                         (p->frozen ? std::string("frozen parameter") : "tied alias of '" + p->tied_to + "'") +
+                         ", not a trainable one");
+    }
+  }
+  if (problems.empty()) return Status::Ok();
+  std::string msg = "gradient file " + path + " does not match the checkpoint's trainable "
+                    "parameters: ";
+  for (size_t i = 0; i < problems.size() && i < 8; ++i) msg += (i ? "; " : "") + problems[i];
+  if (problems.size() > 8) msg += "; and " + std::to_string(problems.size() - 8) + " more";
+  return InvalidArgument(msg);
+}
+
+// A scratch directory removed on destruction.
+class TempDir {
+ public:
+  static Result<TempDir> Create(const std::string& label) {
+    std::string tmpl = (fs::temp_directory_path() / (label + "-XXXXXX")).string();
+    if (mkdtemp(tmpl.data()) == nullptr) return ErrnoError("mkdtemp " + tmpl, errno);
+    return TempDir(tmpl);
+  }
+  TempDir(TempDir&& o) noexcept : path_(std::move(o.path_)) { o.path_.clear(); }
+  TempDir& operator=(TempDir&&) = delete;
+  ~TempDir() {
+    std::error_code ec;
+    if (!path_.empty()) fs::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  explicit TempDir(std::string p) : path_(std::move(p)) {}
+  std::string path_;
+};
+
+// The checkpoint root of a tag directory (engine_min takes --ckpt-dir ROOT --resume-tag TAG).
+std::string RootOfTagDir(const std::string& tag_dir) {
+  return fs::path(tag_dir).lexically_normal().parent_path().string();
+}
+
+Status RunEngineGrad(const NextUpdateOptions& o, const CheckpointReader& reader,
+                     const std::string& out_file, const std::string& log) {
+  const std::string bin_dir = EngineBinDir(o.bin_dir);
+  const std::string engine = bin_dir + "/engine_min";
+  if (!fs::exists(engine)) {
+    return NotFound("no gradient file given (--grad) and engine_min not found at " + engine +
+                    " (set CKPT_BIN_DIR)");
+  }
+  const std::string root = RootOfTagDir(reader.dir());
+  const int ranks = std::max(1, reader.manifest().topology.dp_world_size);
+  auto cmd = EngineCommand(bin_dir, ranks,
+                           {"grad", "--ckpt-dir", root, "--resume-tag", reader.tag(), "--out",
+                            out_file});
+  auto rc = RunProcess(cmd, log);
+  CKPT_RETURN_IF_ERROR(rc, "engine_min grad");
+  if (*rc != 0) {
+    return FailedPrecondition("engine_min grad exited with status " + std::to_string(*rc) +
+                              "; its output:\n" + TailOfFile(log));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<NextUpdateReport> RunNextUpdate(const NextUpdateOptions& o) {
+  NextUpdateReport r;
+  CKPT_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(o.root, o.tag),
+                        "open checkpoint " + o.root);
+  const Manifest& m = reader.manifest();
+  r.tag_dir = reader.dir();
+  r.tag = reader.tag();
+  CKPT_ASSIGN_OR_RETURN(r.hyper, ResolveHyper(reader, &r.hyper_source), r.tag_dir);
+
+  // The gradient.
+  std::optional<TempDir> scratch;
+  std::string grad_path = o.grad_file;
+  const bool engine_grad = grad_path.empty();
+  if (engine_grad) {
+    if (m.engine_config.empty()) {
+      return FailedPrecondition(r.tag_dir + " was not written by engine_min (no engine_config), "
+                                "so its next batch is unknown: pass --grad GRADS.safetensors");
+    }
+    CKPT_ASSIGN_OR_RETURN(TempDir t, TempDir::Create("ckpt-next-update"), "scratch directory");
+    scratch.emplace(std::move(t));
+    grad_path = scratch->path() + "/grad.safetensors";
+    CKPT_RETURN_IF_ERROR(RunEngineGrad(o, reader, grad_path, scratch->path() + "/engine.log"),
+                         "next gradient");
+    r.grad_source = "engine_min grad";
+  } else {
+    r.grad_source = grad_path;
+  }
+  CKPT_ASSIGN_OR_RETURN(convert::SafetensorsHeader gheader,
+                        convert::ReadSafetensorsHeader(grad_path), "gradient file");
+  CKPT_RETURN_IF_ERROR(CheckGradientFile(m, grad_path, gheader), "next-update");
+
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<UpdatePass> pass, MakeUpdatePass(o.device), "next-update");
+  r.device = pass->device();
+
+  // Optional result files, streamed one tensor at a time.
+  std::vector<convert::SafetensorsTensorSpec> specs;
+  for (const ParamEntry& p : m.params) {
+    if (p.trainable()) specs.push_back({p.name, DType::kF32, p.shape});
+  }
+  std::optional<convert::SafetensorsWriter> out_full, out_wo, out_md;
+  if (!o.out_dir.empty()) {
+    std::error_code ec;
+    fs::create_directories(o.out_dir, ec);
+    if (ec) return IOError("create " + o.out_dir + ": " + ec.message());
+    const std::map<std::string, std::string> meta = {
+        {"source", r.tag_dir}, {"producer", "ckpt next-update"}};
+    auto make = [&](const char* name, const char* path_kind,
+                    std::optional<convert::SafetensorsWriter>& w) -> Status {
+      auto meta2 = meta;
+      meta2["path"] = path_kind;
+      auto writer = convert::SafetensorsWriter::Create(o.out_dir + "/" + name, specs, meta2);
+      CKPT_RETURN_IF_ERROR(writer, std::string("create ") + name);
+      w.emplace(std::move(writer).value());
+      return Status::Ok();
+    };
+    CKPT_RETURN_IF_ERROR(make("full_state.safetensors", "full_state", out_full), o.out_dir);
+    CKPT_RETURN_IF_ERROR(make("weights_only.safetensors", "weights_only", out_wo), o.out_dir);
+    CKPT_RETURN_IF_ERROR(make("moments_dropped.safetensors", "moments_dropped", out_md), o.out_dir);
+  }
+
+  // ReadParamFull's hyperslab reads cannot check a checksum, so every optimizer-state
+  // dataset is verified whole first: a corrupt shard is DataLoss, never a silent replay.
+  for (int rank = 0; rank < static_cast<int>(m.files.size()); ++rank) {
+    for (std::string_view ds : {kMaster, kExpAvg, kExpAvgSq}) {
+      if (m.FindDataset(rank, ds) == nullptr) continue;
+      CKPT_RETURN_IF_ERROR(reader.VerifyDataset(rank, ds), "optimizer state of " + r.tag_dir);
+    }
+  }
+
+  Xxh3Stream dw, dm, dv;
+  for (const ParamEntry& p : m.params) {
+    if (!p.trainable()) continue;
+    CKPT_ASSIGN_OR_RETURN(std::vector<float> w, reader.ReadParamFull(p.name, kMaster),
+                          "read " + p.name);
+    CKPT_ASSIGN_OR_RETURN(std::vector<float> mo, reader.ReadParamFull(p.name, kExpAvg),
+                          "read " + p.name);
+    CKPT_ASSIGN_OR_RETURN(std::vector<float> vo, reader.ReadParamFull(p.name, kExpAvgSq),
+                          "read " + p.name);
+    CKPT_ASSIGN_OR_RETURN(std::vector<float> g,
+                          convert::ReadSafetensorsTensorF32(grad_path, gheader, p.name),
+                          "gradient file");
+    const size_t n = static_cast<size_t>(p.numel);
+    if (w.size() != n || mo.size() != n || vo.size() != n || g.size() != n) {
+      return DataLoss(p.name + ": element counts differ between the state and the gradient");
+    }
+    std::vector<float> wa(n), ma(n), va(n), wb, wc;
+    PassOutputs out{wa.data(), ma.data(), va.data(), nullptr, nullptr};
+    if (out_full) {
+      wb.resize(n);
+      wc.resize(n);
+      out.w_weights_only = wb.data();
+      out.w_moments_dropped = wc.data();
+    }
+    CKPT_ASSIGN_OR_RETURN(PassStats s,
+                          pass->Run(PassHyper{r.hyper}, {w.data(), mo.data(), vo.data(), g.data(), n}, out),
+                          p.name);
+    dw.Update(wa.data(), n * sizeof(float));
+    dm.Update(ma.data(), n * sizeof(float));
+    dv.Update(va.data(), n * sizeof(float));
+    if (out_full) {
+      CKPT_RETURN_IF_ERROR(out_full->Append(wa.data(), n * sizeof(float)), "full_state.safetensors");
+      CKPT_RETURN_IF_ERROR(out_wo->Append(wb.data(), n * sizeof(float)), "weights_only.safetensors");
+      CKPT_RETURN_IF_ERROR(out_md->Append(wc.data(), n * sizeof(float)),
+                           "moments_dropped.safetensors");
+    }
+    r.overall.Merge(s);
+    r.tensors.push_back({p.name, p.shape, s});
+  }
+  if (out_full) {
+    CKPT_RETURN_IF_ERROR(out_full->Finish(), "full_state.safetensors");
+    CKPT_RETURN_IF_ERROR(out_wo->Finish(), "weights_only.safetensors");
+    CKPT_RETURN_IF_ERROR(out_md->Finish(), "moments_dropped.safetensors");
+  }
+  r.full_weights_xxh3 = dw.HexDigest();
+  r.full_exp_avg_xxh3 = dm.HexDigest();
+  r.full_exp_avg_sq_xxh3 = dv.HexDigest();
+
+  // The original run's next weights: only meaningful when the gradient is the run's own.
+  const std::string log_path =
+      !o.reference.empty() ? o.reference : RootOfTagDir(r.tag_dir) + "/trainlog.jsonl";
+  if (engine_grad || !o.reference.empty()) {
+    const int64_t next = m.counters.global_step + 1;
+    r.reference = {{"log", log_path}, {"step", next}};
+    if (!fs::exists(log_path)) {
+      if (!o.reference.empty()) return NotFound("reference run log " + log_path + " not found");
+      r.reference["note"] = "no run log at " + log_path + "; pass --reference";
+    } else {
+      CKPT_ASSIGN_OR_RETURN(auto log, ReadTrainlog(log_path), "reference");
+      auto it = log.find(next);
+      if (it == log.end()) {
+        r.reference["note"] = "the run log has no entry for step " + std::to_string(next);
+      } else {
+        const TrainlogEntry& e = it->second;
+        r.reference["weights_xxh3"] = e.weights_xxh3;
+        r.reference["computed_weights_xxh3"] = r.full_weights_xxh3;
+        r.reference["weights_match"] = e.weights_xxh3 == r.full_weights_xxh3;
+        if (!e.exp_avg_xxh3.empty())
+          r.reference["exp_avg_match"] = e.exp_avg_xxh3 == r.full_exp_avg_xxh3;
+        if (!e.exp_avg_sq_xxh3.empty())
+          r.reference["exp_avg_sq_match"] = e.exp_avg_sq_xxh3 == r.full_exp_avg_sq_xxh3;
+        if (e.lr != 0) r.reference["logged_lr"] = e.lr;
+        r.matches_reference = e.weights_xxh3 == r.full_weights_xxh3;
+      }
+    }
+  }
+  return r;
+}
+
+namespace {
+
+nlohmann::json PathJson(const PathReport& p) {
+  return {{"max_abs", p.max_abs},         {"rel_l2", p.rel_l2},
+          {"frac_differ", p.frac_differ}, {"n_differ", p.n_differ},
+          {"rel_update", p.rel_update},   {"update_norm", p.update_norm},
+          {"update_norm_full", p.update_norm_full}};
+}
+
+}  // namespace
+
+nlohmann::json NextUpdateToJson(const NextUpdateReport& r) {
+  nlohmann::json j;
+  j["tag"] = r.tag;
+  j["tag_dir"] = r.tag_dir;
+  j["hyper"] = {{"lr", r.hyper.lr},   {"beta1", r.hyper.beta1},
+                {"beta2", r.hyper.beta2}, {"eps", r.hyper.eps},
+                {"weight_decay", r.hyper.weight_decay}, {"step", r.hyper.step},
+                {"source", r.hyper_source}};
+  j["gradient"] = r.grad_source;
+  j["elements"] = r.overall.n;
+  j["overall"] = {{"weights_only", PathJson(MakePathReport(r.overall, r.overall.weights_only))},
+                  {"moments_dropped",
+                   PathJson(MakePathReport(r.overall, r.overall.moments_dropped))},
+                  {"full_update_norm", std::sqrt(r.overall.sum_sq_update_full)}};
+  nlohmann::json tensors = nlohmann::json::array();
+  for (const TensorReport& t : r.tensors) {
+    tensors.push_back({{"name", t.name},
+                       {"shape", t.shape},
+                       {"weights_only", PathJson(MakePathReport(t.stats, t.stats.weights_only))},
+                       {"moments_dropped",
+                        PathJson(MakePathReport(t.stats, t.stats.moments_dropped))},
+                       {"full_update_norm", std::sqrt(t.stats.sum_sq_update_full)}});
+  }
+  j["tensors"] = std::move(tensors);
+  j["digests"] = {{"weights_xxh3", r.full_weights_xxh3},
+                  {"exp_avg_xxh3", r.full_exp_avg_xxh3},
+                  {"exp_avg_sq_xxh3", r.full_exp_avg_sq_xxh3}};
+  j["matches_reference"] =
+      r.matches_reference ? nlohmann::json(*r.matches_reference) : nlohmann::json(nullptr);
+  j["reference"] = r.reference;
+  j["device"] = std::string(DeviceName(r.device));
+  return j;
+}
+
+std::string NextUpdateToText(const NextUpdateReport& r) {
+  std::ostringstream os;
+  char buf[512];
+  os << "checkpoint " << r.tag_dir << "\n";
+  std::snprintf(buf, sizeof buf,
+                "next update: lr %.9g  betas (%.9g, %.9g)  eps %.3g  weight_decay %.9g  "
+                "updates applied %lld (bias correction t=%lld)\n",
+                r.hyper.lr, r.hyper.beta1, r.hyper.beta2, r.hyper.eps, r.hyper.weight_decay,
+                static_cast<long long>(r.hyper.step), static_cast<long long>(r.hyper.step + 1));
+  os << buf << "  (" << r.hyper_source << ")\n";
+  os << "gradient: " << r.grad_source << "   device: " << DeviceName(r.device) << "\n\n";
+  std::snprintf(buf, sizeof buf, "%-32s %10s | %-34s | %-34s\n", "", "",
+                "weights only (fresh optimizer)", "moments dropped, step kept");
+  os << buf;
+  std::snprintf(buf, sizeof buf, "%-32s %10s | %11s %11s %10s | %11s %11s %10s\n", "tensor",
+                "numel", "max_abs", "rel_l2", "differ", "max_abs", "rel_l2", "differ");
+  os << buf;
+  auto row = [&](const std::string& name, const PassStats& s) {
+    const PathReport b = MakePathReport(s, s.weights_only);
+    const PathReport c = MakePathReport(s, s.moments_dropped);
+    std::snprintf(buf, sizeof buf, "%-32s %10llu | %11.4e %11.4e %9.2f%% | %11.4e %11.4e %9.2f%%\n",
+                  name.substr(0, 32).c_str(), static_cast<unsigned long long>(s.n), b.max_abs,
+                  b.rel_l2, 100 * b.frac_differ, c.max_abs, c.rel_l2, 100 * c.frac_differ);
+    os << buf;
+  };
+  for (const TensorReport& t : r.tensors) row(t.name, t.stats);
+  row("overall", r.overall);
+  const PathReport b = MakePathReport(r.overall, r.overall.weights_only);
+  const PathReport c = MakePathReport(r.overall, r.overall.moments_dropped);
+  std::snprintf(buf, sizeof buf,
+                "\nupdate norms: full state %.6e, weights only %.6e, moments dropped %.6e\n",
+                b.update_norm_full, b.update_norm, c.update_norm);
+  os << buf;
+  if (r.matches_reference) {
+    os << "original run's next weights (step " << r.reference.value("step", int64_t{0})
+       << "): " << (*r.matches_reference ? "match bitwise" : "DIFFER") << "\n";
+  } else if (r.reference.is_object() && r.reference.contains("note")) {
+    os << "original run's next weights: not compared (" << r.reference["note"].get<std::string>()
+       << ")\n";
+  }
+  return os.str();
+}
+
+}  // namespace ckpt::verify

@@ -1,0 +1,366 @@
+// ckpt verify-resume. Each run (the plain resume and one per ablation) gets its own scratch
+// root holding hard links to the checkpoint's files, so engine_min can save there and apply
+// its retention without touching the original. The plain run saves its final state, which is
+// the reference the ablations' weight gaps are measured against.
+#include "verify/resume.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "ckpt/manifest.h"
+#include "ckpt/reader.h"
+#include "ckpt/root.h"
+#include "verify/trainlog.h"
+
+namespace ckpt::verify {
+namespace fs = std::filesystem;
+
+const std::vector<std::string>& AblationComponents() {
+  static const std::vector<std::string> kComponents = {"moments", "step", "rng", "data",
+                                                       "scheduler"};
+  return kComponents;
+}
+
+Result<std::vector<std::string>> ParseAblate(const std::string& text) {
+  if (text.empty() || text == "none") return std::vector<std::string>{};
+  if (text == "all") return AblationComponents();
+  std::vector<std::string> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const auto& all = AblationComponents();
+    if (std::find(all.begin(), all.end(), item) == all.end()) {
+      return InvalidArgument("--ablate: unknown component '" + item +
+                             "' (none, moments, step, rng, data, scheduler, all)");
+    }
+    if (std::find(out.begin(), out.end(), item) == out.end()) out.push_back(item);
+  }
+  return out;
+}
+
+namespace {
+
+// Links (or, across file systems, copies) every file of the tag into run_root/<tag>/ and
+// points run_root/latest at it.
+Status StageCheckpoint(const std::string& tag_dir, const std::string& tag,
+                       const std::string& run_root) {
+  std::error_code ec;
+  const fs::path dst = fs::path(run_root) / tag;
+  fs::create_directories(dst, ec);
+  if (ec) return IOError("create " + dst.string() + ": " + ec.message());
+  for (const auto& entry : fs::directory_iterator(tag_dir, ec)) {
+    if (!entry.is_regular_file()) continue;
+    const fs::path target = dst / entry.path().filename();
+    fs::create_hard_link(entry.path(), target, ec);
+    if (ec) {
+      ec.clear();
+      fs::copy_file(entry.path(), target, ec);
+      if (ec) return IOError("copy " + entry.path().string() + ": " + ec.message());
+    }
+  }
+  if (ec) return IOError("list " + tag_dir + ": " + ec.message());
+  std::ofstream latest(fs::path(run_root) / "latest");
+  latest << tag << "\n";
+  if (!latest) return IOError("write " + run_root + "/latest");
+  return Status::Ok();
+}
+
+struct StateGap {
+  double master = 0, exp_avg = 0, exp_avg_sq = 0;
+};
+
+Result<double> MaxAbsGap(const CheckpointReader& a, const CheckpointReader& b,
+                         std::string_view state) {
+  double gap = 0;
+  for (const ParamEntry& p : a.manifest().params) {
+    if (!p.trainable()) continue;
+    const ParamEntry* q = b.manifest().FindParam(p.name);
+    if (q == nullptr || q->shape != p.shape) {
+      return FailedPrecondition("parameter " + p.name + " differs between " + a.dir() + " and " +
+                                b.dir());
+    }
+    CKPT_ASSIGN_OR_RETURN(std::vector<float> x, a.ReadParamFull(p.name, state), a.dir());
+    CKPT_ASSIGN_OR_RETURN(std::vector<float> y, b.ReadParamFull(p.name, state), b.dir());
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double d = std::fabs(static_cast<double>(x[i]) - static_cast<double>(y[i]));
+      if (!(d <= gap)) gap = std::isnan(d) ? INFINITY : d;
+    }
+  }
+  return gap;
+}
+
+Result<StateGap> CompareStates(const std::string& dir_a, const std::string& dir_b) {
+  CKPT_ASSIGN_OR_RETURN(CheckpointReader a, CheckpointReader::Open(dir_a), "open " + dir_a);
+  CKPT_ASSIGN_OR_RETURN(CheckpointReader b, CheckpointReader::Open(dir_b), "open " + dir_b);
+  StateGap g;
+  CKPT_ASSIGN_OR_RETURN(g.master, MaxAbsGap(a, b, kMaster), "compare master weights");
+  CKPT_ASSIGN_OR_RETURN(g.exp_avg, MaxAbsGap(a, b, kExpAvg), "compare exp_avg");
+  CKPT_ASSIGN_OR_RETURN(g.exp_avg_sq, MaxAbsGap(a, b, kExpAvgSq), "compare exp_avg_sq");
+  return g;
+}
+
+// Steps from+1 .. from+k of `run` against `ref`; the first quantity that differs.
+std::optional<Divergence> CompareLogs(const std::map<int64_t, TrainlogEntry>& ref,
+                                      const std::map<int64_t, TrainlogEntry>& run, int64_t from,
+                                      int64_t k, int64_t* compared) {
+  *compared = 0;
+  for (int64_t s = from + 1; s <= from + k; ++s) {
+    const TrainlogEntry& e = ref.at(s);
+    auto it = run.find(s);
+    if (it == run.end()) {
+      return Divergence{s, "missing", std::nullopt, "the resumed run logged no step " +
+                                                        std::to_string(s)};
+    }
+    const TrainlogEntry& r = it->second;
+    ++*compared;
+    auto num = [&](const char* q, double a, double b) -> std::optional<Divergence> {
+      if (a == b || (std::isnan(a) && std::isnan(b))) return std::nullopt;
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "original %.9g, resumed %.9g", a, b);
+      return Divergence{s, q, std::fabs(a - b), buf};
+    };
+    auto dig = [&](const char* q, const std::string& a,
+                   const std::string& b) -> std::optional<Divergence> {
+      if (a == b || a.empty()) return std::nullopt;
+      return Divergence{s, q, std::nullopt, "original " + a + ", resumed " + b};
+    };
+    if (auto d = num("loss", e.loss, r.loss)) return d;
+    if (auto d = num("grad_norm", e.grad_norm, r.grad_norm)) return d;
+    if (e.lr != 0 || r.lr != 0) {
+      if (auto d = num("lr", e.lr, r.lr)) return d;
+    }
+    if (auto d = dig("weights_xxh3", e.weights_xxh3, r.weights_xxh3)) return d;
+    if (auto d = dig("exp_avg_xxh3", e.exp_avg_xxh3, r.exp_avg_xxh3)) return d;
+    if (auto d = dig("exp_avg_sq_xxh3", e.exp_avg_sq_xxh3, r.exp_avg_sq_xxh3)) return d;
+  }
+  return std::nullopt;
+}
+
+struct RunSpec {
+  std::string name;       // "plain" or the component
+  std::string component;  // empty for the plain run
+};
+
+class ScratchRoot {
+ public:
+  static Result<ScratchRoot> Create(const std::string& requested, bool keep) {
+    if (!requested.empty()) {
+      std::error_code ec;
+      fs::create_directories(requested, ec);
+      if (ec) return IOError("create " + requested + ": " + ec.message());
+      return ScratchRoot(requested, true);
+    }
+    std::string tmpl = (fs::temp_directory_path() / "ckpt-verify-resume-XXXXXX").string();
+    if (mkdtemp(tmpl.data()) == nullptr) return ErrnoError("mkdtemp " + tmpl, errno);
+    return ScratchRoot(tmpl, keep);
+  }
+  ScratchRoot(ScratchRoot&& o) noexcept : path_(std::move(o.path_)), keep_(o.keep_) {
+    o.path_.clear();
+  }
+  ScratchRoot& operator=(ScratchRoot&&) = delete;
+  ~ScratchRoot() {
+    std::error_code ec;
+    if (!keep_ && !path_.empty()) fs::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  ScratchRoot(std::string p, bool keep) : path_(std::move(p)), keep_(keep) {}
+  std::string path_;
+  bool keep_ = false;
+};
+
+}  // namespace
+
+Result<ResumeReport> RunVerifyResume(const ResumeOptions& o) {
+  if (o.steps < 1) return InvalidArgument("--steps must be at least 1");
+  ResumeReport rep;
+  CKPT_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(o.root, o.tag),
+                        "open checkpoint " + o.root);
+  const Manifest& m = reader.manifest();
+  rep.tag_dir = reader.dir();
+  rep.from_step = m.counters.global_step;
+  rep.steps = o.steps;
+  rep.ranks = std::max(1, m.topology.dp_world_size);
+  rep.zero_stage = m.topology.zero_stage;
+  if (m.engine_config.empty()) {
+    return FailedPrecondition(rep.tag_dir + " was not written by engine_min (no engine_config): "
+                              "verify-resume can only relaunch engine_min checkpoints");
+  }
+  const std::string orig_root =
+      fs::path(rep.tag_dir).lexically_normal().parent_path().string();
+  rep.reference = o.reference.empty() ? orig_root + "/trainlog.jsonl" : o.reference;
+  CKPT_ASSIGN_OR_RETURN(auto ref_log, ReadTrainlog(rep.reference), "reference");
+  for (int64_t s = rep.from_step + 1; s <= rep.from_step + o.steps; ++s) {
+    if (!ref_log.count(s)) {
+      int64_t last = ref_log.empty() ? -1 : ref_log.rbegin()->first;
+      return FailedPrecondition("reference run log " + rep.reference + " has no entry for step " +
+                                std::to_string(s) + " (it ends at step " + std::to_string(last) +
+                                "); choose --steps <= " +
+                                std::to_string(std::max<int64_t>(0, last - rep.from_step)));
+    }
+  }
+  const std::string bin_dir = EngineBinDir(o.bin_dir);
+  if (!fs::exists(bin_dir + "/engine_min")) {
+    return NotFound("engine_min not found at " + bin_dir + "/engine_min (set CKPT_BIN_DIR)");
+  }
+  CKPT_ASSIGN_OR_RETURN(ScratchRoot scratch, ScratchRoot::Create(o.scratch, o.keep_scratch),
+                        "scratch directory");
+
+  std::vector<RunSpec> runs = {{"plain", ""}};
+  for (const auto& c : o.ablate) runs.push_back({"ablate-" + c, c});
+  const int64_t target = rep.from_step + o.steps;
+  std::string plain_final;
+  for (const RunSpec& run : runs) {
+    const std::string run_root = scratch.path() + "/" + run.name;
+    CKPT_RETURN_IF_ERROR(StageCheckpoint(rep.tag_dir, reader.tag(), run_root),
+                         "stage " + run.name + " run");
+    const std::string log = run_root + "/trainlog.jsonl";
+    std::vector<std::string> args = {"train", "--ckpt-dir", run_root, "--resume", "--resume-tag",
+                                     reader.tag(), "--steps", std::to_string(target),
+                                     "--save-every", "0", "--trainlog", log};
+    if (!run.component.empty()) {
+      args.push_back("--reset-on-resume");
+      args.push_back(run.component);
+    }
+    const std::string engine_log = run_root + "/engine.log";
+    auto rc = RunProcess(EngineCommand(bin_dir, rep.ranks, args), engine_log);
+    CKPT_RETURN_IF_ERROR(rc, "engine_min train (" + run.name + ")");
+    if (*rc != 0) {
+      return FailedPrecondition("engine_min train (" + run.name + " resume) exited with status " +
+                                std::to_string(*rc) + "; its output:\n" + TailOfFile(engine_log));
+    }
+    CKPT_ASSIGN_OR_RETURN(auto run_log, ReadTrainlog(log), run.name + " run log");
+    RunOutcome out;
+    out.first = CompareLogs(ref_log, run_log, rep.from_step, o.steps, &out.steps_compared);
+    auto final_dir = ResolveTagDir(run_root);
+    if (final_dir.ok() && fs::path(*final_dir).filename() != reader.tag()) {
+      out.final_tag_dir = *final_dir;
+    }
+    std::string against;
+    if (run.component.empty()) {
+      plain_final = out.final_tag_dir;
+      // The original run's own checkpoint at the target step, when it saved one.
+      auto listing = ListRoot(orig_root);
+      if (listing.ok()) {
+        for (const TagInfo& t : listing->tags) {
+          if (t.global_step == target && t.error.empty()) against = t.path;
+        }
+      }
+    } else {
+      against = plain_final;
+    }
+    if (!against.empty() && !out.final_tag_dir.empty()) {
+      CKPT_ASSIGN_OR_RETURN(StateGap g, CompareStates(against, out.final_tag_dir),
+                            run.name + " final state");
+      out.max_weight_gap = g.master;
+      out.max_exp_avg_gap = g.exp_avg;
+      out.max_exp_avg_sq_gap = g.exp_avg_sq;
+      if (out.first && !out.first->gap) {
+        if (out.first->quantity == "weights_xxh3") out.first->gap = g.master;
+        if (out.first->quantity == "exp_avg_xxh3") out.first->gap = g.exp_avg;
+        if (out.first->quantity == "exp_avg_sq_xxh3") out.first->gap = g.exp_avg_sq;
+      }
+    }
+    if (run.component.empty()) {
+      rep.plain = std::move(out);
+    } else {
+      AblationResult a;
+      a.component = run.component;
+      if (!out.first) {
+        a.note = "no effect on this run: resetting " + run.component +
+                 " leaves every logged quantity bitwise equal";
+        if (run.component == "rng") a.note += " (e.g. dropout is off)";
+      }
+      a.outcome = std::move(out);
+      rep.ablations.push_back(std::move(a));
+    }
+  }
+  return rep;
+}
+
+namespace {
+
+nlohmann::json OptNumber(const std::optional<double>& v) {
+  return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
+}
+
+nlohmann::json DivergenceJson(const std::optional<Divergence>& d) {
+  if (!d) return nullptr;
+  return {{"step", d->step}, {"quantity", d->quantity}, {"gap", OptNumber(d->gap)},
+          {"detail", d->detail}};
+}
+
+}  // namespace
+
+nlohmann::json ResumeToJson(const ResumeReport& r) {
+  nlohmann::json j;
+  j["verdict"] = r.bitwise() ? "bitwise" : "diverged";
+  j["steps"] = r.steps;
+  j["first_divergence"] = DivergenceJson(r.plain.first);
+  j["from_step"] = r.from_step;
+  j["checkpoint"] = r.tag_dir;
+  j["reference"] = r.reference;
+  j["ranks"] = r.ranks;
+  j["zero_stage"] = r.zero_stage;
+  j["steps_compared"] = r.plain.steps_compared;
+  j["max_weight_gap"] = OptNumber(r.plain.max_weight_gap);
+  nlohmann::json abl = nlohmann::json::array();
+  for (const AblationResult& a : r.ablations) {
+    const auto& f = a.outcome.first;
+    nlohmann::json x = {{"component", a.component},
+                        {"matters", f.has_value()},
+                        {"diverges_at_step", f ? nlohmann::json(f->step) : nlohmann::json(nullptr)},
+                        {"max_weight_gap", a.outcome.max_weight_gap.value_or(0.0)},
+                        {"first_divergence", DivergenceJson(f)},
+                        {"max_exp_avg_gap", OptNumber(a.outcome.max_exp_avg_gap)},
+                        {"max_exp_avg_sq_gap", OptNumber(a.outcome.max_exp_avg_sq_gap)}};
+    if (!a.note.empty()) x["note"] = a.note;
+    abl.push_back(std::move(x));
+  }
+  j["ablations"] = std::move(abl);
+  return j;
+}
+
+std::string ResumeToText(const ResumeReport& r) {
+  std::ostringstream os;
+  char buf[512];
+  os << "resumed " << r.tag_dir << " (global_step " << r.from_step << ", " << r.ranks
+     << " ranks, ZeRO-" << r.zero_stage << ") for " << r.steps << " step(s); reference "
+     << r.reference << "\n";
+  if (r.bitwise()) {
+    os << "verdict: bitwise (loss, grad_norm, weights and moment digests equal at every step)\n";
+  } else {
+    const Divergence& d = *r.plain.first;
+    os << "verdict: diverged at step " << d.step << " in " << d.quantity;
+    if (d.gap) {
+      std::snprintf(buf, sizeof buf, " (gap %.6g)", *d.gap);
+      os << buf;
+    }
+    os << ": " << d.detail << "\n";
+  }
+  if (!r.ablations.empty()) {
+    std::snprintf(buf, sizeof buf, "\n%-10s | %-18s | %-16s | %s\n", "component",
+                  "diverges at step", "in", "max weight gap after K steps");
+    os << buf;
+    for (const AblationResult& a : r.ablations) {
+      const auto& f = a.outcome.first;
+      const std::string at = f ? std::to_string(f->step) : "never (no effect)";
+      std::string gap = a.outcome.max_weight_gap
+                            ? (std::snprintf(buf, sizeof buf, "%.6g", *a.outcome.max_weight_gap),
+                               std::string(buf))
+                            : std::string("n/a");
+      std::snprintf(buf, sizeof buf, "%-10s | %-18s | %-16s | %s\n", a.component.c_str(),
+                    at.c_str(), f ? f->quantity.c_str() : "-", gap.c_str());
+      os << buf;
+    }
+  }
+  return os.str();
+}
+
+}  // namespace ckpt::verify

@@ -1,0 +1,107 @@
+#include "verify/trainlog.h"
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+extern char** environ;
+
+namespace ckpt::verify {
+
+Result<std::map<int64_t, TrainlogEntry>> ReadTrainlog(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    return NotFound("reference run log " + path +
+                    " not found (engine_min writes ROOT/trainlog.jsonl; pass --reference)");
+  }
+  std::map<int64_t, TrainlogEntry> entries;
+  std::string line;
+  int line_no = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = path + ":" + std::to_string(line_no);
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) return DataLoss(where + ": not a JSON object");
+    TrainlogEntry e;
+    try {
+      e.step = j.at("step").get<int64_t>();
+      e.loss = j.at("loss").get<double>();
+      e.grad_norm = j.at("grad_norm").get<double>();
+      e.lr = j.value("lr", 0.0);
+      e.tokens = j.value("tokens", int64_t{0});
+      e.weights_xxh3 = j.at("weights_xxh3").get<std::string>();
+      e.exp_avg_xxh3 = j.value("exp_avg_xxh3", std::string());
+      e.exp_avg_sq_xxh3 = j.value("exp_avg_sq_xxh3", std::string());
+    } catch (const nlohmann::json::exception& ex) {
+      return DataLoss(where + ": not a run-log entry (" + ex.what() + ")");
+    }
+    entries[e.step] = std::move(e);
+  }
+  return entries;
+}
+
+std::string EngineBinDir(const std::string& bin_dir) {
+  if (!bin_dir.empty()) return bin_dir;
+  if (const char* d = std::getenv("CKPT_BIN_DIR"); d && *d) return d;
+  std::error_code ec;
+  auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return ".";
+  return exe.parent_path().string();
+}
+
+Result<int> RunProcess(const std::vector<std::string>& argv, const std::string& log_path) {
+  if (argv.empty()) return InvalidArgument("RunProcess: empty command");
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_path.c_str(),
+                                   O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = 0;
+  const int rc = posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) {
+    return NotFound("cannot start " + argv[0] + ": " + std::strerror(rc));
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) return ErrnoError("waitpid " + argv[0], errno);
+  }
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 255;
+}
+
+std::string TailOfFile(const std::string& path, size_t max_bytes) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return "";
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string s = ss.str();
+  if (s.size() > max_bytes) s = "..." + s.substr(s.size() - max_bytes);
+  return s;
+}
+
+std::vector<std::string> EngineCommand(const std::string& bin_dir, int ranks,
+                                       const std::vector<std::string>& args) {
+  std::vector<std::string> cmd = {"mpirun", "--allow-run-as-root", "--oversubscribe", "-n",
+                                  std::to_string(ranks), bin_dir + "/engine_min"};
+  cmd.insert(cmd.end(), args.begin(), args.end());
+  return cmd;
+}
+
+}  // namespace ckpt::verify

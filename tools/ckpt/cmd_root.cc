@@ -1,0 +1,256 @@
+// ckpt ls / inspect / check / gc: looking at a checkpoint root and keeping it clean.
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+
+#include "ckpt/reader.h"
+#include "ckpt/root.h"
+#include "ckpt/units.h"
+#include "command.h"
+
+namespace ckpt::cli {
+namespace {
+
+using nlohmann::json;
+
+std::string Age(int64_t created_unix) {
+  if (created_unix <= 0) return "?";
+  const int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+  const int64_t s = std::max<int64_t>(0, now - created_unix);
+  char buf[32];
+  if (s < 120) std::snprintf(buf, sizeof buf, "%llds", static_cast<long long>(s));
+  else if (s < 7200) std::snprintf(buf, sizeof buf, "%lldm", static_cast<long long>(s / 60));
+  else if (s < 172800) std::snprintf(buf, sizeof buf, "%lldh", static_cast<long long>(s / 3600));
+  else std::snprintf(buf, sizeof buf, "%lldd", static_cast<long long>(s / 86400));
+  return buf;
+}
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+struct LsArgs {
+  std::string root;
+  bool json = false;
+};
+
+std::function<int()> SetupLs(CLI::App& sub) {
+  auto a = std::make_shared<LsArgs>();
+  sub.add_option("ROOT", a->root, "checkpoint root")->required();
+  sub.add_flag("--json", a->json, "machine-readable output");
+  return [a] {
+    auto listing = ListRoot(a->root);
+    if (!listing.ok()) return ReportError("ls", listing.status(), a->json);
+    if (a->json) {
+      json tags = json::array();
+      for (const auto& t : listing->tags) {
+        json tj = {{"tag", t.tag},         {"global_step", t.global_step}, {"ranks", t.ranks},
+                   {"bytes", t.bytes},     {"latest", t.latest},           {"path", t.path},
+                   {"created_unix", t.created_unix}};
+        if (!t.error.empty()) tj["error"] = t.error;
+        tags.push_back(tj);
+      }
+      PrintJson({{"root", listing->root},
+                 {"latest", listing->latest.empty() ? json(nullptr) : json(listing->latest)},
+                 {"tags", tags},
+                 {"temporary", listing->temporary}});
+      return 0;
+    }
+    std::printf("%-24s %12s %6s %12s %6s\n", "TAG", "STEP", "RANKS", "SIZE", "AGE");
+    for (const auto& t : listing->tags) {
+      if (!t.error.empty()) {
+        std::printf("%-24s  unreadable: %s\n", t.tag.c_str(), t.error.c_str());
+        continue;
+      }
+      std::printf("%-24s %12lld %6d %12s %6s%s\n", t.tag.c_str(),
+                  static_cast<long long>(t.global_step), t.ranks, FormatBytes(t.bytes).c_str(),
+                  Age(t.created_unix).c_str(), t.latest ? "  <- latest" : "");
+    }
+    if (listing->tags.empty()) std::printf("(no committed tags)\n");
+    if (!listing->temporary.empty()) {
+      std::printf("\nleftover temporary directories (not checkpoints; `ckpt gc` removes them):\n");
+      for (const auto& t : listing->temporary) std::printf("  %s\n", t.c_str());
+    }
+    return 0;
+  };
+}
+
+struct InspectArgs {
+  std::string path;
+  std::string tag;
+  bool json = false;
+};
+
+std::function<int()> SetupInspect(CLI::App& sub) {
+  auto a = std::make_shared<InspectArgs>();
+  sub.add_option("PATH", a->path, "checkpoint root (its latest tag) or a tag directory")
+      ->required();
+  sub.add_option("--tag", a->tag, "tag inside the root");
+  sub.add_flag("--json", a->json, "machine-readable output");
+  return [a] {
+    OpenOptions opts;
+    auto reader = CheckpointReader::Open(a->path, a->tag, opts);
+    if (!reader.ok()) return ReportError("inspect", reader.status(), a->json);
+    const Manifest& m = reader->manifest();
+    if (a->json) {
+      json params = json::array();
+      for (const auto& p : m.params) {
+        params.push_back({{"name", p.name},
+                          {"shape", p.shape},
+                          {"dtype", std::string(DTypeName(p.dtype))},
+                          {"numel", p.numel},
+                          {"frozen", p.frozen},
+                          {"tied_to", p.tied_to.empty() ? json(nullptr) : json(p.tied_to)}});
+      }
+      uint64_t bytes = 0;
+      for (const auto& f : m.files) bytes += f.bytes;
+      json full = ManifestToJson(m);
+      PrintJson({{"tag", m.tag},
+                 {"dir", reader->dir()},
+                 {"format_version", full["format_version"]},
+                 {"writer", m.writer},
+                 {"created_utc", m.created_utc},
+                 {"global_step", m.counters.global_step},
+                 {"counters", full["counters"]},
+                 {"dp_world_size", m.topology.dp_world_size},
+                 {"zero_stage", m.topology.zero_stage},
+                 {"topology", full["topology"]},
+                 {"optimizer", m.optimizer},
+                 {"dtypes", m.dtypes},
+                 {"partition", full["partition"]},
+                 {"params", params},
+                 {"total_params", m.UniqueParamCount()},
+                 {"bytes", bytes},
+                 {"client_state", m.client_state},
+                 {"engine_config", m.engine_config}});
+      return 0;
+    }
+    std::printf("tag            %s  (%s)\n", m.tag.c_str(), reader->dir().c_str());
+    std::printf("format         %s %d.%d, written by %s at %s\n", m.format.c_str(), m.version_major,
+                m.version_minor, m.writer.c_str(), m.created_utc.c_str());
+    std::printf("counters       global_step %lld, micro_step %lld, skipped %lld, samples %lld, "
+                "tokens %lld\n",
+                static_cast<long long>(m.counters.global_step),
+                static_cast<long long>(m.counters.micro_step),
+                static_cast<long long>(m.counters.skipped_steps),
+                static_cast<long long>(m.counters.samples_seen),
+                static_cast<long long>(m.counters.tokens_seen));
+    std::printf("topology       dp %d, tp %d, pp %d, ZeRO-%d (%s partition, alignment %lld)\n",
+                m.topology.dp_world_size, m.topology.tp, m.topology.pp, m.topology.zero_stage,
+                m.partition.scheme.c_str(), static_cast<long long>(m.partition.alignment));
+    std::printf("optimizer      %s\n", m.optimizer.dump().c_str());
+    uint64_t bytes = 0;
+    std::string comp;
+    for (const auto& f : m.files) {
+      bytes += f.bytes;
+      comp = f.compression;
+    }
+    std::printf("files          %zu rank files, %s, compression %s\n", m.files.size(),
+                FormatBytes(bytes).c_str(), comp.c_str());
+    std::printf("parameters     %lld unique\n", static_cast<long long>(m.UniqueParamCount()));
+    std::printf("  %-36s %-18s %-6s %12s  %s\n", "NAME", "SHAPE", "DTYPE", "NUMEL", "NOTE");
+    for (const auto& p : m.params) {
+      std::string note = p.frozen ? "frozen" : "";
+      if (!p.tied_to.empty()) note = "tied to " + p.tied_to;
+      if (p.trainable()) note = std::to_string(p.ranges.size()) + " owner range(s)";
+      std::printf("  %-36s %-18s %-6s %12lld  %s\n", p.name.c_str(), ShapeText(p.shape).c_str(),
+                  std::string(DTypeName(p.dtype)).c_str(), static_cast<long long>(p.numel),
+                  note.c_str());
+    }
+    if (!m.client_state.empty()) std::printf("client_state   %s\n", m.client_state.dump().c_str());
+    return 0;
+  };
+}
+
+struct CheckArgs {
+  std::string root;
+  std::string tag;
+  bool deep = false;
+  bool json = false;
+};
+
+std::function<int()> SetupCheck(CLI::App& sub) {
+  auto a = std::make_shared<CheckArgs>();
+  sub.add_option("ROOT", a->root, "checkpoint root (checks latest) or a tag directory")
+      ->required();
+  sub.add_option("--tag", a->tag, "tag inside the root");
+  sub.add_flag("--deep", a->deep, "verify every file and dataset checksum");
+  sub.add_flag("--json", a->json, "machine-readable output");
+  return [a] {
+    std::vector<Problem> problems;
+    auto dir = ResolveTagDir(a->root, a->tag);
+    if (!dir.ok()) {
+      if (dir.status().code() != StatusCode::kDataLoss)
+        return ReportError("check", dir.status(), a->json);
+      problems.push_back({std::string(kLatestFile), "", dir.status().message()});
+    } else {
+      auto found = CheckCheckpoint(*dir, a->deep);
+      if (!found.ok()) return ReportError("check", found.status(), a->json);
+      problems = std::move(*found);
+    }
+    if (a->json) {
+      json pj = json::array();
+      for (const auto& p : problems)
+        pj.push_back({{"file", p.file}, {"dataset", p.dataset}, {"what", p.what}});
+      PrintJson({{"ok", problems.empty()},
+                 {"dir", dir.ok() ? json(*dir) : json(nullptr)},
+                 {"deep", a->deep},
+                 {"problems", pj}});
+    } else if (problems.empty()) {
+      std::printf("ok: %s (%s)\n", dir->c_str(), a->deep ? "structure, sizes and every checksum"
+                                                          : "structure and sizes; --deep for checksums");
+    } else {
+      std::printf("CORRUPT: %zu problem(s)\n", problems.size());
+      for (const auto& p : problems) {
+        std::printf("  %s%s%s: %s\n", p.file.c_str(), p.dataset.empty() ? "" : " /",
+                    p.dataset.c_str(), p.what.c_str());
+      }
+    }
+    return problems.empty() ? 0 : 1;
+  };
+}
+
+struct GcArgs {
+  std::string root;
+  int keep_last = 0;
+  bool json = false;
+};
+
+std::function<int()> SetupGc(CLI::App& sub) {
+  auto a = std::make_shared<GcArgs>();
+  sub.add_option("ROOT", a->root, "checkpoint root")->required();
+  sub.add_option("--keep-last", a->keep_last, "also delete all but the newest K tags (never latest)")
+      ->check(CLI::NonNegativeNumber);
+  sub.add_flag("--json", a->json, "machine-readable output");
+  return [a] {
+    auto report = CollectGarbage(a->root, a->keep_last);
+    if (!report.ok()) return ReportError("gc", report.status(), a->json);
+    if (a->json) {
+      PrintJson({{"removed_temporary", report->removed_temporary},
+                 {"removed_tags", report->removed_tags}});
+    } else {
+      for (const auto& p : report->removed_temporary) std::printf("removed temporary %s\n", p.c_str());
+      for (const auto& t : report->removed_tags) std::printf("removed tag %s\n", t.c_str());
+      if (report->removed_temporary.empty() && report->removed_tags.empty())
+        std::printf("nothing to remove\n");
+    }
+    return 0;
+  };
+}
+
+}  // namespace
+
+CKPT_REGISTER_COMMAND(ls, "ls", "list committed tags, the latest pointer and leftover temporaries",
+                      SetupLs);
+CKPT_REGISTER_COMMAND(inspect, "inspect", "summarize a checkpoint's manifest", SetupInspect);
+CKPT_REGISTER_COMMAND(check, "check",
+                      "check structure and sizes; --deep verifies every checksum (exit 1 on "
+                      "corruption)",
+                      SetupCheck);
+CKPT_REGISTER_COMMAND(gc, "gc", "remove temporary directories left by crashed saves", SetupGc);
+
+}  // namespace ckpt::cli

@@ -1,0 +1,294 @@
+// ckpt next-update / verify / verify-resume on checkpoints written by the format library (no
+// engine needed): the seed-001 fixture reproduces the seed's figures, random states match
+// torch.optim.AdamW and an fp64 AdamW, and bad inputs get a clear message and exit code.
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include "ckpt/reader.h"
+#include "convert/safetensors.h"
+#include "seed001_lab.h"
+#include "test_util.h"
+#include "verify/next_update.h"
+#include "verify/resume.h"
+#include "verify_test_util.h"
+
+namespace {
+
+using namespace ckpt;
+using namespace ckpt::testing;
+using namespace ckpt::verify;
+namespace fs = std::filesystem;
+
+const std::string kSeedDir = std::string(CKPT_SOURCE_DIR) + "/tests/data/seed001";
+
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct CliResult {
+  int rc;
+  std::string out;
+  std::string err;
+};
+
+CliResult Cli(const ScratchDir& dir, const std::string& args) {
+  const std::string out = dir / "cli.out", err = dir / "cli.err";
+  const int rc = RunShell(BinDir() + "/ckpt " + args + " > " + out + " 2> " + err);
+  return {rc, ReadText(out), ReadText(err)};
+}
+
+std::string Fixed8(double x) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.8f", x);
+  return buf;
+}
+
+float ReadScalar(const std::string& file, const std::string& name) {
+  auto h = convert::ReadSafetensorsHeader(file);
+  REQUIRE(h.ok());
+  auto t = convert::ReadSafetensorsTensorF32(file, *h, name);
+  REQUIRE(t.ok());
+  REQUIRE(t->size() == 1);
+  return (*t)[0];
+}
+
+TEST_CASE("seed-001 fixture holds the ownership lab's state", "[io]") {
+  auto reader = CheckpointReader::Open(kSeedDir + "/ckpt");
+  REQUIRE(reader.ok());
+  const auto lab = OwnershipLab();
+  REQUIRE(lab.size() == 11);
+  // The seed's own check of the lab: the first-step update of weight 1 with gradient 2.
+  const LabState first = LabAdamStep({1.0, 0.0, 0.0}, 2.0, 1);
+  CHECK(std::fabs(first.weight - (1.0 - 0.01 * 2.0 / (2.0 + 1e-8))) < 1e-12);
+  for (size_t i = 0; i < lab.size(); ++i) {
+    char name[16];
+    std::snprintf(name, sizeof name, "lab.p%02zu", i);
+    auto w = reader->ReadParamFull(name, "master");
+    auto m = reader->ReadParamFull(name, "exp_avg");
+    auto v = reader->ReadParamFull(name, "exp_avg_sq");
+    REQUIRE((w.ok() && m.ok() && v.ok()));
+    CHECK((*w)[0] == static_cast<float>(lab[i].weight));
+    CHECK((*m)[0] == static_cast<float>(lab[i].first));
+    CHECK((*v)[0] == static_cast<float>(lab[i].second));
+  }
+  CHECK(reader->manifest().counters.global_step == 5);
+}
+
+TEST_CASE("next-update reproduces seed 001's worked example", "[io]") {
+  ScratchDir dir("verify-seed001");
+  NextUpdateOptions o;
+  o.root = kSeedDir + "/ckpt";
+  o.grad_file = kSeedDir + "/grad_step6.safetensors";
+  o.device = Device::kCpu;
+  o.out_dir = dir / "out";
+  auto r = RunNextUpdate(o);
+  REQUIRE(r.ok());
+  CHECK(r->hyper.step == 5);  // five updates applied; bias correction uses t = 6
+  CHECK(r->hyper.lr == 0.01);
+  CHECK(r->hyper.weight_decay == 0.0);
+  CHECK_FALSE(r->matches_reference.has_value());
+  REQUIRE(r->tensors.size() == 11);
+  REQUIRE(r->tensors[0].name == "lab.p00");
+  const float full = ReadScalar(dir / "out/full_state.safetensors", "lab.p00");
+  const float dropped = ReadScalar(dir / "out/moments_dropped.safetensors", "lab.p00");
+  const float fresh = ReadScalar(dir / "out/weights_only.safetensors", "lab.p00");
+  CHECK(Fixed8(full) == "0.01977263");
+  CHECK(Fixed8(dropped) == "0.01900607");
+  CHECK(Fixed8(r->tensors[0].stats.moments_dropped.max_abs) == "0.00076656");
+  // A fresh optimizer (t = 1) moves the weight by about lr: a different, larger gap.
+  CHECK(std::fabs(double(fresh) - double(full)) > 0.001);
+  CHECK(r->overall.moments_dropped.n_differ == 11);
+
+  // The same through the CLI, as JSON.
+  auto cli = Cli(dir, "next-update " + o.root + " --grad " + o.grad_file + " --device cpu --json");
+  INFO(cli.err);
+  REQUIRE(cli.rc == 0);
+  auto j = nlohmann::json::parse(cli.out);
+  CHECK(j["device"] == "cpu");
+  CHECK(j["hyper"]["step"] == 5);
+  CHECK(j["hyper"]["lr"] == 0.01);
+  CHECK(j["hyper"]["beta1"] == 0.9);
+  CHECK(j["hyper"]["beta2"] == 0.999);
+  CHECK(j["hyper"]["eps"] == 1e-8);
+  CHECK(j["hyper"]["weight_decay"] == 0.0);
+  CHECK(j["matches_reference"].is_null());
+  CHECK(Fixed8(j["tensors"][0]["moments_dropped"]["max_abs"].get<double>()) == "0.00076656");
+  CHECK(j["tensors"][0]["name"] == "lab.p00");
+  for (const char* path : {"weights_only", "moments_dropped"}) {
+    for (const char* field : {"max_abs", "rel_l2", "frac_differ"}) {
+      CHECK(j["overall"][path][field].is_number());
+    }
+  }
+  CHECK(j["overall"]["moments_dropped"]["frac_differ"] == 1.0);
+}
+
+TEST_CASE("next-update matches torch.optim.AdamW and fp64 within 1e-6", "[io][torch]") {
+  if (!fs::exists("/usr/bin/python3") ||
+      RunShell("/usr/bin/python3 -c 'import torch, numpy' > /dev/null 2>&1") != 0) {
+    WARN("skipped: /usr/bin/python3 with torch and numpy is not installed");
+    return;
+  }
+  for (auto [world, stage] : {std::pair{3, 3}, std::pair{2, 1}, std::pair{1, 0}}) {
+    ScratchDir dir("verify-torch");
+    const RandomState s = MakeRandomState(1000 + world * 10 + stage, 6 + stage);
+    REQUIRE(WriteStateCheckpoint(dir / "ckpt", s, world, stage).ok());
+    for (const char* k : {"w", "m", "v", "g"}) {
+      REQUIRE(WriteStateTensors(dir / (std::string(k) + ".safetensors"), s, k).ok());
+    }
+    auto cli = Cli(dir, "next-update " + dir / "ckpt" + " --grad " + dir / "g.safetensors" +
+                            " --device cpu --out " + dir / "out");
+    INFO(cli.err);
+    REQUIRE(cli.rc == 0);
+    char args[256];
+    std::snprintf(args, sizeof args, " %.17g %.17g %.17g %.17g %.17g %lld", s.hyper.lr,
+                  s.hyper.beta1, s.hyper.beta2, s.hyper.eps, s.hyper.weight_decay,
+                  static_cast<long long>(s.hyper.step));
+    const std::string log = dir / "torch.log";
+    const int rc = RunShell("/usr/bin/python3 " + std::string(CKPT_SOURCE_DIR) +
+                            "/tests/verify/torch_adamw_check.py " + dir.str() + " " + dir / "out" +
+                            args + " > " + log + " 2>&1");
+    INFO("world " << world << " ZeRO-" << stage << ": " << ReadText(log));
+    CHECK(rc == 0);
+  }
+}
+
+TEST_CASE("weights-only gap is positive on a trained state", "[io]") {
+  ScratchDir dir("verify-gap");
+  const RandomState s = MakeRandomState(7, 20);
+  REQUIRE(WriteStateCheckpoint(dir / "ckpt", s, 2, 2).ok());
+  REQUIRE(WriteStateTensors(dir / "g.safetensors", s).ok());
+  NextUpdateOptions o;
+  o.root = dir / "ckpt";
+  o.grad_file = dir / "g.safetensors";
+  o.device = Device::kCpu;
+  auto r = RunNextUpdate(o);
+  REQUIRE(r.ok());
+  const PathReport wo = MakePathReport(r->overall, r->overall.weights_only);
+  const PathReport md = MakePathReport(r->overall, r->overall.moments_dropped);
+  CHECK(wo.max_abs > 0);
+  CHECK(wo.rel_l2 > 0);
+  CHECK(wo.frac_differ > 0.5);
+  CHECK(md.max_abs > 0);
+  CHECK(wo.update_norm_full > 0);
+  CHECK(r->tensors.size() == s.params.size());
+}
+
+TEST_CASE("bad inputs: clear messages and documented exit codes", "[io]") {
+  ScratchDir dir("verify-bad");
+  const RandomState s = MakeRandomState(3);
+  REQUIRE(WriteStateCheckpoint(dir / "ckpt", s, 2, 1).ok());
+  const std::string root = dir / "ckpt";
+
+  SECTION("gradient with a wrong name") {
+    RandomState t = s;
+    t.params[1].name = "block0.attn.wieght";
+    REQUIRE(WriteStateTensors(dir / "g.safetensors", t).ok());
+    auto cli = Cli(dir, "next-update " + root + " --grad " + dir / "g.safetensors");
+    CHECK(cli.rc == 2);
+    CHECK(cli.err.find("missing tensor 'block0.attn.weight'") != std::string::npos);
+    CHECK(cli.err.find("'block0.attn.wieght' is not a parameter") != std::string::npos);
+  }
+  SECTION("gradient with a wrong shape") {
+    RandomState t = s;
+    t.params[0].shape = {8, 37};
+    REQUIRE(WriteStateTensors(dir / "g.safetensors", t).ok());
+    auto cli = Cli(dir, "next-update " + root + " --grad " + dir / "g.safetensors" + " --json");
+    CHECK(cli.rc == 2);
+    CHECK(cli.err.find("'embed.weight' has shape [8,37], the checkpoint's parameter is [37,8]") !=
+          std::string::npos);
+    auto j = nlohmann::json::parse(cli.out);
+    CHECK(j["error"]["code"] == "InvalidArgument");
+  }
+  SECTION("no gradient for a checkpoint engine_min did not write") {
+    auto cli = Cli(dir, "next-update " + root);
+    CHECK(cli.rc == 2);
+    CHECK(cli.err.find("pass --grad") != std::string::npos);
+  }
+  SECTION("missing gradient file") {
+    auto cli = Cli(dir, "next-update " + root + " --grad " + dir / "nope.safetensors");
+    CHECK(cli.rc == 2);
+    CHECK(cli.err.find("nope.safetensors") != std::string::npos);
+  }
+  SECTION("corrupt optimizer state is data loss (exit 1)") {
+    REQUIRE(WriteStateTensors(dir / "g.safetensors", s).ok());
+    // Flip one byte inside rank 1's exp_avg values: find them by their bytes.
+    const std::string file = root + "/global_step7/rank_00001.h5";
+    std::string bytes = ReadText(file);
+    auto reader = CheckpointReader::Open(root);
+    REQUIRE(reader.ok());
+    auto exp_avg = reader->ReadDatasetBytes(1, "exp_avg");
+    REQUIRE(exp_avg.ok());
+    const std::string needle(reinterpret_cast<const char*>(exp_avg->data()) + 8, 32);
+    const size_t at = bytes.find(needle);
+    REQUIRE(at != std::string::npos);
+    bytes[at + 3] ^= 0x40;
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
+    auto cli = Cli(dir, "next-update " + root + " --grad " + dir / "g.safetensors");
+    CHECK(cli.rc == 1);
+    CHECK(cli.err.find("exp_avg") != std::string::npos);
+    auto ci = Cli(dir, "verify " + root + " --junit " + dir / "junit.xml");
+    CHECK(ci.rc == 1);
+    const std::string junit = ReadText(dir / "junit.xml");
+    CHECK(junit.find("<failure") != std::string::npos);
+    CHECK(junit.find("name=\"deep_check\"") != std::string::npos);
+  }
+  SECTION("verify-resume needs an engine checkpoint and a reference log") {
+    auto cli = Cli(dir, "verify-resume " + root + " --steps 1");
+    CHECK(cli.rc == 2);
+    CHECK(cli.err.find("not written by engine_min") != std::string::npos);
+    ScratchDir eng("verify-noref");
+    REQUIRE(WriteStateCheckpoint(eng / "ckpt", s, 2, 1, {{"model", "tiny"}}).ok());
+    auto noref = Cli(dir, "verify-resume " + eng / "ckpt" + " --steps 1 --json");
+    CHECK(noref.rc == 2);
+    CHECK(noref.err.find("trainlog.jsonl not found") != std::string::npos);
+    CHECK(nlohmann::json::parse(noref.out)["error"]["code"] == "NotFound");
+    std::ofstream(eng / "ckpt/trainlog.jsonl")
+        << R"({"step": 8, "loss": 1.5, "grad_norm": 0.5, "lr": 0.001, "tokens": 64, "weights_xxh3": "0000000000000001", "exp_avg_xxh3": "0000000000000002", "exp_avg_sq_xxh3": "0000000000000003"})"
+        << "\n";
+    auto short_log = Cli(dir, "verify-resume " + eng / "ckpt" + " --steps 3");
+    CHECK(short_log.rc == 2);
+    CHECK(short_log.err.find("no entry for step 9") != std::string::npos);
+    auto bad_ablate = Cli(dir, "verify-resume " + eng / "ckpt" + " --steps 1 --ablate weights");
+    CHECK(bad_ablate.rc == 2);
+    CHECK(bad_ablate.err.find("unknown component 'weights'") != std::string::npos);
+  }
+  SECTION("unknown device") {
+    auto cli = Cli(dir, "next-update " + root + " --device tpu");
+    CHECK(cli.rc == 2);
+  }
+  SECTION("missing checkpoint") {
+    auto cli = Cli(dir, "next-update " + dir / "nowhere" + " --grad x");
+    CHECK(cli.rc == 2);
+  }
+}
+
+TEST_CASE("ckpt verify passes a healthy checkpoint and writes JUnit", "[io]") {
+  ScratchDir dir("verify-ci");
+  const RandomState s = MakeRandomState(5);
+  REQUIRE(WriteStateCheckpoint(dir / "ckpt", s, 2, 3).ok());
+  REQUIRE(WriteStateTensors(dir / "g.safetensors", s).ok());
+  auto cli = Cli(dir, "verify " + dir / "ckpt" + " --grad " + dir / "g.safetensors" +
+                          " --junit " + dir / "junit.xml --json");
+  INFO(cli.out << cli.err);
+  CHECK(cli.rc == 0);
+  auto j = nlohmann::json::parse(cli.out);
+  CHECK(j["ok"] == true);
+  REQUIRE(j["cases"].size() == 3);
+  CHECK(j["cases"][0]["outcome"] == "passed");
+  CHECK(j["cases"][1]["outcome"] == "skipped");  // not an engine checkpoint: nothing to relaunch
+  CHECK(j["cases"][2]["outcome"] == "passed");
+  const std::string junit = ReadText(dir / "junit.xml");
+  CHECK(junit.find("<testsuite name=\"ckpt verify\" tests=\"3\" failures=\"0\"") != std::string::npos);
+  CHECK(junit.find("<skipped") != std::string::npos);
+}
+
+}  // namespace

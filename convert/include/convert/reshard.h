@@ -1,0 +1,58 @@
+// `ckpt reshard`: a sharded checkpoint for another data-parallel world size (and optionally
+// another ZeRO stage), from a sharded or a universal checkpoint (docs/convert.md, "Reshard").
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ckpt/env.h"
+#include "ckpt/status.h"
+
+namespace ckpt::convert {
+
+struct ReshardOptions {
+  std::string tag;            // source tag; empty: `latest` (or the directory itself)
+  int dp = 0;                 // new world size, >= 1
+  int zero_stage = -1;        // -1: the source's
+  std::string compression;    // empty: the source's (rank 0's file)
+  bool verify_source = true;  // stream every source dataset once and check its XXH3 first
+  Env* env = nullptr;         // nullptr: Env::Default()
+  bool progress = false;
+};
+
+struct RankReadStats {
+  int rank = 0;
+  uint64_t bytes_read = 0;    // source data bytes this new rank read
+  uint64_t bytes_owned = 0;   // bytes of source state it holds (no padding)
+  double ratio() const { return bytes_owned ? double(bytes_read) / double(bytes_owned) : 1.0; }
+};
+
+struct ReshardReport {
+  std::string source_dir;
+  std::string out;
+  std::string tag;
+  bool source_universal = false;
+  int source_dp = 0;
+  int source_zero = 0;
+  int dp = 0;
+  int zero_stage = 0;
+  bool rng_copied = false;    // M == N: each rank's rng/* copied; otherwise omitted
+  uint64_t verify_bytes = 0;  // bytes read by the up-front verification
+  std::vector<RankReadStats> ranks;
+  double max_ratio() const;
+  std::vector<std::string> skipped;  // source datasets not carried over
+};
+
+// Writes a normal checkpoint root at `out` (must not exist or be empty) holding the source's
+// tag for opts.dp ranks: partition by ckpt::BuildPartition, one thread per new rank calling
+// ckpt::SaveCheckpoint, each reading only the slices it will own. Frozen parameters go to rank
+// 0; data_position and scheduler are copied; RNG blobs are copied when the world size is
+// unchanged and omitted otherwise (engine_min seeds a missing generator from seed,
+// global_step and rank), which every new rank file records in its `reshard` json dataset.
+// engine_config's dp_world_size / zero (and grad_accum, when the global batch divides) are
+// updated. Errors: InvalidArgument (dp < 1, zero outside 0..3), source errors, AlreadyExists.
+Result<ReshardReport> Reshard(const std::string& src, const std::string& out,
+                              const ReshardOptions& opts);
+
+}  // namespace ckpt::convert

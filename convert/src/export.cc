@@ -1,0 +1,247 @@
+// ckpt export-fp32.
+//
+// Protocol:
+//  1. Open the source (sharded or universal) and plan the output from the manifest alone:
+//     which tensors (aliases recorded, not stored; frozen ones unless excluded), their output
+//     dtype and size, and how they split into shards of at most max_shard_bytes.
+//  2. Create the staging directory next to OUT (output_dir.h).
+//  3. For each shard: write the safetensors header, then each tensor in pieces of
+//     chunk_elements read from the owners' master hyperslabs (the moments are never opened),
+//     converted to the output dtype and appended; publish the shard (temp name, fsync,
+//     rename). The master datasets' XXH3 are checked while streaming.
+//  4. Finish the verification (tails and padding of the master datasets).
+//  5. Write model.safetensors.index.json for a sharded export (temp name, fsync, rename).
+//  6. Rename the staging directory to OUT.
+#include "convert/export.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+#include <nlohmann/json.hpp>
+
+#include "ckpt/progress.h"
+#include "convert/safetensors.h"
+#include "output_dir.h"
+#include "state_source.h"
+
+namespace ckpt::convert {
+namespace {
+
+bool IsFloat(DType t) {
+  return t == DType::kF32 || t == DType::kF64 || t == DType::kBF16 || t == DType::kF16;
+}
+
+struct PlannedTensor {
+  const ParamEntry* param;
+  DType out_dtype;
+  uint64_t bytes;
+};
+
+struct PlannedFile {
+  std::string name;
+  std::vector<PlannedTensor> tensors;
+  uint64_t bytes = 0;
+};
+
+// fp32 values -> out dtype bytes, appended to `out`.
+void Encode(const float* in, int64_t n, DType dtype, std::vector<uint8_t>& out) {
+  out.resize(static_cast<size_t>(n) * DTypeSize(dtype));
+  switch (dtype) {
+    case DType::kF32:
+      std::memcpy(out.data(), in, out.size());
+      break;
+    case DType::kBF16:
+    case DType::kF16:
+      for (int64_t i = 0; i < n; ++i) {
+        const uint16_t h = dtype == DType::kBF16 ? FloatToBf16(in[i]) : FloatToFp16(in[i]);
+        std::memcpy(out.data() + 2 * i, &h, 2);
+      }
+      break;
+    case DType::kF64:
+      for (int64_t i = 0; i < n; ++i) {
+        const double d = in[i];
+        std::memcpy(out.data() + 8 * i, &d, 8);
+      }
+      break;
+    default:
+      break;
+  }
+}
+
+// A frozen parameter's stored bytes in the output dtype: floating point goes through fp32
+// (exact for bf16/fp16/fp32 sources), integers keep their bytes. Converts element by element,
+// so the stored and the output copy are the only two buffers.
+Result<std::vector<uint8_t>> EncodeFrozen(const ParamEntry& p, std::vector<uint8_t> raw,
+                                          DType out_dtype) {
+  if (out_dtype == p.dtype) return raw;
+  const size_t es = DTypeSize(p.dtype);
+  std::vector<uint8_t> out;
+  std::vector<uint8_t> one;
+  out.resize(static_cast<size_t>(p.numel) * DTypeSize(out_dtype));
+  for (int64_t i = 0; i < p.numel; ++i) {
+    const uint8_t* q = raw.data() + static_cast<size_t>(i) * es;
+    float f = 0;
+    switch (p.dtype) {
+      case DType::kF32: std::memcpy(&f, q, 4); break;
+      case DType::kF64: {
+        double d;
+        std::memcpy(&d, q, 8);
+        f = static_cast<float>(d);
+        break;
+      }
+      case DType::kBF16:
+      case DType::kF16: {
+        uint16_t h;
+        std::memcpy(&h, q, 2);
+        f = p.dtype == DType::kBF16 ? Bf16ToFloat(h) : Fp16ToFloat(h);
+        break;
+      }
+      default:
+        return Internal("integer frozen tensor '" + p.name + "' reached dtype conversion");
+    }
+    Encode(&f, 1, out_dtype, one);
+    std::memcpy(out.data() + static_cast<size_t>(i) * one.size(), one.data(), one.size());
+  }
+  return out;
+}
+
+std::string ShardName(size_t k, size_t n) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", k, n);
+  return buf;
+}
+
+}  // namespace
+
+Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& out,
+                                const ExportOptions& opts) {
+  if (opts.dtype != DType::kF32 && opts.dtype != DType::kBF16 && opts.dtype != DType::kF16)
+    return InvalidArgument("--dtype must be fp32, bf16 or fp16");
+  if (opts.chunk_elements < 1) return InvalidArgument("chunk_elements must be >= 1");
+  Env* env = opts.env ? opts.env : Env::Default();
+  CKPT_ASSIGN_OR_RETURN(auto src, OpenStateSource(src_path, opts.tag, /*stream_verify=*/true, env),
+                        "");
+  const Manifest& m = src->manifest();
+  ExportReport report;
+  report.source_dir = src->dir();
+  report.out = out;
+  report.tag = m.tag;
+  report.global_step = m.counters.global_step;
+
+  // 1. Plan.
+  std::vector<PlannedTensor> tensors;
+  for (const auto& p : m.params) {
+    if (!p.tied_to.empty()) {
+      const ParamEntry* owner = m.FindParam(p.tied_to);
+      if (owner && owner->frozen && opts.exclude_frozen) {
+        report.excluded.push_back(p.name);
+        continue;
+      }
+      report.tied[p.name] = p.tied_to;
+      continue;
+    }
+    if (p.frozen && opts.exclude_frozen) {
+      report.excluded.push_back(p.name);
+      continue;
+    }
+    const DType out_dtype = IsFloat(p.dtype) || !p.frozen ? opts.dtype : p.dtype;
+    const uint64_t bytes = static_cast<uint64_t>(p.numel) * DTypeSize(out_dtype);
+    tensors.push_back({&p, out_dtype, bytes});
+    report.total_size += bytes;
+    report.largest_tensor_bytes =
+        std::max<uint64_t>(report.largest_tensor_bytes, static_cast<uint64_t>(p.numel) * 4);
+  }
+  report.tensors = static_cast<int64_t>(tensors.size());
+  // Hugging Face's rule: start a new shard when the next tensor would overflow this one; a
+  // tensor larger than the limit gets a shard of its own.
+  std::vector<PlannedFile> files(1);
+  for (const auto& t : tensors) {
+    if (opts.max_shard_bytes > 0 && !files.back().tensors.empty() &&
+        files.back().bytes + t.bytes > opts.max_shard_bytes)
+      files.emplace_back();
+    files.back().tensors.push_back(t);
+    files.back().bytes += t.bytes;
+  }
+  const bool sharded = files.size() > 1;
+  for (size_t k = 0; k < files.size(); ++k)
+    files[k].name = sharded ? ShardName(k + 1, files.size()) : "model.safetensors";
+
+  nlohmann::json tied = nlohmann::json::object();
+  for (const auto& [alias, owner] : report.tied) tied[alias] = owner;
+  std::map<std::string, std::string> metadata = {
+      {"format", "pt"},
+      {"ckpt_tag", m.tag},
+      {"ckpt_global_step", std::to_string(m.counters.global_step)},
+      {"ckpt_dtype", std::string(DTypeName(opts.dtype))},
+  };
+  if (!report.tied.empty()) metadata["tied_weights"] = tied.dump();
+
+  // 2-3. Stage and write.
+  CKPT_ASSIGN_OR_RETURN(StagedOutput staged, StagedOutput::Begin(out, env), "");
+  Progress progress("export-fp32", report.total_size, opts.progress);
+  std::vector<float> buf;
+  std::vector<uint8_t> enc;
+  for (const auto& file : files) {
+    std::vector<SafetensorsTensorSpec> specs;
+    for (const auto& t : file.tensors) specs.push_back({t.param->name, t.out_dtype, t.param->shape});
+    const std::string path = staged.staging() + "/" + file.name;
+    CKPT_ASSIGN_OR_RETURN(auto writer, SafetensorsWriter::Create(path, specs, metadata, env), "");
+    ExportedFile done;
+    done.name = file.name;
+    for (const auto& t : file.tensors) {
+      const ParamEntry& p = *t.param;
+      const std::string where = "parameter '" + p.name + "'";
+      if (p.frozen) {
+        CKPT_ASSIGN_OR_RETURN(auto raw, src->ReadFrozenBytes(p), where);
+        if (raw.size() != static_cast<uint64_t>(p.numel) * DTypeSize(p.dtype))
+          return DataLoss(where + ": frozen dataset size does not match the parameter table");
+        CKPT_ASSIGN_OR_RETURN(auto bytes, EncodeFrozen(p, std::move(raw), t.out_dtype), where);
+        CKPT_RETURN_IF_ERROR(writer.Append(bytes.data(), bytes.size()), where);
+        progress.Add(bytes.size());
+      } else {
+        const int64_t step = static_cast<int64_t>(opts.chunk_elements);
+        for (int64_t b = 0; b < p.numel; b += step) {
+          const int64_t e = std::min(p.numel, b + step);
+          buf.resize(static_cast<size_t>(e - b));
+          CKPT_RETURN_IF_ERROR(src->ReadParamRange(p, kMaster, b, e, buf.data()), where);
+          if (t.out_dtype == DType::kF32) {
+            CKPT_RETURN_IF_ERROR(writer.Append(buf.data(), buf.size() * 4), where);
+          } else {
+            Encode(buf.data(), e - b, t.out_dtype, enc);
+            CKPT_RETURN_IF_ERROR(writer.Append(enc.data(), enc.size()), where);
+          }
+          progress.Add(static_cast<uint64_t>(e - b) * DTypeSize(t.out_dtype));
+        }
+      }
+      done.tensors.push_back(p.name);
+    }
+    CKPT_RETURN_IF_ERROR(writer.Finish(), "");
+    done.bytes = writer.file_size();
+    report.files.push_back(std::move(done));
+  }
+  progress.Finish();
+
+  // 4. Everything read has matched its checksum.
+  CKPT_RETURN_IF_ERROR(src->FinishVerification({std::string(kMaster)}), src->dir());
+  report.bytes_read = src->bytes_read();
+
+  // 5. Index.
+  if (sharded) {
+    nlohmann::json index;
+    index["metadata"] = {{"total_size", report.total_size}};
+    if (!report.tied.empty()) index["metadata"]["tied_weights"] = tied;
+    nlohmann::json map = nlohmann::json::object();
+    for (const auto& f : report.files)
+      for (const auto& t : f.tensors) map[t] = f.name;
+    index["weight_map"] = map;
+    CKPT_RETURN_IF_ERROR(WriteFileAtomic(env, staged.staging() + "/model.safetensors.index.json",
+                                         index.dump(2) + "\n"),
+                         "write index");
+  }
+  // 6. Publish.
+  CKPT_RETURN_IF_ERROR(staged.Commit(), "");
+  return report;
+}
+
+}  // namespace ckpt::convert

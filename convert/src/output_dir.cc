@@ -1,0 +1,66 @@
+#include "output_dir.h"
+
+#include <filesystem>
+#include <random>
+
+#include "ckpt/manifest.h"
+
+namespace ckpt::convert {
+
+std::string TrimSlashes(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  return path;
+}
+
+Result<StagedOutput> StagedOutput::Begin(const std::string& out_arg, Env* env) {
+  if (out_arg.empty()) return InvalidArgument("output directory is empty");
+  const std::string out = TrimSlashes(out_arg);
+  std::error_code ec;
+  const std::filesystem::path p(out);
+  if (std::filesystem::exists(p, ec)) {
+    if (!std::filesystem::is_directory(p, ec))
+      return AlreadyExists(out + " exists and is not a directory");
+    if (!std::filesystem::is_empty(p, ec))
+      return AlreadyExists(out + " exists and is not empty; refusing to overwrite it");
+  }
+  std::filesystem::path parent = p.has_parent_path() ? p.parent_path() : std::filesystem::path(".");
+  if (!std::filesystem::exists(parent, ec)) {
+    std::filesystem::create_directories(parent, ec);
+    if (ec) return IOError("create " + parent.string() + ": " + ec.message());
+  }
+  std::random_device rd;
+  const std::string staging = (parent / (std::string(kTempPrefix) + p.filename().string() + "-" +
+                                         std::to_string(rd())))
+                                  .string();
+  CKPT_RETURN_IF_ERROR(env->CreateDir(staging), "create staging directory");
+  Status s = env->SyncDir(parent.string());
+  if (!s.ok()) {
+    env->RemoveDirRecursive(staging).IgnoreError();
+    return s.WithContext("fsync " + parent.string());
+  }
+  return StagedOutput(env, out, parent.string(), staging);
+}
+
+StagedOutput::StagedOutput(StagedOutput&& o) noexcept
+    : env_(o.env_), out_(std::move(o.out_)), parent_(std::move(o.parent_)),
+      staging_(std::move(o.staging_)), committed_(o.committed_) {
+  o.committed_ = true;  // the moved-from object owns nothing
+}
+
+StagedOutput::~StagedOutput() {
+  if (!committed_ && !staging_.empty() && env_->Exists(staging_))
+    env_->RemoveDirRecursive(staging_).IgnoreError();
+}
+
+Status StagedOutput::Commit() {
+  if (committed_) return FailedPrecondition("output already committed");
+  CKPT_RETURN_IF_ERROR(env_->SyncDir(staging_), "fsync " + staging_);
+  // rename(2) replaces OUT only if it is an empty directory, so a directory that someone
+  // filled since Begin() is never clobbered (ENOTEMPTY).
+  CKPT_RETURN_IF_ERROR(env_->RenameFile(staging_, out_), "publish " + out_);
+  committed_ = true;
+  CKPT_RETURN_IF_ERROR(env_->SyncDir(parent_), "fsync " + parent_);
+  return Status::Ok();
+}
+
+}  // namespace ckpt::convert

@@ -1,0 +1,243 @@
+// ckpt reshard.
+//
+// Protocol:
+//  1. Validate the request (dp >= 1, zero 0..3), open the source, and (verify_source) stream
+//     every master / exp_avg / exp_avg_sq dataset of the source once against its XXH3, so
+//     the bytes the new ranks are about to copy are known good.
+//  2. Build the new manifest: the source's parameter table repartitioned with
+//     ckpt::BuildPartition for the new world size and stage; topology and engine_config
+//     updated; counters, optimizer, client_state kept.
+//  3. Prepare, one thread per new rank, each with its own reader: the rank's shard of the
+//     three states, filled only from the source slices it owns (hyperslab reads); rank 0 also
+//     the frozen parameters; data_position and scheduler; the RNG blobs when the world size is
+//     unchanged; a `reshard` json dataset recording what was done. No collective runs yet, so a
+//     failing rank cannot leave the others waiting.
+//  4. Save: every thread calls ckpt::SaveCheckpoint on a ThreadGroup, rooted in the staging
+//     directory (the ckpt commit protocol writes the tag and `latest`).
+//  5. Rename the staging directory to OUT (output_dir.h).
+#include "convert/reshard.h"
+
+#include <algorithm>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "ckpt/collective.h"
+#include "ckpt/manifest.h"
+#include "ckpt/progress.h"
+#include "ckpt/writer.h"
+#include "output_dir.h"
+#include "state_source.h"
+
+namespace ckpt::convert {
+namespace {
+
+constexpr std::string_view kReshardDataset = "reshard";
+
+struct PreparedRank {
+  Status status;
+  std::vector<float> master, exp_avg, exp_avg_sq;
+  std::vector<std::vector<uint8_t>> frozen;  // backing storage for frozen tensors
+  std::vector<std::string> texts;            // backing storage for json / blob datasets
+  RankContents contents;
+  RankReadStats stats;
+};
+
+Status PrepareRank(const std::string& src_path, const ReshardOptions& opts, Env* env,
+                   const Manifest& target, const nlohmann::json& note, bool copy_rng,
+                   int source_ranks, PreparedRank& out) {
+  const int j = out.stats.rank;
+  CKPT_ASSIGN_OR_RETURN(auto src, OpenStateSource(src_path, opts.tag, /*stream_verify=*/false, env),
+                        "");
+  const Manifest& sm = src->manifest();
+  const size_t n = static_cast<size_t>(target.partition.shard_numel[static_cast<size_t>(j)]);
+  out.master.assign(n, 0.0f);
+  out.exp_avg.assign(n, 0.0f);
+  out.exp_avg_sq.assign(n, 0.0f);
+  for (const auto& p : target.params) {
+    if (!p.trainable()) continue;
+    const ParamEntry* sp = sm.FindParam(p.name);
+    if (!sp) return Internal("parameter '" + p.name + "' vanished from the source");
+    for (const auto& r : p.ranges) {
+      if (r.rank != j) continue;
+      CKPT_RETURN_IF_ERROR(src->ReadParamRange(*sp, kMaster, r.begin, r.end,
+                                               out.master.data() + r.shard_offset), "");
+      CKPT_RETURN_IF_ERROR(src->ReadParamRange(*sp, kExpAvg, r.begin, r.end,
+                                               out.exp_avg.data() + r.shard_offset), "");
+      CKPT_RETURN_IF_ERROR(src->ReadParamRange(*sp, kExpAvgSq, r.begin, r.end,
+                                               out.exp_avg_sq.data() + r.shard_offset), "");
+      out.stats.bytes_owned += static_cast<uint64_t>(r.end - r.begin) * 12;
+    }
+  }
+  auto& ds = out.contents.datasets;
+  const std::vector<int64_t> shape = {static_cast<int64_t>(n)};
+  ds.push_back(DatasetSpec::Tensor(std::string(kMaster), DType::kF32, shape, out.master.data()));
+  ds.push_back(DatasetSpec::Tensor(std::string(kExpAvg), DType::kF32, shape, out.exp_avg.data()));
+  ds.push_back(
+      DatasetSpec::Tensor(std::string(kExpAvgSq), DType::kF32, shape, out.exp_avg_sq.data()));
+  if (j == 0) {
+    // Reserve first: DatasetSpec keeps raw pointers into these buffers.
+    size_t frozen_count = 0;
+    for (const auto& p : target.params) frozen_count += p.frozen && p.tied_to.empty();
+    out.frozen.reserve(frozen_count);
+    for (const auto& p : target.params) {
+      if (!p.frozen || !p.tied_to.empty()) continue;
+      const ParamEntry* sp = sm.FindParam(p.name);
+      CKPT_ASSIGN_OR_RETURN(auto raw, src->ReadFrozenBytes(*sp), "parameter '" + p.name + "'");
+      out.stats.bytes_owned += raw.size();
+      out.frozen.push_back(std::move(raw));
+      ds.push_back(DatasetSpec::Tensor(std::string(kFrozenPrefix) + p.name, p.dtype, p.shape,
+                                       out.frozen.back().data()));
+    }
+  }
+  // Per-rank state: the same rank's when the world size is unchanged, else rank 0's
+  // (engine_min keeps data_position and the scheduler global); RNG only when unchanged.
+  const int from = copy_rng ? j : 0;
+  std::vector<RankExtra> extras = from < source_ranks ? src->RankExtras(from) : std::vector<RankExtra>{};
+  out.texts.reserve(extras.size() + 1);
+  for (const auto& ex : extras) {
+    if (ex.name == kReshardDataset) continue;  // replaced by this reshard's record
+    if (ex.name.rfind(kRngPrefix, 0) == 0 && !copy_rng) continue;
+    CKPT_ASSIGN_OR_RETURN(auto bytes, src->ReadRankExtra(from, ex),
+                          "source rank " + std::to_string(from) + " dataset " + ex.name);
+    out.stats.bytes_owned += bytes.size();
+    out.texts.emplace_back(bytes.begin(), bytes.end());
+    if (ex.record.kind == "json")
+      ds.push_back(DatasetSpec::Json(ex.name, out.texts.back()));
+    else
+      ds.push_back(DatasetSpec::Blob(ex.name, ex.record.blob_kind, out.texts.back()));
+  }
+  out.texts.push_back(note.dump());
+  ds.push_back(DatasetSpec::Json(std::string(kReshardDataset), out.texts.back()));
+  out.stats.bytes_read = src->bytes_read();
+  return Status::Ok();
+}
+
+}  // namespace
+
+double ReshardReport::max_ratio() const {
+  double r = 0;
+  for (const auto& s : ranks) r = std::max(r, s.ratio());
+  return r;
+}
+
+Result<ReshardReport> Reshard(const std::string& src_path, const std::string& out,
+                              const ReshardOptions& opts) {
+  if (opts.dp < 1)
+    return InvalidArgument("--dp must be at least 1 (got " + std::to_string(opts.dp) + ")");
+  if (opts.zero_stage < -1 || opts.zero_stage > 3)
+    return InvalidArgument("--zero must be 0, 1, 2 or 3 (got " + std::to_string(opts.zero_stage) +
+                           ")");
+  Env* env = opts.env ? opts.env : Env::Default();
+  CKPT_ASSIGN_OR_RETURN(auto src, OpenStateSource(src_path, opts.tag, /*stream_verify=*/false, env),
+                        "");
+  const Manifest& sm = src->manifest();
+  ReshardReport report;
+  report.source_dir = src->dir();
+  report.out = out;
+  report.tag = sm.tag;
+  report.source_universal = src->universal();
+  report.source_dp = src->source_ranks();
+  report.source_zero = sm.topology.zero_stage;
+  report.dp = opts.dp;
+  report.zero_stage = opts.zero_stage >= 0 ? opts.zero_stage : sm.topology.zero_stage;
+  report.rng_copied = opts.dp == report.source_dp;
+  report.skipped = src->UnusedTensors();
+
+  // 1. Verify the source once.
+  if (opts.verify_source) {
+    CKPT_RETURN_IF_ERROR(src->FinishVerification({std::string(kMaster), std::string(kExpAvg),
+                                                  std::string(kExpAvgSq)}),
+                         src->dir());
+    report.verify_bytes = src->bytes_read();
+  }
+
+  // 2. The new manifest.
+  Manifest m = sm;
+  m.kind = "sharded";
+  m.files.clear();
+  for (auto& p : m.params) p.ranges.clear();
+  CKPT_ASSIGN_OR_RETURN(m.partition,
+                        BuildPartition(m.params, opts.dp, report.zero_stage, sm.partition.alignment),
+                        "partition");
+  m.topology.dp_world_size = opts.dp;
+  m.topology.zero_stage = report.zero_stage;
+  if (m.engine_config.is_object()) {
+    auto& ec = m.engine_config;
+    if (ec.contains("dp_world_size")) ec["dp_world_size"] = opts.dp;
+    if (ec.contains("zero")) ec["zero"] = report.zero_stage;
+    if (ec.contains("zero_stage")) ec["zero_stage"] = report.zero_stage;
+    // Keep the global batch: grad_accum = global_batch / (micro_batch × dp) when it divides.
+    if (ec.contains("global_batch") && ec.contains("micro_batch") && ec.contains("grad_accum") &&
+        ec["global_batch"].is_number_integer() && ec["micro_batch"].is_number_integer()) {
+      const int64_t gb = ec["global_batch"].get<int64_t>();
+      const int64_t mb = ec["micro_batch"].get<int64_t>();
+      if (mb > 0 && gb % (mb * opts.dp) == 0) ec["grad_accum"] = gb / (mb * opts.dp);
+    }
+  }
+  CKPT_RETURN_IF_ERROR(ValidateManifest(m), "resharded manifest");
+
+  std::string comp_text = opts.compression;
+  if (comp_text.empty() && !src->universal() && !sm.files.empty())
+    comp_text = sm.files[0].compression;
+  CKPT_ASSIGN_OR_RETURN(Compression comp, Compression::Parse(comp_text), "compression");
+
+  nlohmann::json note = {
+      {"source_tag", sm.tag},
+      {"source_kind", sm.kind},
+      {"source_dp_world_size", report.source_dp},
+      {"source_zero_stage", report.source_zero},
+      {"dp_world_size", opts.dp},
+      {"zero_stage", report.zero_stage},
+      {"rng", report.rng_copied
+                  ? "copied from the same source rank"
+                  : "omitted: the world size changed; each rank seeds its generators from "
+                    "(seed, global_step, rank)"},
+      {"data_position", report.rng_copied ? "copied from the same source rank"
+                                          : "copied from source rank 0 (global)"},
+  };
+
+  CKPT_ASSIGN_OR_RETURN(StagedOutput staged, StagedOutput::Begin(out, env), "");
+
+  // 3. Prepare every rank (no collectives).
+  std::vector<PreparedRank> ranks(static_cast<size_t>(opts.dp));
+  {
+    std::vector<std::thread> threads;
+    for (int j = 0; j < opts.dp; ++j) {
+      ranks[static_cast<size_t>(j)].stats.rank = j;
+      threads.emplace_back([&, j] {
+        PreparedRank& r = ranks[static_cast<size_t>(j)];
+        r.status = PrepareRank(src_path, opts, env, m, note, report.rng_copied, report.source_dp, r);
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  for (const auto& r : ranks)
+    CKPT_RETURN_IF_ERROR(r.status, "new rank " + std::to_string(r.stats.rank));
+
+  // 4. Save collectively.
+  {
+    ThreadGroup group(opts.dp);
+    SaveOptions so;
+    so.env = env;
+    so.compression = comp;
+    std::vector<Status> saved(static_cast<size_t>(opts.dp));
+    std::vector<std::thread> threads;
+    for (int j = 0; j < opts.dp; ++j) {
+      threads.emplace_back([&, j] {
+        saved[static_cast<size_t>(j)] = SaveCheckpoint(
+            staged.staging(), m, ranks[static_cast<size_t>(j)].contents, group.ForRank(j), so);
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (const auto& s : saved) CKPT_RETURN_IF_ERROR(s, "save");
+  }
+  for (const auto& r : ranks) report.ranks.push_back(r.stats);
+  ranks.clear();
+
+  // 5. Publish.
+  CKPT_RETURN_IF_ERROR(staged.Commit(), "");
+  return report;
+}
+
+}  // namespace ckpt::convert

@@ -1,0 +1,212 @@
+// ckpt export-fp32, to-universal, reshard: the convert layer's commands (docs/convert.md).
+#include <cstdio>
+#include <memory>
+
+#include "ckpt/units.h"
+#include "command.h"
+#include "convert/export.h"
+#include "convert/reshard.h"
+#include "convert/universal.h"
+
+namespace ckpt::cli {
+namespace {
+
+using nlohmann::json;
+using namespace ckpt::convert;
+
+// ---- export-fp32 ----------------------------------------------------------------------------
+
+struct ExportArgs {
+  std::string src, out, tag;
+  std::string dtype = "fp32";
+  std::string max_shard = "5GB";
+  bool exclude_frozen = false;
+  bool json = false;
+};
+
+std::function<int()> SetupExport(CLI::App& sub) {
+  auto a = std::make_shared<ExportArgs>();
+  sub.add_option("ROOT", a->src, "checkpoint root, tag directory or universal directory")
+      ->required();
+  sub.add_option("OUT", a->out, "output directory (must not exist or be empty)")->required();
+  sub.add_option("--tag", a->tag, "tag inside ROOT (default: latest)");
+  sub.add_option("--dtype", a->dtype, "fp32 | bf16 | fp16 (every floating-point tensor)");
+  sub.add_option("--max-shard-size", a->max_shard,
+                 "largest safetensors file before sharding: 5GB, 500MB, 2GiB; 0: never shard");
+  sub.add_flag("--exclude-frozen", a->exclude_frozen, "leave frozen parameters out");
+  sub.add_flag("--json", a->json, "machine-readable output");
+  return [a] {
+    ExportOptions o;
+    o.tag = a->tag;
+    auto dt = DTypeFromName(a->dtype);
+    if (!dt || (*dt != DType::kF32 && *dt != DType::kBF16 && *dt != DType::kF16))
+      return ReportError("export-fp32",
+                         InvalidArgument("--dtype must be fp32, bf16 or fp16, not '" + a->dtype + "'"),
+                         a->json);
+    o.dtype = *dt;
+    auto shard = ParseByteSize(a->max_shard);
+    if (!shard.ok())
+      return ReportError("export-fp32", shard.status().WithContext("--max-shard-size"), a->json);
+    o.max_shard_bytes = *shard;
+    o.exclude_frozen = a->exclude_frozen;
+    o.progress = !a->json;
+    auto r = ExportFp32(a->src, a->out, o);
+    if (!r.ok()) return ReportError("export-fp32", r.status(), a->json);
+    if (a->json) {
+      json files = json::array();
+      for (const auto& f : r->files)
+        files.push_back({{"name", f.name}, {"bytes", f.bytes}, {"tensors", f.tensors.size()}});
+      PrintJson({{"source", r->source_dir},
+                 {"out", r->out},
+                 {"tag", r->tag},
+                 {"global_step", r->global_step},
+                 {"dtype", a->dtype},
+                 {"tensors", r->tensors},
+                 {"total_size", r->total_size},
+                 {"largest_tensor_bytes", r->largest_tensor_bytes},
+                 {"bytes_read", r->bytes_read},
+                 {"files", files},
+                 {"tied", r->tied},
+                 {"excluded", r->excluded}});
+    } else {
+      std::printf("exported %lld tensors (%s, %s) from %s to %s\n",
+                  static_cast<long long>(r->tensors), FormatBytes(r->total_size).c_str(),
+                  a->dtype.c_str(), r->source_dir.c_str(), r->out.c_str());
+      for (const auto& f : r->files)
+        std::printf("  %s  %zu tensors  %s\n", f.name.c_str(), f.tensors.size(),
+                    FormatBytes(f.bytes).c_str());
+      for (const auto& [alias, owner] : r->tied)
+        std::printf("  tied: %s -> %s (stored once, recorded in __metadata__)\n", alias.c_str(),
+                    owner.c_str());
+      for (const auto& e : r->excluded) std::printf("  excluded (frozen): %s\n", e.c_str());
+      std::printf("read %s of master weights (moments never read)\n",
+                  FormatBytes(r->bytes_read).c_str());
+    }
+    return 0;
+  };
+}
+
+// ---- to-universal ---------------------------------------------------------------------------
+
+struct UniversalArgs {
+  std::string src, out, tag;
+  bool json = false;
+};
+
+std::function<int()> SetupToUniversal(CLI::App& sub) {
+  auto a = std::make_shared<UniversalArgs>();
+  sub.add_option("ROOT", a->src, "checkpoint root or tag directory")->required();
+  sub.add_option("OUT", a->out, "output directory (must not exist or be empty)")->required();
+  sub.add_option("--tag", a->tag, "tag inside ROOT (default: latest)");
+  sub.add_flag("--json", a->json, "machine-readable output");
+  return [a] {
+    ToUniversalOptions o;
+    o.tag = a->tag;
+    o.progress = !a->json;
+    auto r = ConvertToUniversal(a->src, a->out, o);
+    if (!r.ok()) return ReportError("to-universal", r.status(), a->json);
+    if (a->json) {
+      PrintJson({{"source", r->source_dir},
+                 {"out", r->out},
+                 {"tag", r->tag},
+                 {"source_ranks", r->source_ranks},
+                 {"params", r->params_written},
+                 {"bytes_read", r->bytes_read},
+                 {"file_bytes", r->file_bytes},
+                 {"skipped", r->skipped}});
+    } else {
+      std::printf("wrote universal checkpoint %s (tag %s, %lld parameters, %s) from %d rank(s)\n",
+                  r->out.c_str(), r->tag.c_str(), static_cast<long long>(r->params_written),
+                  FormatBytes(r->file_bytes).c_str(), r->source_ranks);
+      for (const auto& s : r->skipped) std::printf("  not carried over: %s\n", s.c_str());
+    }
+    return 0;
+  };
+}
+
+// ---- reshard --------------------------------------------------------------------------------
+
+struct ReshardArgs {
+  std::string src, out, tag, compress;
+  int dp = 0;
+  int zero = -1;
+  bool no_verify = false;
+  bool json = false;
+};
+
+std::function<int()> SetupReshard(CLI::App& sub) {
+  auto a = std::make_shared<ReshardArgs>();
+  sub.add_option("SRC", a->src, "sharded checkpoint (root or tag directory) or universal directory")
+      ->required();
+  sub.add_option("OUT", a->out, "new checkpoint root (must not exist or be empty)")->required();
+  sub.add_option("--dp", a->dp, "new data-parallel world size (>= 1)")->required();
+  sub.add_option("--zero", a->zero, "ZeRO stage of the output (default: the source's)");
+  sub.add_option("--tag", a->tag, "tag inside SRC (default: latest)");
+  sub.add_option("--compress", a->compress, "none | zstd[:LEVEL][+shuffle] (default: the source's)");
+  sub.add_flag("--no-verify", a->no_verify,
+               "skip the up-front XXH3 pass over the source's optimizer state");
+  sub.add_flag("--json", a->json, "machine-readable output");
+  return [a] {
+    ReshardOptions o;
+    o.tag = a->tag;
+    o.dp = a->dp;
+    o.zero_stage = a->zero;
+    o.compression = a->compress;
+    o.verify_source = !a->no_verify;
+    o.progress = !a->json;
+    auto r = Reshard(a->src, a->out, o);
+    if (!r.ok()) return ReportError("reshard", r.status(), a->json);
+    if (a->json) {
+      json ranks = json::array();
+      for (const auto& s : r->ranks)
+        ranks.push_back({{"rank", s.rank},
+                         {"bytes_read", s.bytes_read},
+                         {"bytes_owned", s.bytes_owned},
+                         {"ratio", s.ratio()}});
+      PrintJson({{"source", r->source_dir},
+                 {"source_kind", r->source_universal ? "universal" : "sharded"},
+                 {"out", r->out},
+                 {"tag", r->tag},
+                 {"source_dp", r->source_dp},
+                 {"source_zero", r->source_zero},
+                 {"dp", r->dp},
+                 {"zero", r->zero_stage},
+                 {"rng", r->rng_copied ? "copied" : "omitted"},
+                 {"verify_bytes", r->verify_bytes},
+                 {"ranks", ranks},
+                 {"max_ratio", r->max_ratio()},
+                 {"skipped", r->skipped}});
+    } else {
+      std::printf("resharded %s (%s, %d rank(s), ZeRO-%d) -> %s/%s (%d rank(s), ZeRO-%d)\n",
+                  r->source_dir.c_str(), r->source_universal ? "universal" : "sharded",
+                  r->source_dp, r->source_zero, r->out.c_str(), r->tag.c_str(), r->dp,
+                  r->zero_stage);
+      for (const auto& s : r->ranks)
+        std::printf("  rank %d: read %s for %s owned (ratio %.4f)\n", s.rank,
+                    FormatBytes(s.bytes_read).c_str(), FormatBytes(s.bytes_owned).c_str(),
+                    s.ratio());
+      std::printf("RNG: %s\n", r->rng_copied
+                                   ? "copied (same world size)"
+                                   : "omitted (engine_min seeds from seed, global_step, rank)");
+      if (r->verify_bytes)
+        std::printf("source verified: %s checked against XXH3\n",
+                    FormatBytes(r->verify_bytes).c_str());
+      for (const auto& s : r->skipped) std::printf("  not carried over: %s\n", s.c_str());
+    }
+    return 0;
+  };
+}
+
+}  // namespace
+
+CKPT_REGISTER_COMMAND(export_fp32, "export-fp32",
+                      "export the model weights to safetensors (streaming, bounded memory)",
+                      SetupExport);
+CKPT_REGISTER_COMMAND(to_universal, "to-universal",
+                      "convert a checkpoint to the topology-free universal layout",
+                      SetupToUniversal);
+CKPT_REGISTER_COMMAND(reshard, "reshard",
+                      "write a checkpoint for another data-parallel world size / ZeRO stage",
+                      SetupReshard);
+
+}  // namespace ckpt::cli

@@ -1,0 +1,311 @@
+#include "estimate/checkpoint_size.h"
+
+#include <algorithm>
+#include <map>
+
+#include "convert/safetensors.h"
+#include "numeric.h"
+#include "rank_file_replica.h"
+
+namespace ckpt::estimate {
+namespace {
+
+using internal::StrFormat;
+
+uint64_t Numel(const std::vector<int64_t>& shape) {
+  uint64_t n = 1;
+  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
+// The manifest as the writer would serialise it, with placeholder digests and counters of
+// typical width: close to, not exactly, the real size.
+uint64_t ManifestBytes(const CheckpointConfig& c, const std::vector<ParamEntry>& params,
+                       const Partition& partition,
+                       const std::vector<std::vector<RankDataset>>& per_rank,
+                       const std::vector<uint64_t>& file_bytes) {
+  Manifest m;
+  m.tag = c.tag;
+  m.created_unix = 1764500000;
+  m.created_utc = "2025-11-30T11:00:00Z";
+  m.topology.dp_world_size = static_cast<int>(c.world);
+  m.topology.zero_stage = c.zero_stage;
+  m.optimizer = {{"type", "adamw"},      {"lr", 0.00029999999999999997},
+                 {"base_lr", 0.0003},    {"beta1", 0.9},
+                 {"beta2", 0.95},        {"eps", 1e-08},
+                 {"weight_decay", 0.1},  {"grad_clip", 1.0},
+                 {"step", 0}};
+  m.dtypes = {{"master", "fp32"}, {"exp_avg", "fp32"}, {"exp_avg_sq", "fp32"}};
+  m.partition = partition;
+  m.params = params;
+  for (size_t r = 0; r < per_rank.size(); ++r) {
+    FileRecord f;
+    f.rank = static_cast<int>(r);
+    f.path = RankFileName(static_cast<int>(r));
+    f.bytes = file_bytes[r];
+    f.xxh3 = std::string(16, '0');
+    f.compression = "none";
+    for (const RankDataset& d : per_rank[r]) {
+      DatasetRecord rec;
+      rec.name = d.name;
+      rec.kind = d.kind;
+      rec.blob_kind = d.blob_kind;
+      rec.dtype = d.dtype;
+      rec.shape = d.shape;
+      rec.bytes = Numel(d.shape) * DTypeSize(d.dtype);
+      rec.xxh3 = std::string(16, '0');
+      f.datasets.push_back(std::move(rec));
+    }
+    m.files.push_back(std::move(f));
+  }
+  return ManifestToJson(m).dump(1).size() + 1;
+}
+
+}  // namespace
+
+std::vector<AuxDataset> EngineMinAuxDatasets() {
+  // mt19937_64's text state is 312 decimal words and an index: 6.4 KB on average.
+  return {{"rng/dropout", "blob", "mt19937_64", 6370},
+          {"rng/shuffle", "blob", "mt19937_64", 6370},
+          {"data_position", "json", "", 120},
+          {"scheduler", "json", "", 160}};
+}
+
+Result<CheckpointConfig> CheckpointConfigFromCheckpoint(const std::string& path,
+                                                        const std::string& tag) {
+  std::string file;
+  CKPT_ASSIGN_OR_RETURN(Manifest m, ReadCheckpointManifest(path, tag, &file), "");
+  ParamTable table;
+  table.source = file;
+  table.params = m.params;
+  for (ParamEntry& p : table.params) p.ranges.clear();
+  CheckpointConfig c;
+  c.table = std::move(table);
+  c.world = m.topology.dp_world_size;
+  c.zero_stage = m.topology.zero_stage;
+  c.alignment = m.partition.alignment;
+  c.tag = m.tag;
+  c.aux.clear();
+  if (const FileRecord* f0 = m.FileForRank(0)) {
+    for (const DatasetRecord& d : f0->datasets) {
+      if (d.kind != "tensor") c.aux.push_back({d.name, d.kind, d.blob_kind, d.bytes});
+      if (d.name == kCompute) c.compute_dtype = d.dtype;
+    }
+  }
+  return c;
+}
+
+ParamTable SingleTensorTable(int64_t params, DType dtype) {
+  ParamTable t;
+  t.source = "--params";
+  ParamEntry p;
+  p.name = "params";
+  p.shape = {params};
+  p.numel = params;
+  p.dtype = dtype;
+  t.params.push_back(std::move(p));
+  return t;
+}
+
+Result<uint64_t> UncompressedRankFileBytes(const std::string& tag, int rank, int world,
+                                           const std::vector<RankDataset>& datasets,
+                                           uint64_t chunk_bytes) {
+  if (chunk_bytes == 0) return InvalidArgument("chunk bytes must be positive");
+  std::vector<internal::ReplicaDataset> replica;
+  replica.reserve(datasets.size());
+  for (const RankDataset& d : datasets) {
+    replica.push_back({d.name, d.kind, d.blob_kind, d.dtype, d.shape});
+  }
+  return internal::ReplicaRankFileBytes({tag, rank, world}, replica, chunk_bytes);
+}
+
+Result<CheckpointEstimate> EstimateCheckpoint(const CheckpointConfig& c) {
+  if (c.world < 1) {
+    return InvalidArgument("checkpoint: world size must be at least 1 (got " +
+                           std::to_string(c.world) + ")");
+  }
+  if (c.world > 1'000'000) return InvalidArgument("checkpoint: world size too large");
+  if (c.zero_stage < 0 || c.zero_stage > 3) {
+    return InvalidArgument("checkpoint: unknown ZeRO stage " + std::to_string(c.zero_stage) +
+                           " (expected 0, 1, 2 or 3)");
+  }
+  if (c.chunk_bytes == 0) return InvalidArgument("checkpoint: chunk bytes must be positive");
+  if (c.table.params.empty()) return InvalidArgument("checkpoint: empty parameter table");
+  for (const ParamEntry& p : c.table.params) {
+    if (p.numel < 0) return InvalidArgument("checkpoint: negative size for " + p.name);
+  }
+
+  std::vector<ParamEntry> params = c.table.params;
+  CKPT_ASSIGN_OR_RETURN(
+      Partition partition,
+      BuildPartition(params, static_cast<int>(c.world), c.zero_stage, c.alignment),
+      "checkpoint: partition");
+
+  CheckpointEstimate e;
+  e.world = c.world;
+  e.zero_stage = c.zero_stage;
+  e.partition_scheme = partition.scheme;
+  ParamCounts counts = CountParams(c.table);
+  e.total_params = counts.total_params;
+  e.frozen_params = counts.frozen_params;
+  e.trainable_params = counts.total_params - counts.frozen_params;
+
+  std::vector<std::vector<RankDataset>> per_rank(static_cast<size_t>(c.world));
+  for (int64_t r = 0; r < c.world; ++r) {
+    auto& ds = per_rank[static_cast<size_t>(r)];
+    RankFileEstimate re;
+    re.rank = static_cast<int>(r);
+    const int64_t shard = partition.shard_numel[static_cast<size_t>(r)];
+    re.shard_numel = shard;
+    // engine_min's write order: the shard, the auxiliary datasets, rank 0's frozen tensors.
+    if (shard > 0) {
+      for (std::string_view name : {kMaster, kExpAvg, kExpAvgSq}) {
+        ds.push_back({std::string(name), "tensor", "", DType::kF32, {shard}});
+      }
+      if (c.compute_dtype) {
+        ds.push_back({std::string(kCompute), "tensor", "", *c.compute_dtype, {shard}});
+      }
+    }
+    for (const AuxDataset& a : c.aux) {
+      ds.push_back({a.name, a.kind, a.blob_kind, DType::kU8, {static_cast<int64_t>(a.bytes)}});
+    }
+    if (r == 0) {
+      for (const ParamEntry& p : params) {
+        if (p.frozen && p.tied_to.empty()) {
+          ds.push_back({std::string(kFrozenPrefix) + p.name, "tensor", "", p.dtype, p.shape});
+        }
+      }
+    }
+    for (const RankDataset& d : ds) {
+      const uint64_t logical = Numel(d.shape) * DTypeSize(d.dtype);
+      uint64_t stored = logical;
+      const bool chunked = d.kind == "tensor" && !d.shape.empty() && logical > 0;
+      if (d.kind == "tensor") {
+        re.tensor_payload += logical;
+      } else {
+        re.aux_payload += logical;
+      }
+      if (chunked) {
+        // Chunks of rows_per_chunk leading rows; the edge chunk is stored whole.
+        const uint64_t elem = DTypeSize(d.dtype);
+        const uint64_t inner = Numel(d.shape) / static_cast<uint64_t>(d.shape[0]);
+        const uint64_t chunk_elems = std::max<uint64_t>(1, c.chunk_bytes / elem);
+        const uint64_t rows = std::clamp<uint64_t>(chunk_elems / std::max<uint64_t>(inner, 1), 1,
+                                                   static_cast<uint64_t>(d.shape[0]));
+        const uint64_t chunks = (static_cast<uint64_t>(d.shape[0]) + rows - 1) / rows;
+        stored = chunks * rows * inner * elem;
+      }
+      re.stored_data += stored;
+    }
+    CKPT_ASSIGN_OR_RETURN(re.file_bytes,
+                          UncompressedRankFileBytes(c.tag, static_cast<int>(r),
+                                                    static_cast<int>(c.world), ds, c.chunk_bytes),
+                          "checkpoint: rank " + std::to_string(r));
+    e.rank_files_bytes += re.file_bytes;
+    e.tensor_payload += re.tensor_payload;
+    e.ranks.push_back(re);
+  }
+  std::vector<uint64_t> sizes;
+  for (const auto& re : e.ranks) sizes.push_back(re.file_bytes);
+  e.manifest_bytes = ManifestBytes(c, params, partition, per_rank, sizes);
+  e.total_bytes = e.rank_files_bytes + e.manifest_bytes;
+
+  // fp32 export: every owner (trainable and frozen) once in fp32, aliases in __metadata__.
+  std::vector<convert::SafetensorsTensorSpec> specs;
+  std::map<std::string, std::string> metadata;
+  uint64_t data = 0, largest = 0;
+  for (const ParamEntry& p : params) {
+    if (!p.tied_to.empty()) {
+      metadata[p.name] = p.tied_to;
+      continue;
+    }
+    specs.push_back({p.name, DType::kF32, p.shape});
+    const uint64_t bytes = static_cast<uint64_t>(p.numel) * 4;
+    data += bytes;
+    if (bytes > largest) {
+      largest = bytes;
+      e.largest_tensor = p.name;
+    }
+  }
+  CKPT_ASSIGN_OR_RETURN(std::string header, convert::BuildSafetensorsHeader(specs, metadata),
+                        "checkpoint: export header");
+  e.fp32_export_bytes = 8 + header.size() + data;
+  e.universal_bytes = 3 * 4 * static_cast<uint64_t>(e.trainable_params) +
+                      4 * static_cast<uint64_t>(e.frozen_params);
+  e.export_peak_ram = 2 * largest + (64u << 20);
+  int64_t max_shard = 0;
+  for (int64_t s : partition.shard_numel) max_shard = std::max(max_shard, s);
+  e.reshard_peak_ram = 3 * 4 * static_cast<uint64_t>(max_shard) + (64u << 20);
+  return e;
+}
+
+std::string FormatCheckpointEstimate(const CheckpointEstimate& e) {
+  auto gib = [](uint64_t b) { return static_cast<double>(b) / internal::kGiB; };
+  std::string out = StrFormat(
+      "Uncompressed ckpt checkpoint: %lld params (%lld trainable, %lld frozen), %lld ranks, "
+      "ZeRO-%d (%s partition)\n",
+      static_cast<long long>(e.total_params), static_cast<long long>(e.trainable_params),
+      static_cast<long long>(e.frozen_params), static_cast<long long>(e.world), e.zero_stage,
+      e.partition_scheme.c_str());
+  out += "  file           |  shard elems |   tensor bytes |    aux |  HDF5 overhead |     file bytes |       GiB\n";
+  for (const RankFileEstimate& r : e.ranks) {
+    out += StrFormat("  %-14s | %12lld | %14llu | %6llu | %14llu | %14llu | %9.3f\n",
+                     RankFileName(r.rank).c_str(), static_cast<long long>(r.shard_numel),
+                     static_cast<unsigned long long>(r.tensor_payload),
+                     static_cast<unsigned long long>(r.aux_payload),
+                     static_cast<unsigned long long>(r.overhead()),
+                     static_cast<unsigned long long>(r.file_bytes), gib(r.file_bytes));
+  }
+  out += StrFormat("  %-14s | %12s | %14llu | %6s | %14s | %14llu | %9.3f\n", "rank files", "",
+                   static_cast<unsigned long long>(e.tensor_payload), "", "",
+                   static_cast<unsigned long long>(e.rank_files_bytes), gib(e.rank_files_bytes));
+  out += StrFormat("  %-14s | %12s | %14s | %6s | %14s | %14llu | %9.3f  (approximate)\n",
+                   "manifest.json", "", "", "", "",
+                   static_cast<unsigned long long>(e.manifest_bytes), gib(e.manifest_bytes));
+  out += StrFormat("  %-14s | %12s | %14s | %6s | %14s | %14llu | %9.3f\n", "total", "", "", "",
+                   "", static_cast<unsigned long long>(e.total_bytes), gib(e.total_bytes));
+  out += StrFormat("fp32 export (model.safetensors): %llu bytes (%.3f GiB)\n",
+                   static_cast<unsigned long long>(e.fp32_export_bytes),
+                   gib(e.fp32_export_bytes));
+  out += StrFormat("universal layout tensor payload: %llu bytes (%.3f GiB)\n",
+                   static_cast<unsigned long long>(e.universal_bytes), gib(e.universal_bytes));
+  out += StrFormat("peak RAM, export-fp32: %llu bytes (%.3f GiB; 2 x largest tensor %s + 64 MiB)\n",
+                   static_cast<unsigned long long>(e.export_peak_ram), gib(e.export_peak_ram),
+                   e.largest_tensor.c_str());
+  out += StrFormat("peak RAM, reshard to this layout: %llu bytes (%.3f GiB; one rank's fp32 "
+                   "master + moments + 64 MiB)\n",
+                   static_cast<unsigned long long>(e.reshard_peak_ram), gib(e.reshard_peak_ram));
+  return out;
+}
+
+nlohmann::json CheckpointEstimateToJson(const CheckpointEstimate& e) {
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const RankFileEstimate& r : e.ranks) {
+    ranks.push_back({{"rank", r.rank},
+                     {"file", RankFileName(r.rank)},
+                     {"shard_numel", r.shard_numel},
+                     {"tensor_payload_bytes", r.tensor_payload},
+                     {"aux_payload_bytes", r.aux_payload},
+                     {"stored_data_bytes", r.stored_data},
+                     {"overhead_bytes", r.overhead()},
+                     {"file_bytes", r.file_bytes}});
+  }
+  return {{"world", e.world},
+          {"zero_stage", e.zero_stage},
+          {"partition_scheme", e.partition_scheme},
+          {"total_params", e.total_params},
+          {"trainable_params", e.trainable_params},
+          {"frozen_params", e.frozen_params},
+          {"ranks", ranks},
+          {"rank_files_bytes", e.rank_files_bytes},
+          {"tensor_payload_bytes", e.tensor_payload},
+          {"manifest_bytes", e.manifest_bytes},
+          {"total_bytes", e.total_bytes},
+          {"fp32_export_bytes", e.fp32_export_bytes},
+          {"universal_payload_bytes", e.universal_bytes},
+          {"export_fp32_peak_ram_bytes", e.export_peak_ram},
+          {"reshard_peak_ram_bytes", e.reshard_peak_ram},
+          {"largest_tensor", e.largest_tensor}};
+}
+
+}  // namespace ckpt::estimate

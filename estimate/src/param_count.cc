@@ -1,0 +1,172 @@
+#include "estimate/param_count.h"
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "ckpt/root.h"
+#include "convert/safetensors.h"
+
+namespace ckpt::estimate {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string ModuleOf(const std::string& name) {
+  size_t dot = name.rfind('.');
+  return dot == std::string::npos ? std::string() : name.substr(0, dot);
+}
+
+Result<std::string> ReadWholeFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFound(path + ": cannot open");
+  std::ostringstream s;
+  s << in.rdbuf();
+  if (in.bad()) return IOError(path + ": read failed");
+  return s.str();
+}
+
+// Adds `alias` -> `owner` when the owner is a tensor and the alias is not.
+void AddAlias(const std::map<std::string, const ParamEntry*>& by_name, const std::string& alias,
+              const std::string& owner, std::map<std::string, std::string>& aliases) {
+  if (alias == owner || by_name.count(alias) != 0) return;
+  if (by_name.count(owner) == 0) return;
+  aliases.emplace(alias, owner);
+}
+
+}  // namespace
+
+ParamCounts CountParams(const ParamTable& table) {
+  ParamCounts c;
+  std::map<std::string, int64_t> per_module;
+  for (const ParamEntry& p : table.params) {
+    ++c.tensors;
+    per_module[ModuleOf(p.name)] += p.numel;
+    if (!p.tied_to.empty()) {
+      ++c.aliases;
+      continue;
+    }
+    c.total_params += p.numel;
+    if (p.frozen) c.frozen_params += p.numel;
+  }
+  bool first = true;
+  for (const auto& [module, n] : per_module) {
+    if (first || n > c.largest_layer_params) {
+      c.largest_layer_params = n;
+      c.largest_layer = module;
+      first = false;
+    }
+  }
+  return c;
+}
+
+Result<Manifest> ReadCheckpointManifest(const std::string& path, const std::string& tag,
+                                        std::string* manifest_path) {
+  CKPT_ASSIGN_OR_RETURN(std::string dir, ResolveTagDir(path, tag), path);
+  const std::string file = (fs::path(dir) / std::string(kManifestFile)).string();
+  CKPT_ASSIGN_OR_RETURN(std::string text, ReadWholeFile(file), "read manifest");
+  CKPT_ASSIGN_OR_RETURN(Manifest m, ParseManifest(text, file), "read manifest");
+  if (manifest_path) *manifest_path = file;
+  return m;
+}
+
+Result<ParamTable> ParamTableFromCheckpoint(const std::string& path, const std::string& tag) {
+  std::string file;
+  CKPT_ASSIGN_OR_RETURN(Manifest m, ReadCheckpointManifest(path, tag, &file), "");
+  ParamTable t;
+  t.source = file;
+  t.params = std::move(m.params);
+  for (ParamEntry& p : t.params) p.ranges.clear();
+  return t;
+}
+
+Result<ParamTable> ParamTableFromSafetensors(const std::string& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return NotFound(path + ": no such file or directory");
+  std::vector<std::string> files;
+  ParamTable t;
+  t.source = path;
+  if (fs::is_directory(path, ec)) {
+    const fs::path index = fs::path(path) / "model.safetensors.index.json";
+    const fs::path single = fs::path(path) / "model.safetensors";
+    if (fs::exists(index, ec)) {
+      CKPT_ASSIGN_OR_RETURN(std::string text, ReadWholeFile(index.string()), "read index");
+      nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+      if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") ||
+          !j["weight_map"].is_object()) {
+        return DataLoss(index.string() + ": not a safetensors index (no weight_map object)");
+      }
+      std::set<std::string> seen;
+      for (const auto& [name, file] : j["weight_map"].items()) {
+        if (!file.is_string()) {
+          return DataLoss(index.string() + ": weight_map entry '" + name +
+                          "' is not a file name");
+        }
+        const std::string f = file.get<std::string>();
+        if (f.find('/') != std::string::npos || f == "..") {
+          return DataLoss(index.string() + ": weight_map names a file outside the directory: " +
+                          f);
+        }
+        if (seen.insert(f).second) files.push_back((fs::path(path) / f).string());
+      }
+      t.source = index.string();
+    } else if (fs::exists(single, ec)) {
+      files.push_back(single.string());
+    } else {
+      return NotFound(path + ": neither model.safetensors.index.json nor model.safetensors");
+    }
+  } else {
+    files.push_back(path);
+  }
+
+  std::map<std::string, std::string> metadata;
+  for (const std::string& f : files) {
+    CKPT_ASSIGN_OR_RETURN(convert::SafetensorsHeader h, convert::ReadSafetensorsHeader(f), f);
+    for (const convert::SafetensorsTensor& st : h.tensors) {
+      ParamEntry p;
+      p.name = st.name;
+      p.shape = st.shape;
+      p.dtype = st.dtype;
+      p.numel = st.numel();
+      t.params.push_back(std::move(p));
+    }
+    for (const auto& [k, v] : h.metadata) metadata.emplace(k, v);
+  }
+  std::map<std::string, const ParamEntry*> by_name;
+  for (const ParamEntry& p : t.params) {
+    if (!by_name.emplace(p.name, &p).second) {
+      return DataLoss(t.source + ": tensor '" + p.name + "' appears in more than one file");
+    }
+  }
+  std::map<std::string, std::string> aliases;
+  for (const auto& [k, v] : metadata) {
+    AddAlias(by_name, k, v, aliases);
+    if (!v.empty() && v.front() == '{') {
+      nlohmann::json j = nlohmann::json::parse(v, nullptr, /*allow_exceptions=*/false);
+      if (j.is_object()) {
+        for (const auto& [alias, owner] : j.items()) {
+          if (owner.is_string()) AddAlias(by_name, alias, owner.get<std::string>(), aliases);
+        }
+      }
+    }
+  }
+  std::vector<ParamEntry> alias_entries;
+  for (const auto& [alias, owner] : aliases) {
+    const ParamEntry* o = by_name.at(owner);
+    ParamEntry p;
+    p.name = alias;
+    p.shape = o->shape;
+    p.dtype = o->dtype;
+    p.numel = o->numel;
+    p.tied_to = owner;
+    alias_entries.push_back(std::move(p));
+  }
+  for (ParamEntry& p : alias_entries) t.params.push_back(std::move(p));
+  return t;
+}
+
+}  // namespace ckpt::estimate

@@ -1,0 +1,42 @@
+// Private: exact size of an uncompressed ckpt rank file without writing its data.
+//
+// The rank file's HDF5 metadata (object headers, attributes, chunk B-trees, group heaps and
+// the allocator's block tails) depends only on the datasets' names, dtypes, shapes and chunk
+// dimensions, not on their values. ReplicaRankFileBytes replays the writer's HDF5 calls
+// (ckpt/src/rank_file.cc: default file-creation properties, the five file attributes, one
+// chunked dataset per tensor with attributes dtype/kind[/blob_kind], one H5Dwrite each) against
+// a virtual file driver that keeps metadata in memory and drops raw data, and reads the
+// end-of-allocation address at close, which is the file's size on disk. Data buffers are
+// untouched zero pages (an anonymous MAP_NORESERVE mapping), so memory stays at the metadata
+// size whatever the model size.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ckpt/dtype.h"
+#include "ckpt/status.h"
+
+namespace ckpt::estimate::internal {
+
+struct ReplicaDataset {
+  std::string name;
+  std::string kind = "tensor";  // "tensor" | "blob" | "json"
+  std::string blob_kind;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+};
+
+struct ReplicaHeader {
+  std::string tag;
+  int rank = 0;
+  int world = 1;
+};
+
+// Thread-safe only as far as HDF5 is (Debian's build serialises calls).
+Result<uint64_t> ReplicaRankFileBytes(const ReplicaHeader& header,
+                                      const std::vector<ReplicaDataset>& datasets,
+                                      uint64_t chunk_bytes);
+
+}  // namespace ckpt::estimate::internal

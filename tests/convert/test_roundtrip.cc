@@ -1,0 +1,258 @@
+// Round trips N -> universal -> M -> universal -> N are bitwise identical, the universal
+// checkpoint holds exactly the values the synthetic generator wrote, and each resharded rank
+// reads only what it owns.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+
+#include "convert/reshard.h"
+#include "convert/universal.h"
+#include "convert_test_util.h"
+#include "test_util.h"
+
+using namespace ckpt;
+using namespace ckpt::convert;
+
+namespace {
+
+// Every dataset of two universal checkpoints except the per-source-rank provenance, which
+// legitimately differs when the intermediate world size differs.
+void CompareUniversal(const std::string& a_dir, const std::string& b_dir) {
+  auto a = UniversalReader::Open(a_dir);
+  auto b = UniversalReader::Open(b_dir);
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  const Manifest& ma = a->manifest();
+  const Manifest& mb = b->manifest();
+  CHECK(ma.tag == mb.tag);
+  CHECK(ma.counters.global_step == mb.counters.global_step);
+  CHECK(ma.counters.micro_step == mb.counters.micro_step);
+  CHECK(ma.counters.samples_seen == mb.counters.samples_seen);
+  CHECK(ma.counters.tokens_seen == mb.counters.tokens_seen);
+  CHECK(ma.optimizer == mb.optimizer);
+  CHECK(ma.client_state == mb.client_state);
+  REQUIRE(ma.params.size() == mb.params.size());
+  for (size_t i = 0; i < ma.params.size(); ++i) {
+    CHECK(ma.params[i].name == mb.params[i].name);
+    CHECK(ma.params[i].shape == mb.params[i].shape);
+    CHECK(ma.params[i].frozen == mb.params[i].frozen);
+    CHECK(ma.params[i].tied_to == mb.params[i].tied_to);
+  }
+  int compared = 0;
+  for (const auto& rec : ma.files[0].datasets) {
+    if (rec.name.rfind("source/", 0) == 0) continue;
+    const DatasetRecord* other = mb.FindDataset(0, rec.name);
+    INFO(rec.name);
+    REQUIRE(other != nullptr);
+    CHECK(other->shape == rec.shape);
+    CHECK(other->dtype == rec.dtype);
+    auto x = a->ReadDatasetBytes(rec.name);
+    auto y = b->ReadDatasetBytes(rec.name);
+    REQUIRE(x.ok());
+    REQUIRE(y.ok());
+    CHECK(*x == *y);
+    ++compared;
+  }
+  CHECK(compared > 3);
+}
+
+// The rank files of two sharded checkpoints with the same topology, dataset by dataset.
+void CompareSharded(const std::string& a_root, const std::string& b_root, bool expect_rng) {
+  auto a = CheckpointReader::Open(a_root);
+  auto b = CheckpointReader::Open(b_root);
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  const Manifest& ma = a->manifest();
+  const Manifest& mb = b->manifest();
+  REQUIRE(ma.topology.dp_world_size == mb.topology.dp_world_size);
+  CHECK(ma.topology.zero_stage == mb.topology.zero_stage);
+  CHECK(ma.partition.shard_numel == mb.partition.shard_numel);
+  for (const auto& f : ma.files) {
+    for (const auto& rec : f.datasets) {
+      INFO("rank " << f.rank << " " << rec.name);
+      const bool rng = rec.name.rfind("rng/", 0) == 0;
+      const DatasetRecord* other = mb.FindDataset(f.rank, rec.name);
+      if (rng && !expect_rng) {
+        CHECK(other == nullptr);
+        continue;
+      }
+      REQUIRE(other != nullptr);
+      auto x = a->ReadDatasetBytes(f.rank, rec.name);
+      auto y = b->ReadDatasetBytes(f.rank, rec.name);
+      REQUIRE(x.ok());
+      REQUIRE(y.ok());
+      CHECK(*x == *y);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("universal holds the generator's exact values with shapes", "[io]") {
+  testing::ScratchDir dir("rt");
+  for (int zero : {1, 2, 3}) {
+    const std::string src = dir / ("src" + std::to_string(zero));
+    const std::string uni = dir / ("uni" + std::to_string(zero));
+    REQUIRE(testing::MakeSynthetic(src, 3, zero).ok());
+    auto rep = ConvertToUniversal(src, uni);
+    REQUIRE(rep.ok());
+    auto u = UniversalReader::Open(uni);
+    REQUIRE(u.ok());
+    const Manifest& m = u->manifest();
+    CHECK(m.kind == "universal");
+    CHECK(m.topology.dp_world_size == 3);
+    CHECK(m.topology.zero_stage == zero);
+    bool saw_frozen = false, saw_tied = false;
+    for (size_t pi = 0; pi < m.params.size(); ++pi) {
+      const ParamEntry& p = m.params[pi];
+      CHECK(p.ranges.empty());
+      if (!p.tied_to.empty()) {
+        saw_tied = true;
+        CHECK(m.FindDataset(0, UniversalParamGroup(p.name) + "/master") == nullptr);
+        continue;
+      }
+      const DatasetRecord* rec = m.FindDataset(0, UniversalParamGroup(p.name) + "/master");
+      REQUIRE(rec != nullptr);
+      CHECK(rec->shape == p.shape);
+      std::vector<float> got(static_cast<size_t>(p.numel));
+      if (p.frozen) {
+        saw_frozen = true;
+        CHECK(rec->dtype == DType::kBF16);
+        REQUIRE(u->ReadParamRange(p.name, "master", 0, p.numel, got.data()).ok());
+        for (int64_t e = 0; e < p.numel; ++e)
+          REQUIRE(got[e] == Bf16ToFloat(FloatToBf16(SynthValue(7, 100, pi, "frozen", e))));
+        continue;
+      }
+      for (const char* state : {"master", "exp_avg", "exp_avg_sq"}) {
+        REQUIRE(u->ReadParamRange(p.name, state, 0, p.numel, got.data()).ok());
+        for (int64_t e = 0; e < p.numel; ++e) {
+          const float want = SynthValue(7, 100, pi, state, e);
+          REQUIRE(std::memcmp(&got[e], &want, 4) == 0);
+        }
+      }
+      // A range that crosses rows of a 2-D parameter (several hyperslabs).
+      if (p.shape.size() == 2 && p.numel > 200) {
+        std::vector<float> part(150);
+        REQUIRE(u->ReadParamRange(p.name, "exp_avg", 37, 187, part.data()).ok());
+        for (int64_t e = 37; e < 187; ++e) CHECK(part[e - 37] == SynthValue(7, 100, pi, "exp_avg", e));
+      }
+    }
+    CHECK(saw_frozen);
+    CHECK(saw_tied);
+    // Provenance: every source rank's RNG blob and data position.
+    for (int r = 0; r < 3; ++r) {
+      CHECK(m.FindDataset(0, UniversalSourceGroup(r) + "/rng/dropout") != nullptr);
+      CHECK(m.FindDataset(0, UniversalSourceGroup(r) + "/data_position") != nullptr);
+    }
+    CHECK(m.FindDataset(0, "scheduler") != nullptr);
+  }
+}
+
+TEST_CASE("N -> universal -> M -> universal -> N is bitwise identical", "[io][slow]") {
+  int combos = 0;
+  for (int zero : {1, 2, 3}) {
+    for (int n = 1; n <= 4; ++n) {
+      testing::ScratchDir dir("rt");
+      const std::string src = dir / "src";
+      REQUIRE(testing::MakeSynthetic(src, n, zero).ok());
+      const std::string u1 = dir / "u1";
+      REQUIRE(ConvertToUniversal(src, u1).ok());
+      for (int m = 1; m <= 4; ++m) {
+        INFO("ZeRO-" << zero << " N=" << n << " M=" << m);
+        const std::string sfx = std::to_string(m);
+        ReshardOptions to_m;
+        to_m.dp = m;
+        auto r1 = Reshard(u1, dir / ("m" + sfx), to_m);
+        REQUIRE(r1.ok());
+        CHECK(r1->zero_stage == zero);
+        CHECK(r1->rng_copied == (m == n));
+        for (const auto& s : r1->ranks) {
+          CHECK(s.bytes_owned > 0);
+          CHECK(s.ratio() <= 1.05);
+        }
+        REQUIRE(ConvertToUniversal(dir / ("m" + sfx), dir / ("u2_" + sfx)).ok());
+        CompareUniversal(u1, dir / ("u2_" + sfx));
+        ReshardOptions to_n;
+        to_n.dp = n;
+        auto r2 = Reshard(dir / ("u2_" + sfx), dir / ("n" + sfx), to_n);
+        REQUIRE(r2.ok());
+        CompareSharded(src, dir / ("n" + sfx), /*expect_rng=*/m == n);
+        // Straight sharded -> sharded as well.
+        auto direct = Reshard(dir / ("m" + sfx), dir / ("d" + sfx), to_n);
+        REQUIRE(direct.ok());
+        CHECK(direct->max_ratio() <= 1.05);
+        CompareSharded(src, dir / ("d" + sfx), /*expect_rng=*/m == n);
+        ++combos;
+      }
+    }
+  }
+  CHECK(combos == 48);
+}
+
+TEST_CASE("reshard changes the ZeRO stage and updates topology and engine_config", "[io]") {
+  testing::ScratchDir dir("rt");
+  const std::string src = dir / "src";
+  REQUIRE(testing::MakeSynthetic(src, 2, 1, 5000, 1100, "zstd:3").ok());
+  ReshardOptions o;
+  o.dp = 3;
+  o.zero_stage = 3;
+  auto r = Reshard(src, dir / "out", o);
+  REQUIRE(r.ok());
+  auto rd = CheckpointReader::Open(dir / "out");
+  REQUIRE(rd.ok());
+  const Manifest& m = rd->manifest();
+  CHECK(m.kind == "sharded");
+  CHECK(m.topology.dp_world_size == 3);
+  CHECK(m.topology.zero_stage == 3);
+  CHECK(m.partition.scheme == "per_param");
+  CHECK(m.files[0].compression == "zstd:3");
+  CHECK(!m.engine_config.contains("dp_world_size"));  // synth's engine_config has none
+  auto note = rd->ReadJson(1, "reshard");
+  REQUIRE(note.ok());
+  CHECK((*note)["source_dp_world_size"] == 2);
+  CHECK((*note)["rng"].get<std::string>().rfind("omitted", 0) == 0);
+  CHECK(m.FindDataset(1, "rng/dropout") == nullptr);
+  CHECK(m.FindDataset(2, "data_position") != nullptr);
+  CHECK(m.FindDataset(0, "frozen/pos_table") != nullptr);
+  auto problems = CheckCheckpoint(rd->dir(), /*deep=*/true);
+  REQUIRE(problems.ok());
+  CHECK(problems->empty());
+  // Values survive a stage change: compare every parameter in full.
+  auto a = CheckpointReader::Open(src);
+  REQUIRE(a.ok());
+  for (const auto& p : m.params) {
+    for (const char* state : {"master", "exp_avg", "exp_avg_sq"}) {
+      if (!p.trainable() && std::string(state) != "master") continue;
+      auto x = a->ReadParamFull(p.name, state);
+      auto y = rd->ReadParamFull(p.name, state);
+      REQUIRE(x.ok());
+      REQUIRE(y.ok());
+      CHECK(*x == *y);
+    }
+  }
+}
+
+TEST_CASE("reshard updates an engine_min engine_config", "[io]") {
+  testing::ScratchDir dir("rt");
+  const std::string src = dir / "src";
+  REQUIRE(testing::MakeSynthetic(src, 4, 2).ok());
+  // Rewrite the manifest as engine_min would have saved it.
+  const std::string mpath = dir / "src/global_step100/manifest.json";
+  auto text = Env::Default()->ReadFileToString(mpath);
+  REQUIRE(text.ok());
+  auto j = nlohmann::json::parse(*text);
+  j["engine_config"] = {{"zero", 2}, {"dp_world_size", 4}, {"micro_batch", 2},
+                        {"grad_accum", 1}, {"global_batch", 8}, {"seed", 5}};
+  REQUIRE(WriteFileAtomic(Env::Default(), mpath, j.dump(2)).ok());
+  ReshardOptions o;
+  o.dp = 2;
+  REQUIRE(Reshard(src, dir / "out", o).ok());
+  auto rd = CheckpointReader::Open(dir / "out");
+  REQUIRE(rd.ok());
+  const auto& ec = rd->manifest().engine_config;
+  CHECK(ec["dp_world_size"] == 2);
+  CHECK(ec["zero"] == 2);
+  CHECK(ec["grad_accum"] == 2);
+  CHECK(ec["global_batch"] == 8);
+  CHECK(ec["seed"] == 5);
+}

@@ -90,6 +90,7 @@ Result<std::string> ReadStringAttr(hid_t obj, const char* name) {
   if (H5Tis_variable_str(ftype.get()) > 0) {
     Handle mtype = Type(H5Tcopy(H5T_C_S1));
     H5Tset_size(mtype.get(), H5T_VARIABLE);
+    H5Tset_cset(mtype.get(), H5Tget_cset(ftype.get()));  // h5py writes UTF-8
     char* p = nullptr;
     if (H5Aread(attr.get(), mtype.get(), &p) < 0 || p == nullptr)
       return DataLoss(std::string("attribute ") + name + ": " + ErrorText());

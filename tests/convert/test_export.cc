@@ -1,0 +1,266 @@
+// export-fp32 / to-universal / reshard through the CLI: an independent Python reconstruction
+// agrees bitwise with the export and the universal file; bad inputs give clear errors, the
+// documented exit codes and nothing in OUT; injected file-system faults publish nothing.
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "convert/export.h"
+#include "convert/reshard.h"
+#include "convert/safetensors.h"
+#include "convert/universal.h"
+#include "convert_test_util.h"
+#include "test_util.h"
+
+using namespace ckpt;
+using namespace ckpt::convert;
+using ckpt::testing::RunShell;
+
+namespace {
+
+std::string Ckpt() { return ckpt::testing::BinDir() + "/ckpt"; }
+std::string Python() { return "/usr/bin/python3 " + std::string(CKPT_SOURCE_DIR) + "/tests/convert/check_export.py"; }
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Runs a command with stderr captured to `err_file`; returns the exit code.
+int RunCapture(const std::string& cmd, const std::string& err_file) {
+  return RunShell(cmd + " >/dev/null 2>" + err_file);
+}
+
+}  // namespace
+
+TEST_CASE("export equals an independent h5py reconstruction, bitwise", "[io]") {
+  testing::ScratchDir dir("exp");
+  for (int zero : {1, 3}) {
+    const std::string src = dir / ("src" + std::to_string(zero));
+    REQUIRE(testing::MakeSynthetic(src, 3, zero, 300000, 70001).ok());
+    const std::string tag = src + "/global_step100";
+    const std::string s = std::to_string(zero);
+    REQUIRE(RunShell(Ckpt() + " export-fp32 " + src + " " + dir / ("e32_" + s) + " --json >/dev/null") == 0);
+    REQUIRE(RunShell(Ckpt() + " export-fp32 " + src + " " + dir / ("ebf_" + s) +
+                     " --dtype bf16 --max-shard-size 200KB --json >/dev/null") == 0);
+    REQUIRE(RunShell(Ckpt() + " export-fp32 " + src + " " + dir / ("ef16_" + s) +
+                     " --dtype fp16 --exclude-frozen --json >/dev/null") == 0);
+    REQUIRE(RunShell(Ckpt() + " to-universal " + src + " " + dir / ("u_" + s) + " --json >/dev/null") == 0);
+    CHECK(RunShell(Python() + " " + tag + " " + dir / ("e32_" + s) + " --universal " + dir / ("u_" + s)) == 0);
+    CHECK(RunShell(Python() + " " + tag + " " + dir / ("ebf_" + s) + " --dtype bf16") == 0);
+    CHECK(RunShell(Python() + " " + tag + " " + dir / ("ef16_" + s) + " --dtype fp16 --exclude-frozen") == 0);
+    CHECK(std::filesystem::exists(dir / ("ebf_" + s) + "/model.safetensors.index.json"));
+    CHECK(std::filesystem::exists(dir / ("ebf_" + s) + "/model-00001-of-00004.safetensors"));
+    // Export from the universal checkpoint gives the same file.
+    REQUIRE(RunShell(Ckpt() + " export-fp32 " + dir / ("u_" + s) + " " + dir / ("eu_" + s) + " --json >/dev/null") == 0);
+    CHECK(Slurp(dir / ("eu_" + s) + "/model.safetensors") == Slurp(dir / ("e32_" + s) + "/model.safetensors"));
+  }
+  // The checker can fail: flip one data byte of an export.
+  const std::string victim = dir / "e32_1/model.safetensors";
+  std::string bytes = Slurp(victim);
+  bytes[bytes.size() - 5] ^= 0x10;
+  std::filesystem::permissions(victim, std::filesystem::perms::owner_write,
+                               std::filesystem::perm_options::add);
+  std::ofstream(victim, std::ios::binary | std::ios::trunc) << bytes;
+  CHECK(RunShell(Python() + " " + dir / "src1/global_step100" + " " + dir / "e32_1 2>/dev/null") == 1);
+}
+
+TEST_CASE("export: names, shapes, tied metadata, frozen handling, no moments read", "[io]") {
+  testing::ScratchDir dir("exp");
+  const std::string src = dir / "src";
+  REQUIRE(testing::MakeSynthetic(src, 2, 2, 20000, 4000).ok());
+  auto rep = ExportFp32(src, dir / "out");
+  REQUIRE(rep.ok());
+  REQUIRE(rep->files.size() == 1);
+  CHECK(rep->tied.at("lm_head.weight") == "embed.weight");
+  const std::string path = dir / "out/model.safetensors";
+  auto h = ReadSafetensorsHeader(path);
+  REQUIRE(h.ok());
+  CHECK(h->metadata.at("format") == "pt");
+  CHECK(h->metadata.at("tied_weights") == R"({"lm_head.weight":"embed.weight"})");
+  CHECK(h->Find("lm_head.weight") == nullptr);
+  auto rd = CheckpointReader::Open(src);
+  REQUIRE(rd.ok());
+  const Manifest& m = rd->manifest();
+  uint64_t master_bytes = 0;
+  for (const auto& f : m.files)
+    for (const auto& d : f.datasets)
+      if (d.name == "master" || d.name.rfind("frozen/", 0) == 0) master_bytes += d.bytes;
+  // Only master (+ frozen) bytes: the moments would triple it.
+  CHECK(rep->bytes_read <= master_bytes);
+  CHECK(rep->bytes_read * 10 >= master_bytes * 9);
+  for (size_t pi = 0; pi < m.params.size(); ++pi) {
+    const ParamEntry& p = m.params[pi];
+    if (!p.tied_to.empty()) continue;
+    const SafetensorsTensor* t = h->Find(p.name);
+    REQUIRE(t != nullptr);
+    CHECK(t->shape == p.shape);
+    CHECK(t->dtype == DType::kF32);  // frozen bf16 converted to the requested dtype
+    auto v = ReadSafetensorsTensorF32(path, *h, p.name);
+    REQUIRE(v.ok());
+    for (int64_t e = 0; e < p.numel; ++e) {
+      const float want = p.frozen ? Bf16ToFloat(FloatToBf16(SynthValue(7, 100, pi, "frozen", e)))
+                                  : SynthValue(7, 100, pi, "master", e);
+      REQUIRE((*v)[static_cast<size_t>(e)] == want);
+    }
+  }
+  ExportOptions ex;
+  ex.exclude_frozen = true;
+  ex.dtype = DType::kBF16;
+  auto rep2 = ExportFp32(src, dir / "out2", ex);
+  REQUIRE(rep2.ok());
+  auto h2 = ReadSafetensorsHeader(dir / "out2/model.safetensors");
+  REQUIRE(h2.ok());
+  CHECK(h2->Find("pos_table") == nullptr);
+  CHECK(h2->Find("embed.weight")->dtype == DType::kBF16);
+  CHECK(rep2->excluded == std::vector<std::string>{"pos_table"});
+}
+
+TEST_CASE("bad inputs: clear errors, documented exit codes, nothing in OUT", "[io]") {
+  testing::ScratchDir dir("bad");
+  const std::string src = dir / "src";
+  REQUIRE(testing::MakeSynthetic(src, 3, 2).ok());
+  const std::string tag = src + "/global_step100";
+  const std::string err = dir / "err.txt";
+  const std::string outs = dir / "outs";
+  std::filesystem::create_directories(outs);
+  auto nothing_left = [&](const std::string& out) {
+    CHECK(testing::EmptyOrMissing(out));
+    CHECK(testing::CountTemp(outs) == 0);
+  };
+  auto all_three = [&](const std::string& source, int want_rc, const std::string& want_text) {
+    const std::string cmds[] = {
+        Ckpt() + " export-fp32 " + source + " " + outs + "/e",
+        Ckpt() + " to-universal " + source + " " + outs + "/u",
+        Ckpt() + " reshard " + source + " " + outs + "/r --dp 2",
+    };
+    for (const auto& c : cmds) {
+      INFO(c);
+      CHECK(RunCapture(c, err) == want_rc);
+      const std::string text = Slurp(err);
+      INFO(text);
+      CHECK(text.find(want_text) != std::string::npos);
+    }
+    nothing_left(outs + "/e");
+    nothing_left(outs + "/u");
+    nothing_left(outs + "/r");
+  };
+
+  SECTION("--dp 0 and a bad --zero are usage errors") {
+    CHECK(RunCapture(Ckpt() + " reshard " + src + " " + outs + "/r --dp 0", err) == 2);
+    CHECK(Slurp(err).find("--dp must be at least 1") != std::string::npos);
+    CHECK(RunCapture(Ckpt() + " reshard " + src + " " + outs + "/r --dp 2 --zero 5", err) == 2);
+    CHECK(RunCapture(Ckpt() + " export-fp32 " + src + " " + outs + "/e --dtype int8", err) == 2);
+    nothing_left(outs + "/r");
+  }
+  SECTION("missing source") { all_three(dir / "nope", 2, "no such file"); }
+  SECTION("non-empty OUT is refused and untouched") {
+    std::filesystem::create_directories(outs + "/full");
+    std::ofstream(outs + "/full/keep.txt") << "mine";
+    for (const std::string c : {" export-fp32 ", " to-universal "}) {
+      CHECK(RunCapture(Ckpt() + c + src + " " + outs + "/full", err) == 2);
+      CHECK(Slurp(err).find("not empty") != std::string::npos);
+    }
+    CHECK(RunCapture(Ckpt() + " reshard " + src + " " + outs + "/full --dp 2", err) == 2);
+    CHECK(Slurp(outs + "/full/keep.txt") == "mine");
+    CHECK(std::distance(std::filesystem::directory_iterator(outs + "/full"),
+                        std::filesystem::directory_iterator()) == 1);
+    CHECK(testing::CountTemp(outs) == 0);
+    // An existing empty directory is fine.
+    std::filesystem::create_directories(outs + "/empty");
+    CHECK(RunShell(Ckpt() + " export-fp32 " + src + " " + outs + "/empty --json >/dev/null") == 0);
+    CHECK(std::filesystem::exists(outs + "/empty/model.safetensors"));
+  }
+  SECTION("missing rank file") {
+    std::filesystem::remove(tag + "/rank_00001.h5");
+    all_three(src, 1, "rank_00001.h5 is missing");
+  }
+  SECTION("truncated rank file") {
+    std::filesystem::resize_file(tag + "/rank_00002.h5",
+                                 std::filesystem::file_size(tag + "/rank_00002.h5") / 2);
+    all_three(src, 1, "rank_00002.h5 has");
+  }
+  SECTION("flipped value inside a rank file") {
+    // Same size, valid HDF5, one master element changed: only the checksum can tell.
+    REQUIRE(RunShell("/usr/bin/python3 -c \"import h5py; f=h5py.File('" + tag +
+                     "/rank_00001.h5','r+'); d=f['master']; d[3]=d[3]+1.0; f.close()\"") == 0);
+    if (std::filesystem::file_size(tag + "/rank_00001.h5") ==
+        CheckpointReader::Open(src)->manifest().files[1].bytes) {
+      all_three(src, 1, "checksum mismatch");
+    } else {
+      all_three(src, 1, "rank_00001.h5 has");
+    }
+  }
+  SECTION("unknown format version") {
+    const std::string mpath = tag + "/manifest.json";
+    auto j = nlohmann::json::parse(Slurp(mpath));
+    j["format_version"] = "9.0";
+    std::ofstream(mpath, std::ios::trunc) << j.dump(2);
+    all_three(src, 2, "9.0");
+  }
+  SECTION("unknown universal layout version") {
+    REQUIRE(ConvertToUniversal(src, dir / "uni").ok());
+    REQUIRE(RunShell("/usr/bin/python3 -c \"import h5py; f=h5py.File('" + dir / "uni" +
+                     "/universal.h5','r+'); f.attrs['format_version']='9.0'; f.close()\"") == 0);
+    // The file changed: refresh the recorded size so only the version is wrong.
+    const std::string mpath = dir / "uni/manifest.json";
+    auto j = nlohmann::json::parse(Slurp(mpath));
+    j["files"][0]["bytes"] = std::filesystem::file_size(dir / "uni/universal.h5");
+    std::ofstream(mpath, std::ios::trunc) << j.dump(2);
+    CHECK(RunCapture(Ckpt() + " reshard " + dir / "uni" + " " + outs + "/r --dp 2", err) == 2);
+    CHECK(Slurp(err).find("universal layout 9.0") != std::string::npos);
+    nothing_left(outs + "/r");
+  }
+}
+
+TEST_CASE("a failed file-system step never publishes OUT", "[io]") {
+  testing::ScratchDir dir("fault");
+  const std::string src = dir / "src";
+  REQUIRE(testing::MakeSynthetic(src, 2, 3, 20000, 4000).ok());
+  for (FaultInjectionEnv::Op op : {FaultInjectionEnv::Op::kWrite, FaultInjectionEnv::Op::kSync,
+                                   FaultInjectionEnv::Op::kRename,
+                                   FaultInjectionEnv::Op::kSyncDir}) {
+    for (int n = 1; n <= 3; ++n) {
+      FaultInjectionEnv env(Env::Default());
+      env.FailAt(op, n);
+      ExportOptions eo;
+      eo.env = &env;
+      eo.max_shard_bytes = 30000;  // several files, several renames
+      auto e = ExportFp32(src, dir / "e", eo);
+      INFO("export fails at op " << static_cast<int>(op) << " #" << n);
+      if (!e.ok()) {
+        CHECK(testing::EmptyOrMissing(dir / "e"));
+        CHECK(testing::CountTemp(dir.str()) == 0);
+      } else {
+        // The fault hit after the publishing rename (final directory fsync): complete output.
+        CHECK(std::filesystem::exists(dir / "e/model.safetensors.index.json"));
+        std::filesystem::remove_all(dir / "e");
+      }
+      FaultInjectionEnv env2(Env::Default());
+      env2.FailAt(op, n);
+      ToUniversalOptions uo;
+      uo.env = &env2;
+      auto u = ConvertToUniversal(src, dir / "u", uo);
+      if (!u.ok()) {
+        CHECK(testing::EmptyOrMissing(dir / "u"));
+        CHECK(testing::CountTemp(dir.str()) == 0);
+      } else {
+        std::filesystem::remove_all(dir / "u");
+      }
+      FaultInjectionEnv env3(Env::Default());
+      env3.FailAt(op, n);
+      ReshardOptions ro;
+      ro.dp = 3;
+      ro.env = &env3;
+      auto r = Reshard(src, dir / "r", ro);
+      if (!r.ok()) {
+        CHECK(testing::EmptyOrMissing(dir / "r"));
+        CHECK(testing::CountTemp(dir.str()) == 0);
+      } else {
+        std::filesystem::remove_all(dir / "r");
+      }
+    }
+  }
+}

@@ -1,0 +1,168 @@
+// The engine: fp32 master weights and AdamW moments partitioned by ZeRO stage, a bf16 compute
+// copy, fp32 gradient accumulation, global-norm clipping, a warmup + cosine schedule, and
+// checkpoint save/restore through ckpt.
+//
+// Ownership follows ckpt::BuildPartition (docs/format.md), so a checkpoint's partition is the
+// engine's memory layout:
+//   ZeRO-0  every rank holds everything; gradients are all-reduced and every rank applies the
+//           same update. In the checkpoint rank 0 holds the whole flat buffer.
+//   ZeRO-1  rank r owns share r of the padded flat buffer (master, exp_avg, exp_avg_sq); the
+//           accumulated gradient is reduce-scattered at the boundary, each rank updates its
+//           share, and the bf16 compute weights are all-gathered.
+//   ZeRO-2  as 1, but the gradient is reduce-scattered after every micro-batch and a rank keeps
+//           only its owned share between micro-batches.
+//   ZeRO-3  as 2 with per-parameter shares; the bf16 compute weights stay partitioned and each
+//           block's parameters are all-gathered for its forward and again for its backward and
+//           released right after; each parameter's gradient is reduce-scattered as soon as the
+//           backward is done with it.
+// Every cross-rank sum runs in rank order, so a run is bitwise reproducible.
+//
+// All public methods are collective: every rank calls them in the same order. Not
+// thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ckpt/manifest.h"
+#include "ckpt/reader.h"
+#include "ckpt/status.h"
+#include "ckpt/writer.h"
+#include "engine_min/comm.h"
+#include "engine_min/config.h"
+#include "engine_min/data.h"
+#include "engine_min/model.h"
+#include "engine_min/schedule.h"
+
+namespace engine_min {
+
+struct StepStats {
+  int64_t step = 0;       // global_step after the update
+  double loss = 0;        // token-weighted mean over the global batch
+  double grad_norm = 0;   // global L2 norm before clipping
+  double lr = 0;          // rate used by this update
+  int64_t tokens = 0;     // tokens in the global batch
+  // XXH3 of the full fp32 master weights / moments after the update (rank 0 only; empty
+  // elsewhere or when digests are off).
+  std::string weights_xxh3, exp_avg_xxh3, exp_avg_sq_xxh3;
+};
+
+// The optimizer update the engine applies to a shard: ckpt::AdamWUpdate (ckpt/adamw.h, the rule
+// verify replays) with the run's betas, eps and weight decay, rate `lr`, and `step` updates
+// already applied.
+void ApplyAdamW(const EngineConfig& config, double lr, int64_t step, float* w, float* m, float* v,
+                const float* g, size_t n);
+
+// One line of trainlog.jsonl (docs/architecture.md).
+std::string TrainlogLine(const StepStats& s);
+
+// Test hook for the crash test: rank `rank` raises SIGKILL inside the save at `step`, after its
+// rank file is on disk and before the commit.
+struct KillInSave {
+  int rank = -1;
+  int64_t step = -1;
+};
+
+class Engine {
+ public:
+  // `mpi` carries control traffic (save, restore, gathers of the run log); `dp` carries the
+  // gradient and parameter collectives (MPI or NCCL). Both must outlive the engine.
+  static ckpt::Result<std::unique_ptr<Engine>> Create(const EngineConfig& config,
+                                                      const Corpus& corpus, MpiComm& mpi,
+                                                      DataParallelComm& dp);
+
+  // Fresh start: seeded initialization, identical on every rank.
+  ckpt::Status InitFresh();
+  // Checks that `reader`'s checkpoint matches this run's world size, ZeRO stage, model and
+  // format (FailedPrecondition pointing to `ckpt reshard` otherwise, before anything is
+  // read), then restores every rank's state. `reset` names components to reset afterwards:
+  // moments, step, rng, data, scheduler.
+  ckpt::Status Restore(const ckpt::CheckpointReader& reader, const std::set<std::string>& reset);
+
+  // DeepSpeed's managed accumulation: ForwardBackward then Step after every micro-batch; the
+  // optimizer update happens inside the Step that closes the accumulation window, which then
+  // returns the step's statistics (std::nullopt before the boundary). BeginGlobalBatch must
+  // be called before the window's first micro-batch with the global batch's token count and
+  // the number of micro-batches in the window.
+  void BeginGlobalBatch(int64_t global_tokens);
+  ckpt::Result<MicroResult> ForwardBackward(const TokenBatch& batch);
+  ckpt::Result<std::optional<StepStats>> Step(bool digests);
+
+  // One full optimizer step on the next global batch of the data order.
+  ckpt::Result<StepStats> TrainStep(bool digests = true);
+
+  // The gradient the next optimizer step would apply (accumulated over the next global batch,
+  // reduced, clipped), full-shape per trainable parameter, on rank 0 (empty elsewhere).
+  // Advances nothing that is saved; the engine must not be used for training afterwards.
+  ckpt::Result<std::vector<std::vector<float>>> NextGradient(double* grad_norm = nullptr);
+
+  // Collective save of the current state as tag "global_step<N>" under `root`.
+  ckpt::Status Save(const std::string& root, const nlohmann::json& client_state,
+                    const KillInSave& kill = {});
+
+  std::string TagForStep() const { return "global_step" + std::to_string(counters_.global_step); }
+  const ckpt::Counters& counters() const { return counters_; }
+  const EngineConfig& config() const { return config_; }
+  const std::vector<ckpt::ParamEntry>& params() const { return params_; }
+  const ckpt::Partition& partition() const { return partition_; }
+  int rank() const { return rank_; }
+  // Full fp32 master weights in flat (table) order, on rank 0 (empty elsewhere).
+  ckpt::Result<std::vector<float>> GatherFullMaster();
+
+ private:
+  class ReplicatedAccess;
+  class PartitionedAccess;
+  Engine(const EngineConfig& config, const Corpus& corpus, MpiComm& mpi, DataParallelComm& dp);
+  ckpt::Status BuildLayout();
+  ckpt::Status RefreshComputeWeights();
+  // Reduces (per stage) and clips the accumulated gradient into grad_owned_; returns the
+  // norm before clipping.
+  ckpt::Result<double> ReduceAndClip();
+  ckpt::Result<std::vector<float>> GatherFull(const std::vector<float>& shard);
+  DropoutMasks DrawMasks(int64_t tokens);
+  std::vector<TokenBatch> MyMicroBatches(const std::vector<int64_t>& global_ids) const;
+  ckpt::Status ResetComponents(const std::set<std::string>& reset);
+
+  EngineConfig config_;
+  const Corpus& corpus_;
+  MpiComm& mpi_;
+  DataParallelComm& dp_;
+  int rank_;
+  int world_;
+  int stage_;
+
+  std::vector<ckpt::ParamEntry> params_;  // manifest table, with ranges
+  ckpt::Partition partition_;
+  std::vector<int64_t> flat_offset_;  // per trainable id, unpadded flat offset
+  std::vector<int64_t> numel_;        // per trainable id
+  int64_t flat_numel_ = 0;            // unpadded
+  int64_t shard_numel_ = 0;           // this rank's state length (ZeRO-0: flat_numel_)
+  std::vector<int64_t> share_numel_;  // ZeRO-3: per-parameter share (every rank the same)
+  std::vector<int64_t> share_offset_; // ZeRO-3: offset of that share in a rank's shard
+
+  std::vector<float> master_, exp_avg_, exp_avg_sq_;
+  std::vector<float> grad_owned_;     // ZeRO-1..3: reduced gradient of the owned shard
+  std::vector<float> grad_full_;      // ZeRO-0..2: this rank's unreduced full gradient
+  std::vector<float> compute_full_;   // ZeRO-0..2: bf16-rounded weights as float
+  std::vector<uint16_t> compute_shard_;  // ZeRO-3: bf16 compute shard
+  std::vector<float> pos_;            // frozen
+
+  ckpt::Counters counters_;
+  WarmupCosine schedule_;
+  std::mt19937_64 dropout_rng_;
+  std::unique_ptr<GlobalOrder> order_;
+
+  // Accumulation window.
+  int64_t window_tokens_ = 0;
+  int64_t window_micro_ = 0;
+  double window_loss_sum_ = 0;
+};
+
+}  // namespace engine_min

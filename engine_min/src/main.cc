@@ -1,0 +1,212 @@
+// engine_min: `train` and `grad` (docs/architecture.md, "engine_min command line").
+//
+// Error handling across ranks: settings, the checkpoint's manifest and the topology checks are
+// the same on every rank, so their errors are reported by rank 0 and every rank exits 2 without
+// touching the disk. A failure that can hit one rank alone in the middle of collective work
+// (an unreadable shard, an I/O error) ends the whole job with MPI_Abort, since the other ranks
+// would otherwise wait forever in their next collective. SaveCheckpoint returns the same status
+// on every rank, so a failed save is again an ordinary exit 2.
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+
+#include "ckpt/reader.h"
+#include "convert/safetensors.h"
+#include "engine_min/comm.h"
+#include "engine_min/config.h"
+#include "engine_min/data.h"
+#include "engine_min/engine.h"
+#include "engine_min/nccl_comm.h"
+
+namespace engine_min {
+namespace {
+
+int rank_for_messages = 0;
+
+int Fail(const ckpt::Status& s, bool every_rank = false) {
+  if (every_rank || rank_for_messages == 0) {
+    std::fprintf(stderr, "engine_min: error: %s\n", s.ToString().c_str());
+    std::fflush(stderr);
+  }
+  return ckpt::ExitCodeFor(s) == 0 ? 2 : 2;
+}
+
+[[noreturn]] void AbortJob(const ckpt::Status& s) {
+  std::fprintf(stderr, "engine_min: rank %d: fatal: %s\n", rank_for_messages,
+               s.ToString().c_str());
+  std::fflush(stderr);
+  MpiSession::Abort(2);
+}
+
+ckpt::Status WriteGradients(const std::string& path, const Engine& engine,
+                            const std::vector<std::vector<float>>& grads, double grad_norm,
+                            const std::string& tag) {
+  std::vector<ckpt::convert::SafetensorsTensorView> views;
+  for (int id = 0; id < static_cast<int>(grads.size()); ++id) {
+    ckpt::convert::SafetensorsTensorView v;
+    v.spec.name = TrainableName(id);
+    v.spec.dtype = ckpt::DType::kF32;
+    v.spec.shape = TrainableShape(engine.config().shape, id);
+    v.data = grads[id].data();
+    views.push_back(std::move(v));
+  }
+  char norm[40];
+  std::snprintf(norm, sizeof(norm), "%.17g", grad_norm);
+  std::map<std::string, std::string> meta = {
+      {"source", "engine_min grad"},
+      {"tag", tag},
+      {"global_step", std::to_string(engine.counters().global_step)},
+      {"grad_norm_before_clip", norm},
+      {"clipped", "true"}};
+  return ckpt::convert::WriteSafetensors(path, views, meta).WithContext(path);
+}
+
+int Run(int argc, char** argv) {
+  auto session = MpiSession::Init(&argc, &argv);
+  if (!session.ok()) return Fail(session.status(), true);
+  int code = 0;
+  {
+    auto world = MpiComm::Create(MPI_COMM_WORLD);
+    if (!world.ok()) return Fail(world.status(), true);
+    MpiComm& mpi = **world;
+    rank_for_messages = mpi.rank();
+
+    auto cl_or = ParseCommandLine(argc, argv);
+    if (!cl_or.ok()) return Fail(cl_or.status());
+    CommandLine& cl = *cl_or;
+    if (cl.help) {
+      if (mpi.rank() == 0) std::fputs(cl.help_text.c_str(), stdout);
+      return 0;
+    }
+
+    // Resume: every rank opens the checkpoint read-only (the manifest is small).
+    std::optional<ckpt::CheckpointReader> reader;
+    nlohmann::json base;
+    if (cl.resume) {
+      auto r = ckpt::CheckpointReader::Open(cl.ckpt_dir, cl.resume_tag);
+      if (!r.ok()) return Fail(r.status().WithContext("resume from " + cl.ckpt_dir));
+      reader.emplace(std::move(*r));
+      base = reader->manifest().engine_config;
+      if (!base.is_object() || !base.contains("global_batch")) {
+        return Fail(ckpt::FailedPrecondition(
+            reader->dir() + " has no engine_config from engine_min; it cannot be resumed here"));
+      }
+    }
+    auto config = ResolveConfig(cl.given, base, mpi.world_size());
+    if (!config.ok()) return Fail(config.status());
+    if (config->corpus.empty()) config->corpus = DefaultCorpusPath();
+    auto corpus = Corpus::Load(config->corpus, config->sample_min, config->sample_max);
+    if (!corpus.ok()) return Fail(corpus.status());
+
+    std::unique_ptr<DataParallelComm> nccl;
+    DataParallelComm* dp = &mpi;
+    if (config->comm == "nccl") {
+      auto c = CreateNcclCommOverMpi(mpi);
+      if (!c.ok()) return Fail(c.status());
+      nccl = std::move(*c);
+      dp = nccl.get();
+    }
+    auto engine_or = Engine::Create(*config, *corpus, mpi, *dp);
+    if (!engine_or.ok()) return Fail(engine_or.status());
+    Engine& engine = **engine_or;
+
+    if (reader) {
+      ckpt::Status s = engine.Restore(*reader, cl.reset_on_resume);
+      if (!s.ok()) {
+        if (s.code() == ckpt::StatusCode::kFailedPrecondition) return Fail(s);
+        AbortJob(s);
+      }
+    } else {
+      ckpt::Status s = engine.InitFresh();
+      if (!s.ok()) AbortJob(s);
+    }
+
+    if (cl.command == "grad") {
+      double norm = 0;
+      auto grads = engine.NextGradient(&norm);
+      if (!grads.ok()) AbortJob(grads.status());
+      if (mpi.rank() == 0) {
+        ckpt::Status s = WriteGradients(cl.grad_out, engine, *grads, norm, reader->tag());
+        if (!s.ok()) return Fail(s);
+        std::printf("engine_min grad: %s step %lld: wrote %zu tensors to %s (norm %.9g)\n",
+                    reader->tag().c_str(), static_cast<long long>(engine.counters().global_step),
+                    grads->size(), cl.grad_out.c_str(), norm);
+      }
+      return 0;
+    }
+
+    // train
+    nlohmann::json client_state = nlohmann::json::object();
+    if (reader) client_state = reader->manifest().client_state;
+    for (auto& [k, v] : cl.client_state.items()) client_state[k] = v;
+    reader.reset();
+
+    std::FILE* trainlog = nullptr;
+    if (mpi.rank() == 0) {
+      std::error_code ec;
+      std::filesystem::create_directories(cl.ckpt_dir, ec);
+      const std::string path =
+          cl.trainlog.empty() ? cl.ckpt_dir + "/trainlog.jsonl" : cl.trainlog;
+      trainlog = std::fopen(path.c_str(), "a");
+      if (!trainlog) AbortJob(ckpt::ErrnoError("open run log " + path, errno));
+      std::printf("engine_min: %d ranks, ZeRO-%d, %s (d %d, layers %d, context %d, %lld "
+                  "trainable), global batch %lld = %lld x %lld x %d, from step %lld to %lld\n",
+                  mpi.world_size(), config->zero_stage, config->model.c_str(),
+                  config->shape.d_model, config->shape.layers, config->shape.context,
+                  static_cast<long long>(config->shape.TrainableNumel()),
+                  static_cast<long long>(config->global_batch),
+                  static_cast<long long>(config->micro_batch),
+                  static_cast<long long>(config->grad_accum), mpi.world_size(),
+                  static_cast<long long>(engine.counters().global_step),
+                  static_cast<long long>(config->steps));
+      std::fflush(stdout);
+    }
+    const KillInSave kill{cl.kill_rank, cl.kill_step};
+    int64_t last_saved = cl.resume ? engine.counters().global_step : -1;
+    const int64_t start_step = engine.counters().global_step;
+    int64_t tokens = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    while (engine.counters().global_step < config->steps) {
+      auto stats = engine.TrainStep(true);
+      if (!stats.ok()) AbortJob(stats.status());
+      tokens += stats->tokens;
+      if (trainlog) {
+        const std::string line = TrainlogLine(*stats) + "\n";
+        if (std::fputs(line.c_str(), trainlog) < 0 || std::fflush(trainlog) != 0) {
+          AbortJob(ckpt::ErrnoError("write run log", errno));
+        }
+        std::printf("step %lld loss %.6f grad_norm %.4f lr %.3g tokens %lld\n",
+                    static_cast<long long>(stats->step), stats->loss, stats->grad_norm,
+                    stats->lr, static_cast<long long>(stats->tokens));
+        std::fflush(stdout);
+      }
+      if (config->save_every > 0 && stats->step % config->save_every == 0) {
+        ckpt::Status s = engine.Save(cl.ckpt_dir, client_state, kill);
+        if (!s.ok()) return Fail(s);
+        last_saved = stats->step;
+      }
+    }
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!cl.no_final_save && last_saved != engine.counters().global_step) {
+      ckpt::Status s = engine.Save(cl.ckpt_dir, client_state, kill);
+      if (!s.ok()) return Fail(s);
+    }
+    if (trainlog) {
+      std::fclose(trainlog);
+      const int64_t steps = engine.counters().global_step - start_step;
+      std::printf("engine_min: %lld steps, %lld tokens in %.2f s: %.1f tokens/s\n",
+                  static_cast<long long>(steps), static_cast<long long>(tokens), seconds,
+                  seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0);
+    }
+  }
+  return code;
+}
+
+}  // namespace
+}  // namespace engine_min
+
+int main(int argc, char** argv) { return engine_min::Run(argc, argv); }

@@ -1,0 +1,326 @@
+#include "engine_min/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "engine_min/random.h"
+
+namespace engine_min {
+
+ckpt::Result<ModelShape> ModelShape::Preset(const std::string& name) {
+  ModelShape s;
+  if (name == "tiny") {
+    s.d_model = 128;
+    s.layers = 10;
+    s.context = 16;
+  } else if (name == "small") {
+    s.d_model = 1024;
+    s.layers = 24;
+    s.context = 32;
+  } else {
+    return ckpt::InvalidArgument("unknown --model '" + name + "' (expected tiny or small)");
+  }
+  return s;
+}
+
+ckpt::Status ModelShape::Validate() const {
+  if (d_model < 1 || d_model > 16384) return ckpt::InvalidArgument("--d-model must be in 1..16384");
+  if (layers < 0 || layers > 1024) return ckpt::InvalidArgument("--layers must be in 0..1024");
+  if (context < 1 || context > 4096) return ckpt::InvalidArgument("--context must be in 1..4096");
+  return ckpt::Status::Ok();
+}
+
+int64_t TrainableNumel(const ModelShape& shape, int id) {
+  const int64_t d = shape.d_model;
+  if (id == kEmbedId) return ModelShape::kVocab * d;
+  return (id % 2 == 1) ? d * d : d;
+}
+
+int64_t ModelShape::TrainableNumel() const {
+  int64_t n = 0;
+  for (int id = 0; id < num_trainable(); ++id) n += engine_min::TrainableNumel(*this, id);
+  return n;
+}
+
+std::string TrainableName(int id) {
+  if (id == kEmbedId) return kEmbedName;
+  const int layer = (id - 1) / 2;
+  return "blocks." + std::to_string(layer) + ((id % 2 == 1) ? ".weight" : ".bias");
+}
+
+std::vector<int64_t> TrainableShape(const ModelShape& shape, int id) {
+  const int64_t d = shape.d_model;
+  if (id == kEmbedId) return {ModelShape::kVocab, d};
+  if (id % 2 == 1) return {d, d};
+  return {d};
+}
+
+std::vector<ckpt::ParamEntry> ParamTable(const ModelShape& shape) {
+  std::vector<ckpt::ParamEntry> table;
+  auto add = [&](std::string name, std::vector<int64_t> dims, bool frozen, std::string tied) {
+    ckpt::ParamEntry e;
+    e.name = std::move(name);
+    e.shape = std::move(dims);
+    e.dtype = ckpt::DType::kF32;
+    e.numel = 1;
+    for (int64_t x : e.shape) e.numel *= x;
+    e.frozen = frozen;
+    e.tied_to = std::move(tied);
+    table.push_back(std::move(e));
+  };
+  add(kEmbedName, TrainableShape(shape, kEmbedId), false, "");
+  add(kPosName, {shape.context, shape.d_model}, true, "");
+  add(kLmHeadName, TrainableShape(shape, kEmbedId), false, kEmbedName);
+  for (int l = 0; l < shape.layers; ++l) {
+    add(TrainableName(WeightId(l)), TrainableShape(shape, WeightId(l)), false, "");
+    add(TrainableName(BiasId(l)), TrainableShape(shape, BiasId(l)), false, "");
+  }
+  return table;
+}
+
+std::vector<float> MakePositionalTable(const ModelShape& shape) {
+  // Fixed (not seeded by the run) so the frozen tensor is the same in every run of a shape.
+  std::mt19937_64 gen(0x706f735f7461626cULL);
+  std::vector<float> pos(static_cast<size_t>(shape.context) * shape.d_model);
+  const double inv_k = 1.0 / shape.context;
+  for (float& x : pos) x = static_cast<float>((0.5 + UniformDouble(gen)) * inv_k);
+  return pos;
+}
+
+std::vector<float> InitTrainable(const ModelShape& shape, int id, uint64_t seed) {
+  std::mt19937_64 gen(MixSeed(seed, 0x696e6974ULL, static_cast<uint64_t>(id), 0));
+  std::vector<float> w(static_cast<size_t>(TrainableNumel(shape, id)));
+  double stddev = 0;
+  if (id == kEmbedId) {
+    stddev = 1.0 / std::sqrt(static_cast<double>(shape.d_model));
+  } else if (id % 2 == 1) {
+    stddev = 1.0 / std::sqrt(static_cast<double>(shape.d_model) * std::max(1, shape.layers));
+  } else {
+    return w;  // biases start at zero
+  }
+  for (float& x : w) x = static_cast<float>(stddev * NormalDouble(gen));
+  return w;
+}
+
+namespace {
+
+constexpr int kRowTile = 16;
+
+// y[n, :] += sum_k x[n, k] * m[k, :] for n < rows; x is rows × kdim, m is kdim × cols.
+// The k-sum of every output element runs in increasing k: the tiling over rows only changes
+// which elements are computed together, never an element's operation order.
+template <typename T>
+void AddRowsTimesMatrix(const T* x, int64_t rows, int64_t kdim, const T* m, int64_t cols, T* y) {
+  for (int64_t n0 = 0; n0 < rows; n0 += kRowTile) {
+    const int64_t n1 = std::min(rows, n0 + kRowTile);
+    for (int64_t k = 0; k < kdim; ++k) {
+      const T* mrow = m + k * cols;
+      for (int64_t n = n0; n < n1; ++n) {
+        const T a = x[n * kdim + k];
+        T* yrow = y + n * cols;
+        for (int64_t c = 0; c < cols; ++c) yrow[c] += a * mrow[c];
+      }
+    }
+  }
+}
+
+// g[k, :] += sum_n x[n, k] * y[n, :]; x is rows × kdim, y is rows × cols. Sums over n in order.
+template <typename T>
+void AddOuterProducts(const T* x, int64_t rows, int64_t kdim, const T* y, int64_t cols, T* g) {
+  for (int64_t k = 0; k < kdim; ++k) {
+    T* grow = g + k * cols;
+    for (int64_t n = 0; n < rows; ++n) {
+      const T a = x[n * kdim + k];
+      const T* yrow = y + n * cols;
+      for (int64_t c = 0; c < cols; ++c) grow[c] += a * yrow[c];
+    }
+  }
+}
+
+template <typename T>
+std::vector<T> Transpose(const T* m, int64_t rows, int64_t cols) {
+  std::vector<T> t(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) t[c * rows + r] = m[r * cols + c];
+  return t;
+}
+
+constexpr double kGeluC = 0.7978845608028654;  // sqrt(2 / pi)
+constexpr double kGeluA = 0.044715;
+
+template <typename T>
+T Gelu(T x) {
+  const T u = T(kGeluC) * (x + T(kGeluA) * x * x * x);
+  return T(0.5) * x * (T(1) + std::tanh(u));
+}
+
+template <typename T>
+T GeluGrad(T x) {
+  const T u = T(kGeluC) * (x + T(kGeluA) * x * x * x);
+  const T t = std::tanh(u);
+  return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * T(kGeluC) * (T(1) + T(3 * kGeluA) * x * x);
+}
+
+template <typename T>
+ckpt::Result<MicroResult> Run(const ModelShape& shape, const T* pos, const TokenBatch& batch,
+                              const DropoutMasks& masks, double grad_scale, bool backward,
+                              ParamAccess<T>& params) {
+  const int64_t d = shape.d_model;
+  const int64_t V = ModelShape::kVocab;
+  const int64_t K = shape.context;
+  const int64_t N = batch.tokens;
+  const int L = shape.layers;
+  if (static_cast<int64_t>(batch.ctx.size()) != N * K ||
+      static_cast<int64_t>(batch.target.size()) != N) {
+    return ckpt::Internal("token batch has inconsistent sizes");
+  }
+  const bool dropout = !masks.per_layer.empty();
+  if (dropout && static_cast<int>(masks.per_layer.size()) != L) {
+    return ckpt::Internal("dropout masks do not match the layer count");
+  }
+
+  // Activations: h[0..L] (N × d each), pre-activations a[0..L-1].
+  std::vector<std::vector<T>> h(L + 1, std::vector<T>(static_cast<size_t>(N * d), T(0)));
+  std::vector<std::vector<T>> a(L);
+
+  {
+    CKPT_ASSIGN_OR_RETURN(const T* embed, params.Acquire(kEmbedId), "embedding");
+    T* h0 = h[0].data();
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t j = 0; j < K; ++j) {
+        const T* e = embed + static_cast<int64_t>(batch.ctx[n * K + j]) * d;
+        const T* p = pos + j * d;
+        T* out = h0 + n * d;
+        for (int64_t c = 0; c < d; ++c) out[c] += p[c] * e[c];
+      }
+    }
+    CKPT_RETURN_IF_ERROR(params.Release(kEmbedId), "embedding");
+  }
+
+  for (int l = 0; l < L; ++l) {
+    CKPT_ASSIGN_OR_RETURN(const T* w, params.Acquire(WeightId(l)), "block weight");
+    CKPT_ASSIGN_OR_RETURN(const T* b, params.Acquire(BiasId(l)), "block bias");
+    a[l].assign(static_cast<size_t>(N * d), T(0));
+    T* al = a[l].data();
+    for (int64_t n = 0; n < N; ++n) std::copy(b, b + d, al + n * d);
+    AddRowsTimesMatrix(h[l].data(), N, d, w, d, al);
+    const T* hl = h[l].data();
+    T* hn = h[l + 1].data();
+    const float* mask = dropout ? masks.per_layer[l].data() : nullptr;
+    for (int64_t i = 0; i < N * d; ++i) {
+      T g = Gelu(al[i]);
+      if (mask) g = g * T(mask[i]);
+      hn[i] = hl[i] + g;
+    }
+    CKPT_RETURN_IF_ERROR(params.Release(BiasId(l)), "block bias");
+    CKPT_RETURN_IF_ERROR(params.Release(WeightId(l)), "block weight");
+  }
+
+  MicroResult result;
+  result.tokens = N;
+  std::vector<T> dh(backward ? static_cast<size_t>(N * d) : 0, T(0));
+  {
+    CKPT_ASSIGN_OR_RETURN(const T* embed, params.Acquire(kEmbedId), "output projection");
+    const std::vector<T> embed_t = Transpose(embed, V, d);  // d × V
+    std::vector<T> logits(static_cast<size_t>(N * V), T(0));
+    AddRowsTimesMatrix(h[L].data(), N, d, embed_t.data(), V, logits.data());
+    const T scale = T(grad_scale);
+    for (int64_t n = 0; n < N; ++n) {
+      T* z = logits.data() + n * V;
+      T zmax = z[0];
+      for (int64_t v = 1; v < V; ++v) zmax = std::max(zmax, z[v]);
+      T sum = T(0);
+      for (int64_t v = 0; v < V; ++v) sum += std::exp(z[v] - zmax);
+      const T lse = zmax + std::log(sum);
+      const int t = batch.target[n];
+      result.loss_sum += static_cast<double>(lse - z[t]);
+      if (backward) {
+        // z becomes dL/dz = (softmax - onehot) * scale.
+        for (int64_t v = 0; v < V; ++v) z[v] = std::exp(z[v] - zmax) / sum * scale;
+        z[t] -= scale;
+      }
+    }
+    if (backward) {
+      CKPT_ASSIGN_OR_RETURN(T* dembed, params.Grad(kEmbedId), "output projection grad");
+      AddOuterProducts(logits.data(), N, V, h[L].data(), d, dembed);
+      AddRowsTimesMatrix(logits.data(), N, V, embed, d, dh.data());
+    }
+    CKPT_RETURN_IF_ERROR(params.Release(kEmbedId), "output projection");
+  }
+  if (!backward) return result;
+
+  std::vector<T> da(static_cast<size_t>(N * d));
+  for (int l = L - 1; l >= 0; --l) {
+    CKPT_ASSIGN_OR_RETURN(const T* w, params.Acquire(WeightId(l)), "block weight");
+    CKPT_ASSIGN_OR_RETURN(const T* b, params.Acquire(BiasId(l)), "block bias");
+    (void)b;
+    const T* al = a[l].data();
+    const float* mask = dropout ? masks.per_layer[l].data() : nullptr;
+    for (int64_t i = 0; i < N * d; ++i) {
+      T g = dh[i];
+      if (mask) g = g * T(mask[i]);
+      da[i] = g * GeluGrad(al[i]);
+    }
+    CKPT_ASSIGN_OR_RETURN(T* dw, params.Grad(WeightId(l)), "block weight grad");
+    AddOuterProducts(h[l].data(), N, d, da.data(), d, dw);
+    CKPT_ASSIGN_OR_RETURN(T* db, params.Grad(BiasId(l)), "block bias grad");
+    for (int64_t n = 0; n < N; ++n) {
+      const T* row = da.data() + n * d;
+      for (int64_t c = 0; c < d; ++c) db[c] += row[c];
+    }
+    // dh_l = dh_{l+1} (residual) + da W^T.
+    const std::vector<T> w_t = Transpose(w, d, d);
+    AddRowsTimesMatrix(da.data(), N, d, w_t.data(), d, dh.data());
+    CKPT_RETURN_IF_ERROR(params.GradDone(WeightId(l)), "block weight grad");
+    CKPT_RETURN_IF_ERROR(params.GradDone(BiasId(l)), "block bias grad");
+    CKPT_RETURN_IF_ERROR(params.Release(BiasId(l)), "block bias");
+    CKPT_RETURN_IF_ERROR(params.Release(WeightId(l)), "block weight");
+    h[l + 1].clear();
+    h[l + 1].shrink_to_fit();
+  }
+
+  {
+    CKPT_ASSIGN_OR_RETURN(T* dembed, params.Grad(kEmbedId), "embedding grad");
+    for (int64_t n = 0; n < N; ++n) {
+      const T* g = dh.data() + n * d;
+      for (int64_t j = 0; j < K; ++j) {
+        T* out = dembed + static_cast<int64_t>(batch.ctx[n * K + j]) * d;
+        const T* p = pos + j * d;
+        for (int64_t c = 0; c < d; ++c) out[c] += p[c] * g[c];
+      }
+    }
+    CKPT_RETURN_IF_ERROR(params.GradDone(kEmbedId), "embedding grad");
+  }
+  return result;
+}
+
+}  // namespace
+
+template <typename T>
+ckpt::Result<MicroResult> ForwardBackward(const ModelShape& shape, const T* pos,
+                                          const TokenBatch& batch, const DropoutMasks& masks,
+                                          double grad_scale, ParamAccess<T>& params) {
+  return Run<T>(shape, pos, batch, masks, grad_scale, true, params);
+}
+
+template <typename T>
+ckpt::Result<MicroResult> Forward(const ModelShape& shape, const T* pos, const TokenBatch& batch,
+                                  const DropoutMasks& masks, ParamAccess<T>& params) {
+  return Run<T>(shape, pos, batch, masks, 0.0, false, params);
+}
+
+template ckpt::Result<MicroResult> ForwardBackward<float>(const ModelShape&, const float*,
+                                                          const TokenBatch&, const DropoutMasks&,
+                                                          double, ParamAccess<float>&);
+template ckpt::Result<MicroResult> ForwardBackward<double>(const ModelShape&, const double*,
+                                                           const TokenBatch&, const DropoutMasks&,
+                                                           double, ParamAccess<double>&);
+template ckpt::Result<MicroResult> Forward<float>(const ModelShape&, const float*,
+                                                  const TokenBatch&, const DropoutMasks&,
+                                                  ParamAccess<float>&);
+template ckpt::Result<MicroResult> Forward<double>(const ModelShape&, const double*,
+                                                   const TokenBatch&, const DropoutMasks&,
+                                                   ParamAccess<double>&);
+
+}  // namespace engine_min

@@ -27,25 +27,6 @@ namespace fs = std::filesystem;
 
 const std::string kSeedDir = std::string(CKPT_SOURCE_DIR) + "/tests/data/seed001";
 
-std::string ReadText(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-struct CliResult {
-  int rc;
-  std::string out;
-  std::string err;
-};
-
-CliResult Cli(const ScratchDir& dir, const std::string& args) {
-  const std::string out = dir / "cli.out", err = dir / "cli.err";
-  const int rc = RunShell(BinDir() + "/ckpt " + args + " > " + out + " 2> " + err);
-  return {rc, ReadText(out), ReadText(err)};
-}
-
 std::string Fixed8(double x) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.8f", x);

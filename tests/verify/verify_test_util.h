@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <random>
 #include <string>
 #include <thread>
@@ -13,8 +15,29 @@
 #include "ckpt/manifest.h"
 #include "ckpt/writer.h"
 #include "convert/safetensors.h"
+#include "test_util.h"
 
 namespace ckpt::testing {
+
+inline std::string ReadText(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct CliResult {
+  int rc;
+  std::string out;
+  std::string err;
+};
+
+// Runs the built `ckpt` with `args` (shell syntax), capturing stdout and stderr.
+inline CliResult Cli(const ScratchDir& dir, const std::string& args) {
+  const std::string out = dir / "cli.out", err = dir / "cli.err";
+  const int rc = RunShell(BinDir() + "/ckpt " + args + " > " + out + " 2> " + err);
+  return {rc, ReadText(out), ReadText(err)};
+}
 
 struct RandomParam {
   std::string name;

@@ -85,12 +85,23 @@ Result<CheckpointConfig> CheckpointConfigFromCheckpoint(const std::string& path,
   c.zero_stage = m.topology.zero_stage;
   c.alignment = m.partition.alignment;
   c.tag = m.tag;
+  c.global_step = m.counters.global_step;
   c.aux.clear();
-  if (const FileRecord* f0 = m.FileForRank(0)) {
-    for (const DatasetRecord& d : f0->datasets) {
-      if (d.kind != "tensor") c.aux.push_back({d.name, d.kind, d.blob_kind, d.bytes});
+  for (const FileRecord& f : m.files) {
+    std::vector<AuxDataset> aux;
+    bool seen_aux = false;
+    for (const DatasetRecord& d : f.datasets) {
+      if (d.kind != "tensor") {
+        aux.push_back({d.name, d.kind, d.blob_kind, d.bytes});
+        seen_aux = true;
+      } else if (d.name.rfind(kFrozenPrefix, 0) == 0 && f.rank == 0) {
+        c.frozen_before_aux = !seen_aux;
+      }
       if (d.name == kCompute) c.compute_dtype = d.dtype;
+      if (d.name == kMaster && d.bytes == 0) c.empty_shard_datasets = true;
     }
+    if (f.rank == 0) c.aux = aux;
+    c.aux_by_rank.push_back(std::move(aux));
   }
   return c;
 }
@@ -158,7 +169,7 @@ Result<CheckpointEstimate> EstimateCheckpoint(const CheckpointConfig& c) {
     const int64_t shard = partition.shard_numel[static_cast<size_t>(r)];
     re.shard_numel = shard;
     // engine_min's write order: the shard, the auxiliary datasets, rank 0's frozen tensors.
-    if (shard > 0) {
+    if (shard > 0 || c.empty_shard_datasets) {
       for (std::string_view name : {kMaster, kExpAvg, kExpAvgSq}) {
         ds.push_back({std::string(name), "tensor", "", DType::kF32, {shard}});
       }
@@ -166,15 +177,28 @@ Result<CheckpointEstimate> EstimateCheckpoint(const CheckpointConfig& c) {
         ds.push_back({std::string(kCompute), "tensor", "", *c.compute_dtype, {shard}});
       }
     }
-    for (const AuxDataset& a : c.aux) {
-      ds.push_back({a.name, a.kind, a.blob_kind, DType::kU8, {static_cast<int64_t>(a.bytes)}});
-    }
-    if (r == 0) {
+    auto add_aux = [&] {
+      const auto& aux = static_cast<size_t>(r) < c.aux_by_rank.size()
+                            ? c.aux_by_rank[static_cast<size_t>(r)]
+                            : c.aux;
+      for (const AuxDataset& a : aux) {
+        ds.push_back({a.name, a.kind, a.blob_kind, DType::kU8, {static_cast<int64_t>(a.bytes)}});
+      }
+    };
+    auto add_frozen = [&] {
+      if (r != 0) return;
       for (const ParamEntry& p : params) {
         if (p.frozen && p.tied_to.empty()) {
           ds.push_back({std::string(kFrozenPrefix) + p.name, "tensor", "", p.dtype, p.shape});
         }
       }
+    };
+    if (c.frozen_before_aux) {
+      add_frozen();
+      add_aux();
+    } else {
+      add_aux();
+      add_frozen();
     }
     for (const RankDataset& d : ds) {
       const uint64_t logical = Numel(d.shape) * DTypeSize(d.dtype);
@@ -210,32 +234,84 @@ Result<CheckpointEstimate> EstimateCheckpoint(const CheckpointConfig& c) {
   e.manifest_bytes = ManifestBytes(c, params, partition, per_rank, sizes);
   e.total_bytes = e.rank_files_bytes + e.manifest_bytes;
 
-  // fp32 export: every owner (trainable and frozen) once in fp32, aliases in __metadata__.
-  std::vector<convert::SafetensorsTensorSpec> specs;
-  std::map<std::string, std::string> metadata;
-  uint64_t data = 0, largest = 0;
+  // fp32 export, planned as convert/src/export.cc plans it: owners in table order (aliases
+  // recorded in __metadata__["tied_weights"]), floating-point tensors as fp32, a new shard
+  // when the next tensor would overflow max_shard_bytes.
+  nlohmann::json tied = nlohmann::json::object();
+  std::vector<std::vector<convert::SafetensorsTensorSpec>> files(1);
+  std::vector<uint64_t> file_data(1, 0);
+  uint64_t largest_numel = 0, largest_frozen = 0;
   for (const ParamEntry& p : params) {
     if (!p.tied_to.empty()) {
-      metadata[p.name] = p.tied_to;
+      tied[p.name] = p.tied_to;
       continue;
     }
-    specs.push_back({p.name, DType::kF32, p.shape});
-    const uint64_t bytes = static_cast<uint64_t>(p.numel) * 4;
-    data += bytes;
-    if (bytes > largest) {
-      largest = bytes;
+    const bool is_float = p.dtype == DType::kF32 || p.dtype == DType::kF64 ||
+                          p.dtype == DType::kBF16 || p.dtype == DType::kF16;
+    const DType out = is_float || !p.frozen ? DType::kF32 : p.dtype;
+    const uint64_t bytes = static_cast<uint64_t>(p.numel) * DTypeSize(out);
+    if (c.export_max_shard_bytes > 0 && !files.back().empty() &&
+        file_data.back() + bytes > c.export_max_shard_bytes) {
+      files.emplace_back();
+      file_data.push_back(0);
+    }
+    files.back().push_back({p.name, out, p.shape});
+    file_data.back() += bytes;
+    if (static_cast<uint64_t>(p.numel) > largest_numel) {
+      largest_numel = static_cast<uint64_t>(p.numel);
       e.largest_tensor = p.name;
     }
+    if (p.frozen) {
+      largest_frozen = std::max<uint64_t>(
+          largest_frozen, static_cast<uint64_t>(p.numel) * (DTypeSize(p.dtype) + DTypeSize(out)));
+    }
   }
-  CKPT_ASSIGN_OR_RETURN(std::string header, convert::BuildSafetensorsHeader(specs, metadata),
-                        "checkpoint: export header");
-  e.fp32_export_bytes = 8 + header.size() + data;
-  e.universal_bytes = 3 * 4 * static_cast<uint64_t>(e.trainable_params) +
-                      4 * static_cast<uint64_t>(e.frozen_params);
-  e.export_peak_ram = 2 * largest + (64u << 20);
-  int64_t max_shard = 0;
-  for (int64_t s : partition.shard_numel) max_shard = std::max(max_shard, s);
-  e.reshard_peak_ram = 3 * 4 * static_cast<uint64_t>(max_shard) + (64u << 20);
+  std::map<std::string, std::string> metadata = {
+      {"format", "pt"},
+      {"ckpt_tag", c.tag},
+      {"ckpt_global_step", std::to_string(c.global_step)},
+      {"ckpt_dtype", "fp32"}};
+  if (!tied.empty()) metadata["tied_weights"] = tied.dump();
+  const bool sharded = files.size() > 1;
+  nlohmann::json weight_map = nlohmann::json::object();
+  uint64_t total_size = 0;
+  for (size_t k = 0; k < files.size(); ++k) {
+    CKPT_ASSIGN_OR_RETURN(std::string header,
+                          convert::BuildSafetensorsHeader(files[k], metadata),
+                          "checkpoint: export header");
+    e.fp32_export_bytes += 8 + header.size() + file_data[k];
+    total_size += file_data[k];
+    const std::string name =
+        sharded ? StrFormat("model-%05zu-of-%05zu.safetensors", k + 1, files.size())
+                : std::string("model.safetensors");
+    for (const auto& t : files[k]) weight_map[t.name] = name;
+  }
+  e.fp32_export_files = static_cast<int64_t>(files.size());
+  if (sharded) {
+    nlohmann::json index;
+    index["metadata"] = {{"total_size", total_size}};
+    if (!tied.empty()) index["metadata"]["tied_weights"] = tied;
+    index["weight_map"] = weight_map;
+    e.fp32_export_bytes += index.dump(2).size() + 1;
+    ++e.fp32_export_files;
+  }
+
+  e.universal_payload = 3 * 4 * static_cast<uint64_t>(e.trainable_params) +
+                        4 * static_cast<uint64_t>(e.frozen_params);
+  uint64_t cache = 0;
+  for (const RankFileEstimate& r : e.ranks) {
+    cache += std::min<uint64_t>(16u << 20, static_cast<uint64_t>(r.shard_numel) * 4);
+  }
+  e.export_peak_ram = 6 * std::min<uint64_t>(uint64_t{1} << 22, largest_numel) +
+                      largest_frozen + cache;
+  uint64_t prepared = 0;
+  for (const RankFileEstimate& r : e.ranks) {
+    prepared += 12 * static_cast<uint64_t>(r.shard_numel) + r.aux_payload;
+  }
+  for (const ParamEntry& p : params) {
+    if (p.frozen && p.tied_to.empty()) prepared += static_cast<uint64_t>(p.numel) * DTypeSize(p.dtype);
+  }
+  e.reshard_peak_ram = prepared;
   return e;
 }
 
@@ -264,17 +340,19 @@ std::string FormatCheckpointEstimate(const CheckpointEstimate& e) {
                    static_cast<unsigned long long>(e.manifest_bytes), gib(e.manifest_bytes));
   out += StrFormat("  %-14s | %12s | %14s | %6s | %14s | %14llu | %9.3f\n", "total", "", "", "",
                    "", static_cast<unsigned long long>(e.total_bytes), gib(e.total_bytes));
-  out += StrFormat("fp32 export (model.safetensors): %llu bytes (%.3f GiB)\n",
+  out += StrFormat("fp32 export (export-fp32): %llu bytes in %lld file(s) (%.3f GiB)\n",
                    static_cast<unsigned long long>(e.fp32_export_bytes),
-                   gib(e.fp32_export_bytes));
-  out += StrFormat("universal layout tensor payload: %llu bytes (%.3f GiB)\n",
-                   static_cast<unsigned long long>(e.universal_bytes), gib(e.universal_bytes));
-  out += StrFormat("peak RAM, export-fp32: %llu bytes (%.3f GiB; 2 x largest tensor %s + 64 MiB)\n",
-                   static_cast<unsigned long long>(e.export_peak_ram), gib(e.export_peak_ram),
-                   e.largest_tensor.c_str());
-  out += StrFormat("peak RAM, reshard to this layout: %llu bytes (%.3f GiB; one rank's fp32 "
-                   "master + moments + 64 MiB)\n",
+                   static_cast<long long>(e.fp32_export_files), gib(e.fp32_export_bytes));
+  out += StrFormat("universal layout (to-universal): %llu bytes of tensors (%.3f GiB) + HDF5 "
+                   "metadata\n",
+                   static_cast<unsigned long long>(e.universal_payload), gib(e.universal_payload));
+  out += StrFormat("peak RAM, export-fp32: about %llu bytes (%.3f GiB): streaming buffers, "
+                   "largest frozen tensor, HDF5 chunk caches\n",
+                   static_cast<unsigned long long>(e.export_peak_ram), gib(e.export_peak_ram));
+  out += StrFormat("peak RAM, reshard into this layout: about %llu bytes (%.3f GiB): every new "
+                   "rank's fp32 master + moments at once\n",
                    static_cast<unsigned long long>(e.reshard_peak_ram), gib(e.reshard_peak_ram));
+  out += "Not counted in RAM: the process itself (code, HDF5 library state), page cache.\n";
   return out;
 }
 
@@ -302,7 +380,8 @@ nlohmann::json CheckpointEstimateToJson(const CheckpointEstimate& e) {
           {"manifest_bytes", e.manifest_bytes},
           {"total_bytes", e.total_bytes},
           {"fp32_export_bytes", e.fp32_export_bytes},
-          {"universal_payload_bytes", e.universal_bytes},
+          {"fp32_export_files", e.fp32_export_files},
+          {"universal_payload_bytes", e.universal_payload},
           {"export_fp32_peak_ram_bytes", e.export_peak_ram},
           {"reshard_peak_ram_bytes", e.reshard_peak_ram},
           {"largest_tensor", e.largest_tensor}};

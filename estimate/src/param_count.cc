@@ -88,6 +88,7 @@ Result<ParamTable> ParamTableFromSafetensors(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) return NotFound(path + ": no such file or directory");
   std::vector<std::string> files;
+  std::map<std::string, std::string> metadata;
   ParamTable t;
   t.source = path;
   if (fs::is_directory(path, ec)) {
@@ -114,6 +115,12 @@ Result<ParamTable> ParamTableFromSafetensors(const std::string& path) {
         if (seen.insert(f).second) files.push_back((fs::path(path) / f).string());
       }
       t.source = index.string();
+      // export-fp32 also records the aliases in the index's metadata, as an object.
+      if (j.contains("metadata") && j["metadata"].is_object()) {
+        for (const auto& [k, v] : j["metadata"].items()) {
+          if (v.is_object()) metadata.emplace("index:" + k, v.dump());
+        }
+      }
     } else if (fs::exists(single, ec)) {
       files.push_back(single.string());
     } else {
@@ -123,7 +130,6 @@ Result<ParamTable> ParamTableFromSafetensors(const std::string& path) {
     files.push_back(path);
   }
 
-  std::map<std::string, std::string> metadata;
   for (const std::string& f : files) {
     CKPT_ASSIGN_OR_RETURN(convert::SafetensorsHeader h, convert::ReadSafetensorsHeader(f), f);
     for (const convert::SafetensorsTensor& st : h.tensors) {

@@ -45,7 +45,18 @@ struct CheckpointConfig {
   std::optional<DType> compute_dtype;  // also store a "compute" shard in this dtype
   uint64_t chunk_bytes = 4u << 20;     // SaveOptions::chunk_bytes
   std::string tag = "global_step0";    // stored in each file's "tag" attribute
+  int64_t global_step = 0;             // recorded in the export's __metadata__
+  uint64_t export_max_shard_bytes = 5000000000ull;  // export-fp32 --max-shard-size
   std::vector<AuxDataset> aux = EngineMinAuxDatasets();
+  // Per-rank auxiliary datasets when known (from an existing checkpoint); ranks beyond it
+  // use `aux`.
+  std::vector<std::vector<AuxDataset>> aux_by_rank;
+  // Write order on rank 0: engine_min writes the shard, the auxiliary datasets, then the
+  // frozen tensors; `ckpt synth` writes the frozen tensors before the auxiliary ones.
+  bool frozen_before_aux = false;
+  // A rank without a shard (ZeRO-0 ranks > 0): engine_min writes no master/moment datasets,
+  // `ckpt synth` writes them empty.
+  bool empty_shard_datasets = false;
 };
 
 // The configuration that reproduces an existing checkpoint: its parameter table, world size,
@@ -79,10 +90,18 @@ struct CheckpointEstimate {
   uint64_t tensor_payload = 0;       // Σ tensor_payload
   uint64_t manifest_bytes = 0;       // approximate (digits of counters and digests vary)
   uint64_t total_bytes = 0;          // rank files + manifest
-  uint64_t fp32_export_bytes = 0;    // model.safetensors from `ckpt export-fp32` (one file)
-  uint64_t universal_bytes = 0;      // weight + exp_avg + exp_avg_sq fp32, full shape (payload)
-  uint64_t export_peak_ram = 0;      // `ckpt export-fp32`: 2 × largest tensor + 64 MiB bound
-  uint64_t reshard_peak_ram = 0;     // `ckpt reshard`: one target rank's shard of all states
+  // `ckpt export-fp32` output: every safetensors file (exact: headers are built by
+  // convert::BuildSafetensorsHeader with export's metadata) plus the index when sharded.
+  uint64_t fp32_export_bytes = 0;
+  int64_t fp32_export_files = 0;
+  uint64_t universal_payload = 0;    // fp32 weight + exp_avg + exp_avg_sq, frozen weights once
+  // `ckpt export-fp32`: 6 B × min(4 Mi, largest tensor) of streaming buffers, the largest
+  // frozen tensor twice (raw and converted) and up to 16 MiB of HDF5 chunk cache per rank
+  // file. Estimated from convert/src/export.cc, not measured.
+  uint64_t export_peak_ram = 0;
+  // `ckpt reshard` into this layout: every new rank's master + moments are prepared in memory
+  // before the collective save (convert/src/reshard.cc), so 12 B × Σ shard + frozen + aux.
+  uint64_t reshard_peak_ram = 0;
   std::string largest_tensor;
 };
 

@@ -1,0 +1,174 @@
+// Checkpoint-size predictions against real checkpoints written by the ckpt writer (ckpt synth
+// through the public API), and live parameter counts from checkpoints and safetensors exports.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <string>
+
+#include "ckpt/synth.h"
+#include "convert/export.h"
+#include "estimate/checkpoint_size.h"
+#include "estimate/param_count.h"
+#include "test_util.h"
+
+namespace est = ckpt::estimate;
+namespace fs = std::filesystem;
+
+namespace {
+
+uint64_t DirBytes(const fs::path& dir) {
+  uint64_t total = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.is_regular_file()) total += e.file_size();
+  }
+  return total;
+}
+
+std::string WriteSynth(const ckpt::testing::ScratchDir& scratch, const std::string& name,
+                       int ranks, int zero, int64_t params, uint64_t chunk_bytes,
+                       int64_t largest = 0) {
+  ckpt::SynthOptions o;
+  o.ranks = ranks;
+  o.zero_stage = zero;
+  o.params = params;
+  o.chunk_bytes = chunk_bytes;
+  o.largest_tensor = largest;
+  const std::string root = scratch / name;
+  auto tags = ckpt::WriteSynthetic(root, o);
+  REQUIRE(tags.ok());
+  return root;
+}
+
+}  // namespace
+
+TEST_CASE("rank file sizes are predicted to the byte for every stage and world size", "[io]") {
+  ckpt::testing::ScratchDir scratch("estimate-size");
+  int cases = 0;
+  for (uint64_t chunk : {uint64_t{4} << 20, uint64_t{256}}) {  // 256 B: B-tree node splits
+    for (int ranks : {1, 2, 3, 4}) {
+      for (int zero : {0, 1, 2, 3}) {
+        const std::string root =
+            WriteSynth(scratch, "r" + std::to_string(ranks) + "z" + std::to_string(zero) + "c" +
+                                    std::to_string(chunk),
+                       ranks, zero, 20011, chunk);
+        auto cfg = est::CheckpointConfigFromCheckpoint(root);
+        REQUIRE(cfg.ok());
+        CHECK(cfg->world == ranks);
+        CHECK(cfg->zero_stage == zero);
+        cfg->chunk_bytes = chunk;
+        auto e = est::EstimateCheckpoint(*cfg);
+        REQUIRE(e.ok());
+        auto m = est::ReadCheckpointManifest(root, "");
+        REQUIRE(m.ok());
+        REQUIRE(e->ranks.size() == m->files.size());
+        uint64_t real_total = 0;
+        for (const auto& f : m->files) {
+          const fs::path file = fs::path(root) / m->tag / f.path;
+          const uint64_t on_disk = fs::file_size(file);
+          CHECK(on_disk == f.bytes);
+          INFO("ranks " << ranks << " zero " << zero << " chunk " << chunk << " rank " << f.rank);
+          CHECK(e->ranks[static_cast<size_t>(f.rank)].file_bytes == on_disk);
+          uint64_t tensor_bytes = 0;
+          for (const auto& d : f.datasets) {
+            if (d.kind == "tensor") tensor_bytes += d.bytes;
+          }
+          CHECK(e->ranks[static_cast<size_t>(f.rank)].tensor_payload == tensor_bytes);
+          real_total += on_disk;
+        }
+        CHECK(e->rank_files_bytes == real_total);
+        // The manifest size is an approximation (digests, floats and counters vary in width).
+        const uint64_t manifest = fs::file_size(fs::path(root) / m->tag / "manifest.json");
+        CHECK(e->manifest_bytes > manifest * 8 / 10);
+        CHECK(e->manifest_bytes < manifest * 12 / 10);
+        ++cases;
+      }
+    }
+  }
+  CHECK(cases == 32);
+}
+
+TEST_CASE("a bare parameter count predicts the tensor payload exactly", "[io]") {
+  // ZeRO-1 over 3 ranks, 1000 params, alignment 16: padded to 1008, 336 per rank.
+  est::CheckpointConfig c;
+  c.table = est::SingleTensorTable(1000);
+  c.world = 3;
+  c.zero_stage = 1;
+  auto e = est::EstimateCheckpoint(c);
+  REQUIRE(e.ok());
+  REQUIRE(e->ranks.size() == 3);
+  for (const auto& r : e->ranks) {
+    CHECK(r.shard_numel == 336);
+    CHECK(r.tensor_payload == 336 * 12);
+    CHECK(r.file_bytes > r.tensor_payload + r.aux_payload);
+  }
+  // ZeRO-0: rank 0 holds everything, the others only their auxiliary datasets.
+  c.zero_stage = 0;
+  auto z0 = est::EstimateCheckpoint(c);
+  REQUIRE(z0.ok());
+  CHECK(z0->ranks[0].tensor_payload == 1008 * 12);
+  CHECK(z0->ranks[1].tensor_payload == 0);
+  c.world = 0;
+  CHECK(!est::EstimateCheckpoint(c).ok());
+  c.world = 2;
+  c.zero_stage = 5;
+  CHECK(!est::EstimateCheckpoint(c).ok());
+}
+
+TEST_CASE("fp32 export size is predicted to the byte, single file and sharded", "[io]") {
+  ckpt::testing::ScratchDir scratch("estimate-export");
+  const std::string root = WriteSynth(scratch, "root", 2, 3, 30000, 4u << 20);
+  auto cfg = est::CheckpointConfigFromCheckpoint(root);
+  REQUIRE(cfg.ok());
+  for (uint64_t max_shard : {uint64_t{5000000000}, uint64_t{30000}}) {
+    cfg->export_max_shard_bytes = max_shard;
+    auto e = est::EstimateCheckpoint(*cfg);
+    REQUIRE(e.ok());
+    ckpt::convert::ExportOptions eo;
+    eo.max_shard_bytes = max_shard;
+    const fs::path out = scratch.path() / ("export" + std::to_string(max_shard));
+    auto rep = ckpt::convert::ExportFp32(root, out.string(), eo);
+    REQUIRE(rep.ok());
+    INFO("max shard " << max_shard);
+    CHECK(e->fp32_export_bytes == DirBytes(out));
+    CHECK(e->fp32_export_files == static_cast<int64_t>(std::distance(
+                                      fs::directory_iterator(out), fs::directory_iterator())));
+  }
+}
+
+TEST_CASE("live counts from a checkpoint and from its safetensors export agree", "[io]") {
+  ckpt::testing::ScratchDir scratch("estimate-count");
+  // 50000 unique params: a 781-element frozen bf16 pos_table, embed.weight of 12000 tied to
+  // lm_head.weight, and blocks of 6000.
+  const std::string root = WriteSynth(scratch, "root", 3, 2, 50000, 4u << 20, 12000);
+  auto table = est::ParamTableFromCheckpoint(root);
+  REQUIRE(table.ok());
+  est::ParamCounts from_ckpt = est::CountParams(*table);
+  CHECK(from_ckpt.total_params == 50000);  // the alias counted once
+  CHECK(from_ckpt.aliases == 1);
+  CHECK(from_ckpt.frozen_params == 50000 / 64);
+  CHECK(from_ckpt.largest_layer_params == 12000);
+
+  ckpt::convert::ExportOptions single;
+  REQUIRE(ckpt::convert::ExportFp32(root, scratch / "single", single).ok());
+  auto st = est::ParamTableFromSafetensors(scratch / "single/model.safetensors");
+  REQUIRE(st.ok());
+  est::ParamCounts from_file = est::CountParams(*st);
+  CHECK(from_file.total_params == 50000);
+  CHECK(from_file.aliases == 1);  // lm_head.weight from __metadata__["tied_weights"]
+  CHECK(from_file.largest_layer_params == 12000);
+
+  ckpt::convert::ExportOptions sharded;
+  sharded.max_shard_bytes = 40000;
+  REQUIRE(ckpt::convert::ExportFp32(root, scratch / "sharded", sharded).ok());
+  REQUIRE(fs::exists(fs::path(scratch / "sharded") / "model.safetensors.index.json"));
+  auto sd = est::ParamTableFromSafetensors(scratch / "sharded");
+  REQUIRE(sd.ok());
+  est::ParamCounts from_dir = est::CountParams(*sd);
+  CHECK(from_dir.total_params == 50000);
+  CHECK(from_dir.tensors == from_ckpt.tensors);
+  CHECK(from_dir.largest_layer_params == 12000);
+
+  CHECK(est::ParamTableFromSafetensors(scratch / "missing").status().code() ==
+        ckpt::StatusCode::kNotFound);
+  CHECK(!est::ParamTableFromCheckpoint(scratch / "missing").ok());
+}

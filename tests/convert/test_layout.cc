@@ -1,0 +1,172 @@
+// The universal layout on awkward parameter tables: 3-D and scalar shapes (flat ranges become
+// unions of hyperslabs), names with '/' and '%', an fp16 frozen table, ZeRO-0.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <thread>
+
+#include "ckpt/reader.h"
+#include "ckpt/writer.h"
+#include "convert/export.h"
+#include "convert/reshard.h"
+#include "convert/safetensors.h"
+#include "convert/universal.h"
+#include "convert_test_util.h"
+#include "test_util.h"
+
+using namespace ckpt;
+using namespace ckpt::convert;
+
+namespace {
+
+float Value(size_t param, int state, int64_t e) {
+  return static_cast<float>(param * 1000 + e) * (state == 0 ? 1.0f : state == 1 ? 0.5f : 0.25f) +
+         0.125f;
+}
+
+std::vector<ParamEntry> Table() {
+  auto p = [](std::string name, std::vector<int64_t> shape) {
+    ParamEntry e;
+    e.name = std::move(name);
+    e.shape = std::move(shape);
+    e.numel = 1;
+    for (int64_t d : e.shape) e.numel *= d;
+    return e;
+  };
+  std::vector<ParamEntry> t = {p("layers/0%attn.w", {3, 5, 7}), p("scale", {}), p("bias", {1}),
+                               p("proj.w", {4, 33})};
+  ParamEntry frozen = p("rope/table", {6, 4});
+  frozen.frozen = true;
+  frozen.dtype = DType::kF16;
+  t.push_back(frozen);
+  ParamEntry tied = p("proj_out.w", {4, 33});
+  tied.tied_to = "proj.w";
+  t.push_back(tied);
+  return t;
+}
+
+Status WriteCheckpoint(const std::string& root, int world, int zero) {
+  Manifest meta;
+  meta.tag = "global_step5";
+  meta.counters.global_step = 5;
+  meta.topology.dp_world_size = world;
+  meta.topology.zero_stage = zero;
+  meta.params = Table();
+  CKPT_ASSIGN_OR_RETURN(meta.partition, BuildPartition(meta.params, world, zero), "");
+  ThreadGroup group(world);
+  std::vector<Status> st(static_cast<size_t>(world));
+  std::vector<uint16_t> frozen(24);
+  for (int e = 0; e < 24; ++e) frozen[e] = FloatToFp16(0.25f * static_cast<float>(e) - 1.0f);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      const size_t n = static_cast<size_t>(meta.partition.shard_numel[static_cast<size_t>(r)]);
+      std::vector<float> s[3] = {std::vector<float>(n), std::vector<float>(n), std::vector<float>(n)};
+      for (size_t pi = 0; pi < meta.params.size(); ++pi)
+        for (const auto& rg : meta.params[pi].ranges)
+          if (rg.rank == r)
+            for (int k = 0; k < 3; ++k)
+              for (int64_t e = rg.begin; e < rg.end; ++e)
+                s[k][static_cast<size_t>(rg.shard_offset + e - rg.begin)] = Value(pi, k, e);
+      RankContents c;
+      const std::vector<int64_t> shape = {static_cast<int64_t>(n)};
+      c.datasets.push_back(DatasetSpec::Tensor("master", DType::kF32, shape, s[0].data()));
+      c.datasets.push_back(DatasetSpec::Tensor("exp_avg", DType::kF32, shape, s[1].data()));
+      c.datasets.push_back(DatasetSpec::Tensor("exp_avg_sq", DType::kF32, shape, s[2].data()));
+      if (r == 0)
+        c.datasets.push_back(DatasetSpec::Tensor("frozen/rope/table", DType::kF16, {6, 4}, frozen.data()));
+      const std::string pos = R"({"epoch": 0, "sample_offset": 40})";
+      c.datasets.push_back(DatasetSpec::Json("data_position", pos));
+      c.datasets.push_back(DatasetSpec::Json("scheduler", R"({"step": 5})"));
+      const std::string rng = "rng-state-of-rank-" + std::to_string(r);
+      c.datasets.push_back(DatasetSpec::Blob("rng/dropout", "test", rng));
+      st[static_cast<size_t>(r)] = SaveCheckpoint(root, meta, c, group.ForRank(r));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& s : st) CKPT_RETURN_IF_ERROR(s, "save");
+  return Status::Ok();
+}
+
+}  // namespace
+
+TEST_CASE("universal and reshard handle N-d, scalar, escaped names, fp16 frozen", "[io]") {
+  for (int zero : {0, 1, 3}) {
+    testing::ScratchDir dir("layout");
+    INFO("ZeRO-" << zero);
+    REQUIRE(WriteCheckpoint(dir / "src", 2, zero).ok());
+    auto u = ConvertToUniversal(dir / "src", dir / "uni");
+    REQUIRE(u.ok());
+    auto ur = UniversalReader::Open(dir / "uni");
+    REQUIRE(ur.ok());
+    const Manifest& m = ur->manifest();
+    const DatasetRecord* rec = m.FindDataset(0, "params/layers%2F0%25attn.w/exp_avg");
+    REQUIRE(rec != nullptr);
+    CHECK(rec->shape == std::vector<int64_t>{3, 5, 7});
+    const DatasetRecord* scalar = m.FindDataset(0, "params/scale/master");
+    REQUIRE(scalar != nullptr);
+    CHECK(scalar->shape.empty());
+    const DatasetRecord* fr = m.FindDataset(0, "params/rope%2Ftable/master");
+    REQUIRE(fr != nullptr);
+    CHECK(fr->dtype == DType::kF16);
+    // Every sub-range of the 3-D parameter, so the hyperslab unions cover all alignments.
+    for (int64_t b = 0; b < 105; b += 4) {
+      for (int64_t e = b + 1; e <= 105; e += 9) {
+        std::vector<float> got(static_cast<size_t>(e - b));
+        REQUIRE(ur->ReadParamRange("layers/0%attn.w", "exp_avg_sq", b, e, got.data()).ok());
+        for (int64_t i = b; i < e; ++i) REQUIRE(got[static_cast<size_t>(i - b)] == Value(0, 2, i));
+      }
+    }
+    float s = 0;
+    REQUIRE(ur->ReadParamRange("scale", "master", 0, 1, &s).ok());
+    CHECK(s == Value(1, 0, 0));
+    std::vector<float> t(24);
+    REQUIRE(ur->ReadParamRange("rope/table", "master", 0, 24, t.data()).ok());
+    CHECK(t[5] == 0.25f);
+    CHECK(ur->ReadParamRange("rope/table", "exp_avg", 0, 24, t.data()).code() ==
+          StatusCode::kInvalidArgument);
+    CHECK(ur->ReadParamRange("scale", "master", 0, 2, &s).code() == StatusCode::kInvalidArgument);
+
+    for (int target_zero : {0, 2, 3}) {
+      ReshardOptions o;
+      o.dp = 3;
+      o.zero_stage = target_zero;
+      const std::string out = dir / ("r" + std::to_string(target_zero));
+      auto r = Reshard(dir / "uni", out, o);
+      REQUIRE(r.ok());
+      auto a = CheckpointReader::Open(dir / "src");
+      auto b = CheckpointReader::Open(out);
+      REQUIRE(a.ok());
+      REQUIRE(b.ok());
+      for (const auto& p : a->manifest().params) {
+        for (const char* state : {"master", "exp_avg", "exp_avg_sq"}) {
+          if (!p.trainable() && std::string(state) != "master") continue;
+          auto x = a->ReadParamFull(p.name, state);
+          auto y = b->ReadParamFull(p.name, state);
+          REQUIRE(x.ok());
+          REQUIRE(y.ok());
+          CHECK(*x == *y);
+        }
+      }
+      auto fa = a->ReadDatasetBytes(0, "frozen/rope/table");
+      auto fb = b->ReadDatasetBytes(0, "frozen/rope/table");
+      REQUIRE(fa.ok());
+      REQUIRE(fb.ok());
+      CHECK(*fa == *fb);
+      for (const auto& s : r->ranks) CHECK(s.ratio() <= 1.05);
+    }
+
+    auto ex = ExportFp32(dir / "src", dir / "exp");
+    REQUIRE(ex.ok());
+    auto h = ReadSafetensorsHeader(dir / "exp/model.safetensors");
+    REQUIRE(h.ok());
+    REQUIRE(h->Find("layers/0%attn.w") != nullptr);
+    CHECK(h->Find("layers/0%attn.w")->shape == std::vector<int64_t>{3, 5, 7});
+    REQUIRE(h->Find("scale") != nullptr);
+    CHECK(h->Find("scale")->shape.empty());
+    auto v = ReadSafetensorsTensorF32(dir / "exp/model.safetensors", *h, "rope/table");
+    REQUIRE(v.ok());
+    CHECK((*v)[7] == 0.75f);
+    CHECK(h->metadata.at("tied_weights") == R"({"proj_out.w":"proj.w"})");
+  }
+}

@@ -91,7 +91,11 @@ std::mt19937_64 GlobalOrder::FreshShuffleRng(uint64_t seed) {
 std::mt19937_64 GlobalOrder::ShuffleRngAtEpoch(uint64_t seed, int64_t num_samples,
                                                int64_t epoch) {
   GlobalOrder order(num_samples, FreshShuffleRng(seed), DataPosition{});
-  for (int64_t e = 0; e < epoch; ++e) order.Next(num_samples);
+  // The move into epoch e happens when its first sample is taken.
+  for (int64_t e = 0; e < epoch; ++e) {
+    order.Next(e == 0 ? num_samples : num_samples - 1);
+    order.Next(1);
+  }
   return order.epoch_start_rng();
 }
 

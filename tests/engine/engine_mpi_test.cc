@@ -1,0 +1,411 @@
+// engine_min end to end under mpirun: straight vs save + fresh processes + resume, bitwise, for
+// ZeRO 0-3 × DP 1, 2, 4 × grad-accum 1, 4; the RNG (and every other component) being restored;
+// a rank dying mid-save; refusals that leave the disk alone; `grad`; and the loss falling.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "ckpt/reader.h"
+#include "ckpt/root.h"
+#include "convert/safetensors.h"
+#include "test_util.h"
+
+namespace fs = std::filesystem;
+using ckpt::testing::BinDir;
+using ckpt::testing::RunShell;
+using ckpt::testing::ScratchDir;
+
+namespace {
+
+// Small enough that the whole matrix runs in a couple of minutes on 2 cores.
+const std::string kModel = "--model tiny --d-model 32 --layers 2 --context 8 --sample-max 24";
+
+std::string Mpirun(int n) {
+  return "timeout 300 mpirun --allow-run-as-root --oversubscribe --bind-to none -n " +
+         std::to_string(n) + " " + BinDir() + "/engine_min ";
+}
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Runs engine_min with n ranks; returns the exit code, output in *log.
+int Engine(int n, const std::string& args, const std::string& log_path, std::string* log = nullptr) {
+  const int rc = RunShell(Mpirun(n) + args + " > " + log_path + " 2>&1");
+  if (log) *log = Slurp(log_path);
+  return rc;
+}
+
+std::vector<std::string> Lines(const std::string& path) {
+  std::vector<std::string> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty()) out.push_back(line);
+  }
+  return out;
+}
+
+nlohmann::json J(const std::string& line) { return nlohmann::json::parse(line); }
+
+// Every dataset of every rank file, the counters and the optimizer record of the latest tags
+// of two roots, bitwise; returns the differences.
+std::vector<std::string> CompareCheckpoints(const std::string& a, const std::string& b) {
+  std::vector<std::string> diffs;
+  auto ra = ckpt::CheckpointReader::Open(a);
+  auto rb = ckpt::CheckpointReader::Open(b);
+  if (!ra.ok() || !rb.ok()) return {"cannot open: " + ra.status().ToString() + " / " +
+                                    rb.status().ToString()};
+  const ckpt::Manifest& ma = ra->manifest();
+  const ckpt::Manifest& mb = rb->manifest();
+  if (ma.tag != mb.tag) diffs.push_back("tag " + ma.tag + " vs " + mb.tag);
+  if (ma.counters.global_step != mb.counters.global_step ||
+      ma.counters.micro_step != mb.counters.micro_step ||
+      ma.counters.samples_seen != mb.counters.samples_seen ||
+      ma.counters.tokens_seen != mb.counters.tokens_seen) {
+    diffs.push_back("counters");
+  }
+  if (ma.optimizer != mb.optimizer) diffs.push_back("optimizer");
+  if (ma.files.size() != mb.files.size()) return {"rank count"};
+  for (const auto& f : ma.files) {
+    for (const auto& d : f.datasets) {
+      auto x = ra->ReadDatasetBytes(f.rank, d.name);
+      auto y = rb->ReadDatasetBytes(f.rank, d.name);
+      if (!x.ok() || !y.ok() || *x != *y) {
+        diffs.push_back("rank " + std::to_string(f.rank) + " " + d.name);
+      }
+    }
+  }
+  return diffs;
+}
+
+bool HaveCkptCli() { return fs::exists(BinDir() + "/ckpt"); }
+
+void StraightVsResume(int zero, int dp, int accum) {
+  ScratchDir dir("engine-resume");
+  const std::string common = kModel + " --zero " + std::to_string(zero) +
+                             " --micro-batch 1 --grad-accum " + std::to_string(accum) +
+                             " --seed 7 --warmup 2";
+  const std::string a = dir / "straight", b = dir / "resumed";
+  INFO("ZeRO-" << zero << " dp " << dp << " grad-accum " << accum);
+  std::string log;
+  // Straight: 4 steps. Split: 2 steps + final save, then fresh processes resume for 2 more.
+  REQUIRE(Engine(dp, "train " + common + " --steps 4 --ckpt-dir " + a, dir / "a.log", &log) == 0);
+  INFO(log);
+  REQUIRE(Engine(dp, "train " + common + " --steps 2 --ckpt-dir " + b, dir / "b1.log", &log) == 0);
+  REQUIRE(Engine(dp, "train --resume --steps 4 --ckpt-dir " + b, dir / "b2.log", &log) == 0);
+  const auto la = Lines(a + "/trainlog.jsonl"), lb = Lines(b + "/trainlog.jsonl");
+  REQUIRE(la.size() == 4);
+  REQUIRE(lb.size() == 4);
+  for (size_t i = 0; i < 4; ++i) {
+    INFO("trainlog line " << i + 1);
+    CHECK(la[i] == lb[i]);
+  }
+  CHECK(J(la[3])["step"] == 4);
+  const auto diffs = CompareCheckpoints(a, b);
+  for (const auto& d : diffs) FAIL_CHECK("final checkpoints differ: " << d);
+  if (HaveCkptCli()) {
+    CHECK(RunShell(BinDir() + "/ckpt diff " + a + " " + b + " > " + (dir / "diff.log") +
+                   " 2>&1") == 0);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("straight vs resume is bitwise identical: ZeRO-0", "[mpi][slow]") {
+  for (int dp : {1, 2, 4})
+    for (int accum : {1, 4}) StraightVsResume(0, dp, accum);
+}
+TEST_CASE("straight vs resume is bitwise identical: ZeRO-1", "[mpi][slow]") {
+  for (int dp : {1, 2, 4})
+    for (int accum : {1, 4}) StraightVsResume(1, dp, accum);
+}
+TEST_CASE("straight vs resume is bitwise identical: ZeRO-2", "[mpi][slow]") {
+  for (int dp : {1, 2, 4})
+    for (int accum : {1, 4}) StraightVsResume(2, dp, accum);
+}
+TEST_CASE("straight vs resume is bitwise identical: ZeRO-3", "[mpi][slow]") {
+  for (int dp : {1, 2, 4})
+    for (int accum : {1, 4}) StraightVsResume(3, dp, accum);
+}
+
+TEST_CASE("a run repeats bit for bit, and ZeRO stages agree when they sum alike", "[mpi]") {
+  // grad-accum 1 and no clipping: every stage sums each gradient element over ranks in rank
+  // order once per step, so all four must produce the same weights and moments bit for bit.
+  ScratchDir dir("engine-stages");
+  const std::string common = kModel + " --micro-batch 2 --grad-accum 1 --grad-clip 0 --steps 3";
+  std::vector<std::vector<std::string>> logs;
+  for (int zero : {0, 1, 2, 3}) {
+    const std::string d = dir / ("z" + std::to_string(zero));
+    REQUIRE(Engine(2, "train " + common + " --zero " + std::to_string(zero) +
+                          " --no-final-save --ckpt-dir " + d,
+                   dir / "log") == 0);
+    logs.push_back(Lines(d + "/trainlog.jsonl"));
+    REQUIRE(logs.back().size() == 3);
+  }
+  for (int zero = 1; zero <= 3; ++zero) {
+    for (size_t i = 0; i < 3; ++i) {
+      INFO("ZeRO-" << zero << " vs ZeRO-0, step " << i + 1);
+      const auto x = J(logs[0][i]), y = J(logs[zero][i]);
+      CHECK(x["loss"] == y["loss"]);
+      CHECK(x["weights_xxh3"] == y["weights_xxh3"]);
+      CHECK(x["exp_avg_xxh3"] == y["exp_avg_xxh3"]);
+      CHECK(x["exp_avg_sq_xxh3"] == y["exp_avg_sq_xxh3"]);
+    }
+  }
+  // The same configuration again: identical log.
+  const std::string again = dir / "again";
+  REQUIRE(Engine(2, "train " + common + " --zero 3 --no-final-save --ckpt-dir " + again,
+                 dir / "log") == 0);
+  CHECK(Lines(again + "/trainlog.jsonl") == logs[3]);
+}
+
+TEST_CASE("the same global batch over other DP x grad-accum gives the same loss", "[mpi]") {
+  // What a reshard relies on: the samples of a step do not depend on the topology.
+  ScratchDir dir("engine-dp");
+  const std::string common = kModel + " --dropout 0 --global-batch 8 --steps 3 --no-final-save";
+  struct Topo { int dp; int micro; } topos[] = {{1, 2}, {2, 1}, {4, 2}};
+  std::vector<std::vector<std::string>> logs;
+  for (const auto& t : topos) {
+    const std::string d = dir / ("dp" + std::to_string(t.dp));
+    REQUIRE(Engine(t.dp, "train " + common + " --zero 1 --micro-batch " + std::to_string(t.micro) +
+                             " --ckpt-dir " + d,
+                   dir / "log") == 0);
+    logs.push_back(Lines(d + "/trainlog.jsonl"));
+    REQUIRE(logs.back().size() == 3);
+  }
+  for (size_t t = 1; t < logs.size(); ++t) {
+    for (size_t i = 0; i < 3; ++i) {
+      const double x = J(logs[0][i])["loss"], y = J(logs[t][i])["loss"];
+      INFO("topology " << t << " step " << i + 1 << ": " << x << " vs " << y);
+      CHECK(std::fabs(x - y) <= 1e-5 * std::fabs(x));
+      CHECK(J(logs[0][i])["tokens"] == J(logs[t][i])["tokens"]);
+    }
+  }
+}
+
+TEST_CASE("resuming without restoring a component diverges", "[mpi]") {
+  // Dropout on (the preset default), so the dropout generator's state matters.
+  ScratchDir dir("engine-ablate");
+  const std::string common = kModel + " --zero 2 --micro-batch 1 --grad-accum 2 --warmup 4";
+  const std::string straight = dir / "straight";
+  REQUIRE(Engine(2, "train " + common + " --steps 3 --ckpt-dir " + straight, dir / "log") == 0);
+  const auto ref = Lines(straight + "/trainlog.jsonl");
+  REQUIRE(ref.size() == 3);
+  const std::string base = dir / "base";
+  REQUIRE(Engine(2, "train " + common + " --steps 2 --ckpt-dir " + base, dir / "log") == 0);
+
+  // Control: a faithful resume reproduces step 3 exactly.
+  {
+    const std::string log = dir / "faithful.jsonl";
+    REQUIRE(Engine(2, "train --resume --steps 3 --no-final-save --ckpt-dir " + base +
+                          " --trainlog " + log,
+                   dir / "log") == 0);
+    const auto l = Lines(log);
+    REQUIRE(l.size() == 1);
+    CHECK(l[0] == ref[2]);
+  }
+  for (std::string component : {"rng", "moments", "data", "scheduler", "step"}) {
+    INFO("--reset-on-resume " << component);
+    const std::string log = dir / (component + ".jsonl");
+    REQUIRE(Engine(2, "train --resume --steps 3 --no-final-save --reset-on-resume " + component +
+                          " --ckpt-dir " + base + " --trainlog " + log,
+                   dir / "log") == 0);
+    const auto l = Lines(log);
+    REQUIRE(!l.empty());
+    const auto got = J(l[0]), want = J(ref[2]);
+    CHECK(got["weights_xxh3"] != want["weights_xxh3"]);
+    if (component == "rng" || component == "data") CHECK(got["loss"] != want["loss"]);
+    if (component == "scheduler") CHECK(got["lr"] != want["lr"]);
+  }
+  // The checkpoint the ablations started from is untouched.
+  CHECK(Lines(base + "/trainlog.jsonl").size() == 2);
+  auto latest = ckpt::ReadLatest(base);
+  REQUIRE(latest.ok());
+  CHECK(*latest == "global_step2");
+}
+
+TEST_CASE("a rank killed mid-save leaves the previous checkpoint as latest", "[mpi]") {
+  ScratchDir dir("engine-kill");
+  const std::string root = dir / "run";
+  const std::string args = "train " + kModel + " --zero 1 --micro-batch 1 --save-every 2 --steps 4";
+  std::string log;
+  const int rc = Engine(2, args + " --ckpt-dir " + root + " --test-kill-in-save 1:4",
+                        dir / "kill.log", &log);
+  INFO(log);
+  CHECK(rc != 0);
+  CHECK(log.find("killing this rank inside the save") != std::string::npos);
+  auto latest = ckpt::ReadLatest(root);
+  REQUIRE(latest.ok());
+  CHECK(*latest == "global_step2");
+  CHECK(!fs::exists(root + "/global_step4"));
+  auto problems = ckpt::CheckCheckpoint(root + "/global_step2", /*deep=*/true);
+  REQUIRE(problems.ok());
+  CHECK(problems->empty());
+  // Fresh processes resume from it and finish the run, matching an uninterrupted one.
+  REQUIRE(Engine(2, "train --resume --ckpt-dir " + root, dir / "resume.log", &log) == 0);
+  latest = ckpt::ReadLatest(root);
+  REQUIRE(latest.ok());
+  CHECK(*latest == "global_step4");
+  const std::string clean = dir / "clean";
+  REQUIRE(Engine(2, args + " --ckpt-dir " + clean, dir / "clean.log") == 0);
+  const auto lines = Lines(root + "/trainlog.jsonl");
+  REQUIRE(lines.size() >= 4);
+  CHECK(lines.back() == Lines(clean + "/trainlog.jsonl").back());
+  for (const auto& d : CompareCheckpoints(root, clean)) FAIL_CHECK("differs: " << d);
+}
+
+TEST_CASE("inconsistent batch settings are rejected with a clear message", "[mpi]") {
+  ScratchDir dir("engine-batch");
+  std::string log;
+  const int rc = Engine(2,
+                        "train " + kModel + " --micro-batch 2 --grad-accum 2 --global-batch 6 "
+                        "--ckpt-dir " + (dir / "run"),
+                        dir / "log", &log);
+  INFO(log);
+  CHECK(rc == 2);
+  CHECK(log.find("inconsistent batch settings: global batch 6 != micro-batch 2 x grad-accum 2 "
+                 "x 2 data-parallel ranks = 8") != std::string::npos);
+  CHECK(!fs::exists(dir / "run"));
+}
+
+TEST_CASE("a topology or model mismatch on resume is refused and changes nothing", "[mpi]") {
+  ScratchDir dir("engine-topo");
+  const std::string root = dir / "run";
+  REQUIRE(Engine(2, "train " + kModel + " --zero 1 --micro-batch 1 --steps 2 --ckpt-dir " + root,
+                 dir / "log") == 0);
+  auto listing = [&]() {
+    std::vector<std::string> names;
+    for (const auto& e : fs::recursive_directory_iterator(root)) {
+      names.push_back(e.path().string() + ":" +
+                      (e.is_regular_file() ? std::to_string(fs::file_size(e.path())) : "d"));
+    }
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  const auto before = listing();
+  const std::string trainlog = Slurp(root + "/trainlog.jsonl");
+  struct Case { int n; std::string flags; std::string expect; } cases[] = {
+      {1, "", "ckpt reshard"},
+      {4, "", "ckpt reshard"},
+      {2, " --zero 3", "ZeRO-1"},
+      {2, " --d-model 48", "model shape differs"},
+  };
+  for (const auto& c : cases) {
+    std::string log;
+    const int rc = Engine(c.n, "train --resume --steps 4 --ckpt-dir " + root + c.flags,
+                          dir / "refused.log", &log);
+    INFO("-n " << c.n << c.flags << ": " << log);
+    CHECK(rc == 2);
+    CHECK(log.find(c.expect) != std::string::npos);
+    CHECK(log.find("nothing on disk was changed") != std::string::npos);
+  }
+  CHECK(listing() == before);
+  CHECK(Slurp(root + "/trainlog.jsonl") == trainlog);
+}
+
+TEST_CASE("`engine_min grad` writes the clipped gradient the next step applies", "[mpi]") {
+  ScratchDir dir("engine-grad");
+  const std::string root = dir / "run";
+  // A small clip so that clipping is active.
+  REQUIRE(Engine(2, "train " + kModel + " --zero 3 --micro-batch 1 --grad-accum 2 --grad-clip "
+                 "0.05 --save-every 2 --steps 3 --ckpt-dir " + root,
+                 dir / "log") == 0);
+  const auto lines = Lines(root + "/trainlog.jsonl");
+  REQUIRE(lines.size() == 3);
+  const std::string out = dir / "g.safetensors";
+  std::string log;
+  REQUIRE(Engine(2, "grad --ckpt-dir " + root + " --resume-tag global_step2 --out " + out,
+                 dir / "grad.log", &log) == 0);
+  INFO(log);
+  auto header = ckpt::convert::ReadSafetensorsHeader(out);
+  REQUIRE(header.ok());
+  // Step 3's norm in the run log is the norm of exactly this gradient before clipping.
+  const double logged = J(lines[2])["grad_norm"];
+  const double meta = std::stod(header->metadata.at("grad_norm_before_clip"));
+  CHECK(meta == logged);
+  REQUIRE(logged > 0.05);
+  auto reader = ckpt::CheckpointReader::Open(root, "global_step2");
+  REQUIRE(reader.ok());
+  double sumsq = 0;
+  size_t tensors = 0;
+  for (const auto& p : reader->manifest().params) {
+    if (!p.trainable()) {
+      CHECK(header->Find(p.name) == nullptr);
+      continue;
+    }
+    const auto* t = header->Find(p.name);
+    REQUIRE(t != nullptr);
+    CHECK(t->shape == p.shape);
+    auto g = ckpt::convert::ReadSafetensorsTensorF32(out, *header, p.name);
+    REQUIRE(g.ok());
+    for (float x : *g) sumsq += static_cast<double>(x) * x;
+    ++tensors;
+  }
+  CHECK(tensors == 5);
+  CHECK(std::sqrt(sumsq) == Approx(0.05).epsilon(1e-4));
+  // grad changed nothing on disk.
+  CHECK(Lines(root + "/trainlog.jsonl") == lines);
+  CHECK(*ckpt::ReadLatest(root) == "global_step3");
+}
+
+TEST_CASE("client state and engine config are saved; settings come back on resume", "[mpi]") {
+  ScratchDir dir("engine-state");
+  const std::string root = dir / "run";
+  REQUIRE(Engine(2, "train " + kModel + " --zero 2 --micro-batch 2 --lr 0.002 --steps 2 "
+                 "--client-state run=alpha --client-state note=x --ckpt-dir " + root,
+                 dir / "log") == 0);
+  auto r = ckpt::CheckpointReader::Open(root);
+  REQUIRE(r.ok());
+  const auto& m = r->manifest();
+  CHECK(m.client_state["run"] == "alpha");
+  CHECK(m.engine_config["lr"] == 0.002);
+  CHECK(m.engine_config["zero"] == 2);
+  CHECK(m.engine_config["global_batch"] == 4);
+  CHECK(m.optimizer["type"] == "adamw");
+  CHECK(m.counters.global_step == 2);
+  CHECK(m.counters.micro_step == 2);
+  CHECK(m.counters.samples_seen == 8);
+  CHECK(m.FindDataset(1, "rng/dropout") != nullptr);
+  CHECK(m.FindDataset(1, "rng/shuffle")->blob_kind == "mt19937_64");
+  CHECK(m.FindDataset(0, "frozen/pos.weight") != nullptr);
+  auto pos = r->ReadJson(1, "data_position");
+  REQUIRE(pos.ok());
+  CHECK((*pos)["sample_offset"] == 8);
+  // Resume with grad-accum 2 (same global batch): allowed; the client state carries over.
+  REQUIRE(Engine(2, "train --resume --micro-batch 1 --grad-accum 2 --steps 3 --client-state "
+                 "note=y --ckpt-dir " + root,
+                 dir / "log") == 0);
+  auto r2 = ckpt::CheckpointReader::Open(root);
+  REQUIRE(r2.ok());
+  CHECK(r2->manifest().client_state["run"] == "alpha");
+  CHECK(r2->manifest().client_state["note"] == "y");
+  CHECK(r2->manifest().engine_config["lr"] == 0.002);
+  CHECK(r2->manifest().engine_config["grad_accum"] == 2);
+}
+
+TEST_CASE("training the tiny model for a few hundred steps lowers the loss", "[mpi][slow]") {
+  ScratchDir dir("engine-loss");
+  const std::string root = dir / "run";
+  std::string log;
+  REQUIRE(Engine(2, "train --model tiny --zero 2 --micro-batch 2 --steps 200 --lr 3e-3 "
+                 "--warmup 20 --no-final-save --ckpt-dir " + root,
+                 dir / "log", &log) == 0);
+  const auto lines = Lines(root + "/trainlog.jsonl");
+  REQUIRE(lines.size() == 200);
+  double first = 0, last = 0;
+  for (int i = 0; i < 20; ++i) {
+    first += J(lines[i])["loss"].get<double>() / 20;
+    last += J(lines[180 + i])["loss"].get<double>() / 20;
+  }
+  INFO("mean loss of steps 1-20: " << first << ", of steps 181-200: " << last);
+  CHECK(first > 5.0);
+  CHECK(last < first - 1.5);
+}

@@ -101,11 +101,13 @@ TEST_CASE("CPU pass: full state is bitwise ckpt::AdamWUpdate, other paths restar
       differ_c += wc[i] != w[i];
     }
     CHECK(stats->n == n);
-    CHECK(stats->weights_only.max_abs == max_b);
-    CHECK(std::fabs(stats->weights_only.sum_sq_diff - sq_b) <= 1e-12 * (1 + sq_b));
-    CHECK(std::fabs(stats->sum_sq_full - sq_full) <= 1e-12 * sq_full);
-    CHECK(std::fabs(stats->sum_sq_update_full - upd_full) <= 1e-12 * (1 + upd_full));
-    CHECK(std::fabs(stats->moments_dropped.sum_sq_update - upd_c) <= 1e-12 * (1 + upd_c));
+    // Statistics are accumulated in float lanes per block, then in double: 1e-5 relative.
+    auto near = [](double got, double want) { return std::fabs(got - want) <= 1e-5 * std::fabs(want); };
+    CHECK(std::fabs(stats->weights_only.max_abs - max_b) <= 1e-6 * max_b);
+    CHECK(near(stats->weights_only.sum_sq_diff, sq_b));
+    CHECK(near(stats->sum_sq_full, sq_full));
+    CHECK(near(stats->sum_sq_update_full, upd_full));
+    CHECK(near(stats->moments_dropped.sum_sq_update, upd_c));
     CHECK(stats->moments_dropped.n_differ == differ_c);
     CHECK(stats->weights_only.n_differ > 0);
   }
@@ -173,9 +175,10 @@ TEST_CASE("CUDA pass matches the CPU reference within 1e-6 relative", "[cuda]") 
     INFO("n " << n << ": " << bitwise_equal << " of " << 5 * n << " values bitwise equal; worst "
               << worst);
     CHECK(worst <= 1e-6);
+    // The CPU statistics sum in float lanes per block, the GPU's in double: 1e-5 relative.
     auto rel = [](double a, double b) { return std::fabs(a - b) / std::max(std::fabs(a), 1e-300); };
-    CHECK(rel(sc->sum_sq_full, sg->sum_sq_full) <= 1e-6);
-    CHECK(rel(sc->weights_only.sum_sq_diff, sg->weights_only.sum_sq_diff) <= 1e-6);
+    CHECK(rel(sc->sum_sq_full, sg->sum_sq_full) <= 1e-5);
+    CHECK(rel(sc->weights_only.sum_sq_diff, sg->weights_only.sum_sq_diff) <= 1e-5);
     CHECK(rel(sc->moments_dropped.max_abs, sg->moments_dropped.max_abs) <= 1e-6);
     CHECK(sc->weights_only.n_differ == sg->weights_only.n_differ);
   }

@@ -2,6 +2,7 @@
 // Exit codes: 0 ok; 1 a check found a difference (resume diverged, replay does not match the
 // original run, corruption); 2 could not run (usage, missing input, gradient file that does not
 // match the checkpoint, engine_min failed).
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -57,14 +58,18 @@ std::function<int()> SetupNextUpdate(CLI::App& sub) {
                    {"memcpy_seconds", b->memcpy_seconds},
                    {"pass_gb_per_s", pass_gbs},
                    {"memcpy_gb_per_s", copy_gbs},
-                   {"ratio", b->ratio()}});
+                   {"ratio", b->ratio()},
+                   {"timing", b->device == Device::kCpu ? "thread CPU time, best of reps"
+                                                        : "CUDA events, best of reps"}});
       } else {
         std::printf("next-update pass on %s, %llu elements (%.1f MiB of w, m, v, g)\n",
                     std::string(DeviceName(b->device)).c_str(),
                     static_cast<unsigned long long>(b->elements), b->memcpy_bytes / 1048576.0);
         std::printf("  pass   %.3f ms  (%.2f GB/s read+written)\n", b->pass_seconds * 1e3, pass_gbs);
         std::printf("  memcpy %.3f ms  (%.2f GB/s read+written)\n", b->memcpy_seconds * 1e3, copy_gbs);
-        std::printf("  ratio memcpy/pass time: %.2fx\n", b->ratio());
+        std::printf("  ratio memcpy/pass time: %.2fx (%s, best of %d)\n", b->ratio(),
+                    b->device == Device::kCpu ? "thread CPU time" : "CUDA events",
+                    std::max(a->bench_reps, 1));
       }
       return 0;
     }

@@ -8,7 +8,13 @@
 #include <catch2/catch.hpp>
 
 #include "ckpt/adamw.h"
+#include "verify/nccl_combine.h"
 #include "verify/update_pass.h"
+
+#ifdef CKPT_VERIFY_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+#include <thread>
 
 namespace {
 
@@ -182,6 +188,61 @@ TEST_CASE("CUDA pass matches the CPU reference within 1e-6 relative", "[cuda]") 
     CHECK(rel(sc->moments_dropped.max_abs, sg->moments_dropped.max_abs) <= 1e-6);
     CHECK(sc->weights_only.n_differ == sg->weights_only.n_differ);
   }
+}
+
+TEST_CASE("NCCL combines per-GPU statistics into the whole tensor's", "[cuda]") {
+  std::string why;
+  const int gpus = CudaDeviceCount(&why);
+  if (gpus == 0 || !HaveNcclCombine()) {
+    WARN("[cuda] skipped: " << (gpus == 0 ? "no CUDA device (" + why + ")" : "built without NCCL"));
+    return;
+  }
+#ifdef CKPT_VERIFY_HAVE_CUDA
+  const size_t n = 300001;
+  const Inputs x = RandomInputs(n, 4242);
+  const PassHyper h = Hyper(3);
+  Outputs whole(n);
+  auto expected = MakeCpuPass()->Run(h, {x.w.data(), x.m.data(), x.v.data(), x.g.data(), n},
+                                     whole.view());
+  REQUIRE(expected.ok());
+  auto id = NcclStatsCombiner::NewUniqueId();
+  REQUIRE(id.ok());
+  std::vector<PassStats> got(gpus);
+  std::vector<std::string> errors(gpus);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < gpus; ++r) {
+    threads.emplace_back([&, r] {
+      cudaSetDevice(r);
+      const size_t b = n * r / gpus, e = n * (r + 1) / gpus;
+      auto pass = MakeUpdatePass(Device::kCuda);
+      auto comb = NcclStatsCombiner::Create(*id, r, gpus, r);
+      if (!pass.ok() || !comb.ok()) {
+        errors[r] = (!pass.ok() ? pass.status() : comb.status()).ToString();
+        return;
+      }
+      Outputs o(e - b);
+      auto s = (*pass)->Run(h, {x.w.data() + b, x.m.data() + b, x.v.data() + b, x.g.data() + b, e - b},
+                            o.view());
+      if (!s.ok()) {
+        errors[r] = s.status().ToString();
+        return;
+      }
+      got[r] = *s;
+      Status st = (*comb)->AllReduce(got[r]);
+      if (!st.ok()) errors[r] = st.ToString();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < gpus; ++r) {
+    INFO("rank " << r << ": " << errors[r]);
+    REQUIRE(errors[r].empty());
+    CHECK(got[r].n == n);
+    CHECK(got[r].weights_only.n_differ == expected->weights_only.n_differ);
+    CHECK(std::fabs(got[r].sum_sq_full - expected->sum_sq_full) <= 1e-5 * expected->sum_sq_full);
+    CHECK(std::fabs(got[r].moments_dropped.max_abs - expected->moments_dropped.max_abs) <=
+          1e-6 * expected->moments_dropped.max_abs);
+  }
+#endif
 }
 
 TEST_CASE("bench mode measures the CPU pass against memcpy", "[unit]") {

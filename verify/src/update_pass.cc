@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "update_pass_internal.h"
+#include "verify/nccl_combine.h"
 
 namespace ckpt::verify {
 
@@ -74,5 +75,17 @@ Result<PassBench> BenchUpdatePass(Device device, uint64_t input_bytes, int reps)
   return Unimplemented("--device cuda: this ckpt was built without CUDA (nvcc not found)");
 #endif
 }
+
+#ifndef CKPT_VERIFY_HAVE_NCCL
+// Without NCCL (or without CUDA) the combiner exists but refuses to run.
+bool HaveNcclCombine() { return false; }
+Result<std::string> NcclStatsCombiner::NewUniqueId() {
+  return Unimplemented("this ckpt was built without NCCL");
+}
+Result<std::unique_ptr<NcclStatsCombiner>> NcclStatsCombiner::Create(const std::string&, int, int,
+                                                                     int) {
+  return Unimplemented("this ckpt was built without NCCL");
+}
+#endif
 
 }  // namespace ckpt::verify

@@ -1,0 +1,120 @@
+// NCCL all-reduce of PassStats: sums and counts in one ncclSum over doubles and uint64s, the
+// maxima in one ncclMax. Communicator, stream and device buffer are RAII members.
+#include "verify/nccl_combine.h"
+
+#ifdef CKPT_VERIFY_HAVE_NCCL
+
+#include <cstring>
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+namespace ckpt::verify {
+namespace {
+
+Status NcclStatus(ncclResult_t r, const char* what) {
+  if (r == ncclSuccess) return Status::Ok();
+  return Internal(std::string(what) + ": " + ncclGetErrorString(r));
+}
+
+Status CudaStatus(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return Status::Ok();
+  cudaGetLastError();
+  return Internal(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+// Doubles: 6 sums, 2 maxima; uint64: n and 2 counts.
+struct Packed {
+  double sums[6];
+  double maxima[2];
+  unsigned long long counts[3];
+};
+
+class NcclCombiner final : public NcclStatsCombiner {
+ public:
+  ~NcclCombiner() override {
+    if (buffer_) cudaFree(buffer_);
+    if (stream_) cudaStreamDestroy(stream_);
+    if (comm_) ncclCommDestroy(comm_);
+  }
+  Status Init(const ncclUniqueId& id, int rank, int world, int device) {
+    device_ = device;
+    CKPT_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device), "cudaSetDevice"), "nccl combine");
+    CKPT_RETURN_IF_ERROR(NcclStatus(ncclCommInitRank(&comm_, world, id, rank), "ncclCommInitRank"),
+                         "nccl combine");
+    CKPT_RETURN_IF_ERROR(CudaStatus(cudaStreamCreate(&stream_), "cudaStreamCreate"), "nccl combine");
+    void* p = nullptr;
+    CKPT_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&p, sizeof(Packed)), "cudaMalloc"), "nccl combine");
+    buffer_ = static_cast<Packed*>(p);
+    return Status::Ok();
+  }
+  Status AllReduce(PassStats& s) override {
+    Packed h{{s.sum_sq_full, s.sum_sq_update_full, s.weights_only.sum_sq_diff,
+              s.weights_only.sum_sq_update, s.moments_dropped.sum_sq_diff,
+              s.moments_dropped.sum_sq_update},
+             {s.weights_only.max_abs, s.moments_dropped.max_abs},
+             {s.n, s.weights_only.n_differ, s.moments_dropped.n_differ}};
+    CKPT_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"), "nccl combine");
+    CKPT_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(buffer_, &h, sizeof h, cudaMemcpyHostToDevice,
+                                                    stream_), "cudaMemcpy"), "nccl combine");
+    CKPT_RETURN_IF_ERROR(NcclStatus(ncclGroupStart(), "ncclGroupStart"), "nccl combine");
+    CKPT_RETURN_IF_ERROR(NcclStatus(ncclAllReduce(buffer_->sums, buffer_->sums, 6, ncclFloat64,
+                                                  ncclSum, comm_, stream_), "ncclAllReduce sums"),
+                         "nccl combine");
+    CKPT_RETURN_IF_ERROR(NcclStatus(ncclAllReduce(buffer_->maxima, buffer_->maxima, 2,
+                                                  ncclFloat64, ncclMax, comm_, stream_),
+                                    "ncclAllReduce maxima"),
+                         "nccl combine");
+    CKPT_RETURN_IF_ERROR(NcclStatus(ncclAllReduce(buffer_->counts, buffer_->counts, 3, ncclUint64,
+                                                  ncclSum, comm_, stream_), "ncclAllReduce counts"),
+                         "nccl combine");
+    CKPT_RETURN_IF_ERROR(NcclStatus(ncclGroupEnd(), "ncclGroupEnd"), "nccl combine");
+    CKPT_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(&h, buffer_, sizeof h, cudaMemcpyDeviceToHost,
+                                                    stream_), "cudaMemcpy"), "nccl combine");
+    CKPT_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"),
+                         "nccl combine");
+    s.sum_sq_full = h.sums[0];
+    s.sum_sq_update_full = h.sums[1];
+    s.weights_only.sum_sq_diff = h.sums[2];
+    s.weights_only.sum_sq_update = h.sums[3];
+    s.moments_dropped.sum_sq_diff = h.sums[4];
+    s.moments_dropped.sum_sq_update = h.sums[5];
+    s.weights_only.max_abs = h.maxima[0];
+    s.moments_dropped.max_abs = h.maxima[1];
+    s.n = h.counts[0];
+    s.weights_only.n_differ = h.counts[1];
+    s.moments_dropped.n_differ = h.counts[2];
+    return Status::Ok();
+  }
+
+ private:
+  int device_ = 0;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  Packed* buffer_ = nullptr;
+};
+
+}  // namespace
+
+bool HaveNcclCombine() { return true; }
+
+Result<std::string> NcclStatsCombiner::NewUniqueId() {
+  ncclUniqueId id;
+  CKPT_RETURN_IF_ERROR(NcclStatus(ncclGetUniqueId(&id), "ncclGetUniqueId"), "nccl combine");
+  return std::string(reinterpret_cast<const char*>(&id), sizeof id);
+}
+
+Result<std::unique_ptr<NcclStatsCombiner>> NcclStatsCombiner::Create(const std::string& unique_id,
+                                                                     int rank, int world,
+                                                                     int device) {
+  ncclUniqueId id;
+  if (unique_id.size() != sizeof id) return InvalidArgument("nccl combine: malformed unique id");
+  std::memcpy(&id, unique_id.data(), sizeof id);
+  auto c = std::make_unique<NcclCombiner>();
+  CKPT_RETURN_IF_ERROR(c->Init(id, rank, world, device), "rank " + std::to_string(rank));
+  return std::unique_ptr<NcclStatsCombiner>(std::move(c));
+}
+
+}  // namespace ckpt::verify
+
+#endif  // CKPT_VERIFY_HAVE_NCCL

@@ -363,6 +363,8 @@ int RunCheckpoint(const CheckpointFlags& f, bool json) {
                                          std::to_string(f.ranks) + ")"),
                          json);
     }
+    // Another world size: every rank gets rank 0's auxiliary datasets.
+    if (from_ckpt && f.ranks != c.world) c.aux_by_rank.clear();
     c.world = f.ranks;
   }
   if (f.zero != -1 || !from_ckpt) {

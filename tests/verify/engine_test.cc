@@ -59,13 +59,14 @@ TEST_CASE("ablations of moments, step, rng and data diverge; rng does not matter
   REQUIRE(HaveEngine());
   {
     ScratchDir dir("verify-ablate");
-    Train(dir, 2, 4, 2, "--dropout 0.1");
-    auto cli = Cli(dir, "verify-resume " + dir / "run" + " --tag global_step2 --steps 2 "
+    Train(dir, 2, 5, 2, "--dropout 0.1");
+    auto cli = Cli(dir, "verify-resume " + dir / "run" + " --tag global_step2 --steps 3 "
                         "--ablate all --json");
     INFO(cli.out << cli.err);
     CHECK(cli.rc == 0);  // the plain resume is bitwise; ablations don't change the status
     auto j = json::parse(cli.out);
     CHECK(j["verdict"] == "bitwise");
+    CHECK(j["max_weight_gap"] == 0.0);  // against the original's own final save at step 5
     REQUIRE(j["ablations"].size() == 5);
     for (const auto& a : j["ablations"]) {
       INFO(a.dump());

@@ -104,17 +104,21 @@ Result<StateGap> CompareStates(const std::string& dir_a, const std::string& dir_
   return g;
 }
 
-// Steps from+1 .. from+k of `run` against `ref`; the first quantity that differs.
+// The i-th update after the resume in `run` against step from+i of `ref`, i = 1..k; the first
+// quantity that differs. Positions, not step numbers: a run whose step counter was reset
+// (--ablate step) logs its first update as step 1. `run_first` is the first logged step that
+// belongs to the resumed run.
 std::optional<Divergence> CompareLogs(const std::map<int64_t, TrainlogEntry>& ref,
-                                      const std::map<int64_t, TrainlogEntry>& run, int64_t from,
-                                      int64_t k, int64_t* compared) {
+                                      const std::map<int64_t, TrainlogEntry>& run,
+                                      int64_t run_first, int64_t from, int64_t k,
+                                      int64_t* compared) {
   *compared = 0;
-  for (int64_t s = from + 1; s <= from + k; ++s) {
+  auto it = run.lower_bound(run_first);
+  for (int64_t s = from + 1; s <= from + k; ++s, ++it) {
     const TrainlogEntry& e = ref.at(s);
-    auto it = run.find(s);
     if (it == run.end()) {
-      return Divergence{s, "missing", std::nullopt, "the resumed run logged no step " +
-                                                        std::to_string(s)};
+      return Divergence{s, "missing", std::nullopt,
+                        "the resumed run logged only " + std::to_string(*compared) + " step(s)"};
     }
     const TrainlogEntry& r = it->second;
     ++*compared;
@@ -221,9 +225,16 @@ Result<ResumeReport> RunVerifyResume(const ResumeOptions& o) {
     CKPT_RETURN_IF_ERROR(StageCheckpoint(rep.tag_dir, reader.tag(), run_root),
                          "stage " + run.name + " run");
     const std::string log = run_root + "/trainlog.jsonl";
+    // A reset step counter starts the run at 0: it runs K steps to global_step K. Its final
+    // save would collide with the staged tag when K equals the checkpoint's step; then it
+    // does not save (and has no weight gap).
+    const bool restarts_step = run.component == "step";
+    const int64_t run_target = restarts_step ? o.steps : target;
+    const bool final_save = run_target != rep.from_step;
     std::vector<std::string> args = {"train", "--ckpt-dir", run_root, "--resume", "--resume-tag",
-                                     reader.tag(), "--steps", std::to_string(target),
+                                     reader.tag(), "--steps", std::to_string(run_target),
                                      "--save-every", "0", "--trainlog", log};
+    if (!final_save) args.push_back("--no-final-save");
     if (!run.component.empty()) {
       args.push_back("--reset-on-resume");
       args.push_back(run.component);
@@ -237,9 +248,10 @@ Result<ResumeReport> RunVerifyResume(const ResumeOptions& o) {
     }
     CKPT_ASSIGN_OR_RETURN(auto run_log, ReadTrainlog(log), run.name + " run log");
     RunOutcome out;
-    out.first = CompareLogs(ref_log, run_log, rep.from_step, o.steps, &out.steps_compared);
+    out.first = CompareLogs(ref_log, run_log, restarts_step ? 1 : rep.from_step + 1,
+                            rep.from_step, o.steps, &out.steps_compared);
     auto final_dir = ResolveTagDir(run_root);
-    if (final_dir.ok() && fs::path(*final_dir).filename() != reader.tag()) {
+    if (final_save && final_dir.ok() && fs::path(*final_dir).filename() != reader.tag()) {
       out.final_tag_dir = *final_dir;
     }
     std::string against;
@@ -276,6 +288,11 @@ Result<ResumeReport> RunVerifyResume(const ResumeOptions& o) {
         a.note = "no effect on this run: resetting " + run.component +
                  " leaves every logged quantity bitwise equal";
         if (run.component == "rng") a.note += " (e.g. dropout is off)";
+      }
+      if (!out.max_weight_gap) {
+        a.note += std::string(a.note.empty() ? "" : "; ") +
+                  "weight gap not measured: the run ends at the checkpoint's own step, so it "
+                  "does not save";
       }
       a.outcome = std::move(out);
       rep.ablations.push_back(std::move(a));
@@ -316,7 +333,8 @@ nlohmann::json ResumeToJson(const ResumeReport& r) {
     nlohmann::json x = {{"component", a.component},
                         {"matters", f.has_value()},
                         {"diverges_at_step", f ? nlohmann::json(f->step) : nlohmann::json(nullptr)},
-                        {"max_weight_gap", a.outcome.max_weight_gap.value_or(0.0)},
+                        // null when not measured (no final state to compare).
+                        {"max_weight_gap", OptNumber(a.outcome.max_weight_gap)},
                         {"first_divergence", DivergenceJson(f)},
                         {"max_exp_avg_gap", OptNumber(a.outcome.max_exp_avg_gap)},
                         {"max_exp_avg_sq_gap", OptNumber(a.outcome.max_exp_avg_sq_gap)}};

@@ -162,6 +162,7 @@ Result<CheckpointEstimate> EstimateCheckpoint(const CheckpointConfig& c) {
   e.trainable_params = counts.total_params - counts.frozen_params;
 
   std::vector<std::vector<RankDataset>> per_rank(static_cast<size_t>(c.world));
+  std::map<std::string, uint64_t> sizes_by_layout;
   for (int64_t r = 0; r < c.world; ++r) {
     auto& ds = per_rank[static_cast<size_t>(r)];
     RankFileEstimate re;
@@ -221,10 +222,26 @@ Result<CheckpointEstimate> EstimateCheckpoint(const CheckpointConfig& c) {
       }
       re.stored_data += stored;
     }
-    CKPT_ASSIGN_OR_RETURN(re.file_bytes,
-                          UncompressedRankFileBytes(c.tag, static_cast<int>(r),
-                                                    static_cast<int>(c.world), ds, c.chunk_bytes),
-                          "checkpoint: rank " + std::to_string(r));
+    // Ranks with the same datasets have files of the same size (the rank number is an int64
+    // attribute of fixed width): replay each distinct layout once.
+    std::string key;
+    for (const RankDataset& d : ds) {
+      key += d.name + '\0' + d.kind + '\0' + d.blob_kind + '\0' +
+             std::string(DTypeName(d.dtype));
+      for (int64_t x : d.shape) key += ':' + std::to_string(x);
+      key += '\n';
+    }
+    auto cached = sizes_by_layout.find(key);
+    if (cached != sizes_by_layout.end()) {
+      re.file_bytes = cached->second;
+    } else {
+      CKPT_ASSIGN_OR_RETURN(re.file_bytes,
+                            UncompressedRankFileBytes(c.tag, static_cast<int>(r),
+                                                      static_cast<int>(c.world), ds,
+                                                      c.chunk_bytes),
+                            "checkpoint: rank " + std::to_string(r));
+      sizes_by_layout.emplace(std::move(key), re.file_bytes);
+    }
     e.rank_files_bytes += re.file_bytes;
     e.tensor_payload += re.tensor_payload;
     e.ranks.push_back(re);

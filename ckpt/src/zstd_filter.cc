@@ -1,0 +1,39 @@
+#include "zstd_filter.h"
+
+#include <zstd.h>
+
+namespace ckpt::h5 {
+
+size_t ZstdFilterCallback(unsigned int flags, size_t cd_nelmts, const unsigned int cd_values[],
+                          size_t nbytes, size_t* buf_size, void** buf) {
+  if (flags & H5Z_FLAG_REVERSE) {
+    const unsigned long long size = ZSTD_getFrameContentSize(*buf, nbytes);
+    if (size == ZSTD_CONTENTSIZE_ERROR || size == ZSTD_CONTENTSIZE_UNKNOWN) return 0;
+    void* out = H5allocate_memory(static_cast<size_t>(size), false);
+    if (!out) return 0;
+    const size_t got = ZSTD_decompress(out, static_cast<size_t>(size), *buf, nbytes);
+    if (ZSTD_isError(got) || got != size) {
+      H5free_memory(out);
+      return 0;
+    }
+    H5free_memory(*buf);
+    *buf = out;
+    *buf_size = static_cast<size_t>(size);
+    return got;
+  }
+  const int level = cd_nelmts > 0 ? static_cast<int>(cd_values[0]) : 3;
+  const size_t cap = ZSTD_compressBound(nbytes);
+  void* out = H5allocate_memory(cap, false);
+  if (!out) return 0;
+  const size_t got = ZSTD_compress(out, cap, *buf, nbytes, level);
+  if (ZSTD_isError(got)) {
+    H5free_memory(out);
+    return 0;
+  }
+  H5free_memory(*buf);
+  *buf = out;
+  *buf_size = cap;
+  return got;
+}
+
+}  // namespace ckpt::h5

@@ -1,0 +1,125 @@
+// Helpers for the ckpt suites: build small manifests and save them with N thread ranks.
+#pragma once
+
+#include <fstream>
+#include <functional>
+#include <thread>
+
+#include "ckpt/collective.h"
+#include "ckpt/manifest.h"
+#include "ckpt/writer.h"
+
+namespace ckpt::testing {
+
+// A model with a 2-D weight, an odd-sized bias, a tied alias and a frozen fp32 table.
+inline Manifest SmallModel(const std::string& tag, int world, int zero) {
+  Manifest m;
+  m.tag = tag;
+  m.counters = {12, 48, 1, 384, 49152};
+  m.topology.dp_world_size = world;
+  m.topology.zero_stage = zero;
+  m.optimizer = {{"type", "adamw"}, {"lr", 3e-4}, {"beta1", 0.9}, {"beta2", 0.95},
+                 {"eps", 1e-8},     {"weight_decay", 0.1}};
+  m.dtypes = {{"master", "fp32"}};
+  m.client_state = {{"note", "hello"}, {"nested", {{"a", 1}, {"b", {1, 2, 3}}}}};
+  m.engine_config = {{"model", "tiny"}};
+  auto add = [&](std::string name, std::vector<int64_t> shape, bool frozen = false,
+                 std::string tied = "") {
+    ParamEntry p;
+    p.name = std::move(name);
+    p.shape = std::move(shape);
+    p.numel = 1;
+    for (auto d : p.shape) p.numel *= d;
+    p.frozen = frozen;
+    p.tied_to = std::move(tied);
+    m.params.push_back(p);
+  };
+  add("embed.weight", {37, 8});
+  add("block.bias", {13});
+  add("lm_head.weight", {37, 8}, false, "embed.weight");
+  add("pos_table", {5, 8}, true);
+  m.partition = BuildPartition(m.params, world, zero).value();
+  return m;
+}
+
+// Value of element e of parameter p's state s (0 master, 1 exp_avg, 2 exp_avg_sq).
+inline float Val(int p, int s, int64_t e, int salt = 0) {
+  return static_cast<float>(p * 1000 + s * 100000 + e) * 0.001f + static_cast<float>(salt);
+}
+
+struct RankBuffers {
+  std::vector<float> state[3];
+  std::vector<float> frozen;
+  std::string rng;
+  std::string data_pos;
+  std::string sched;
+  RankContents contents;
+};
+
+// Fills rank r's shard from Val() so any partition holds the same logical values.
+inline void FillRank(const Manifest& m, int rank, RankBuffers& b, int salt = 0) {
+  const int64_t shard = m.partition.shard_numel[static_cast<size_t>(rank)];
+  const char* names[3] = {"master", "exp_avg", "exp_avg_sq"};
+  for (int s = 0; s < 3; ++s) b.state[s].assign(static_cast<size_t>(shard), 0.0f);
+  for (size_t pi = 0; pi < m.params.size(); ++pi)
+    for (const auto& r : m.params[pi].ranges)
+      if (r.rank == rank)
+        for (int s = 0; s < 3; ++s)
+          for (int64_t e = r.begin; e < r.end; ++e)
+            b.state[s][static_cast<size_t>(r.shard_offset + e - r.begin)] =
+                Val(static_cast<int>(pi), s, e, salt);
+  for (int s = 0; s < 3; ++s)
+    b.contents.datasets.push_back(DatasetSpec::Tensor(names[s], DType::kF32, {shard}, b.state[s].data()));
+  if (rank == 0) {
+    for (size_t pi = 0; pi < m.params.size(); ++pi) {
+      if (!m.params[pi].frozen) continue;
+      b.frozen.resize(static_cast<size_t>(m.params[pi].numel));
+      for (int64_t e = 0; e < m.params[pi].numel; ++e)
+        b.frozen[static_cast<size_t>(e)] = Val(static_cast<int>(pi), 0, e, salt);
+      b.contents.datasets.push_back(DatasetSpec::Tensor("frozen/" + m.params[pi].name, DType::kF32,
+                                                        m.params[pi].shape, b.frozen.data()));
+    }
+  }
+  b.rng = "mt19937_64 state of rank " + std::to_string(rank) + " salt " + std::to_string(salt);
+  b.data_pos = "{\"epoch\": 1, \"sample_offset\": " + std::to_string(384 + salt) + "}";
+  b.sched = "{\"last_lr\": 0.0003, \"step\": 12}";
+  b.contents.datasets.push_back(DatasetSpec::Blob("rng/dropout", "mt19937_64", b.rng));
+  b.contents.datasets.push_back(DatasetSpec::Json("data_position", b.data_pos));
+  b.contents.datasets.push_back(DatasetSpec::Json("scheduler", b.sched));
+}
+
+// Saves `m` with world = m.topology.dp_world_size thread ranks; returns rank 0's status.
+inline Status SaveWithThreads(const std::string& root, const Manifest& m, SaveOptions opts = {},
+                              int salt = 0) {
+  const int world = m.topology.dp_world_size;
+  ThreadGroup group(world);
+  std::vector<RankBuffers> bufs(static_cast<size_t>(world));
+  std::vector<Status> st(static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      FillRank(m, r, bufs[static_cast<size_t>(r)], salt);
+      st[static_cast<size_t>(r)] =
+          SaveCheckpoint(root, m, bufs[static_cast<size_t>(r)].contents, group.ForRank(r), opts);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 1; r < world; ++r) {
+    if (st[static_cast<size_t>(r)].code() != st[0].code())
+      return Internal("ranks disagree on the save outcome: " + st[0].ToString() + " vs " +
+                      st[static_cast<size_t>(r)].ToString());
+  }
+  return st[0];
+}
+
+inline std::string Slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+inline void Spit(const std::string& path, const std::string& data) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << data;
+}
+
+}  // namespace ckpt::testing

@@ -1,0 +1,194 @@
+// The commit protocol under injected faults, power loss, concurrent savers and retention.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+
+#include "ckpt/reader.h"
+#include "ckpt/root.h"
+#include "ckpt_test_helpers.h"
+#include "test_util.h"
+
+using namespace ckpt;
+using namespace ckpt::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+// Everything a reader sees in a tag, as bytes, for bitwise comparisons.
+std::map<std::string, std::vector<uint8_t>> Snapshot(const std::string& root) {
+  std::map<std::string, std::vector<uint8_t>> out;
+  auto r = CheckpointReader::Open(root);
+  REQUIRE(r.ok());
+  for (const auto& f : r->manifest().files)
+    for (const auto& d : f.datasets)
+      out[std::to_string(f.rank) + "/" + d.name] = r->ReadDatasetBytes(f.rank, d.name).value();
+  out["manifest"] = {r->tag().begin(), r->tag().end()};
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a fault at any step of the commit leaves the previous checkpoint intact", "[io]") {
+  const int world = 2;
+  // Count the steps of one clean save.
+  int total = 0;
+  {
+    ScratchDir d;
+    REQUIRE(SaveWithThreads(d.str(), SmallModel("global_step1", world, 2)).ok());
+    FaultInjectionEnv env(Env::Default());
+    SaveOptions o;
+    o.env = &env;
+    REQUIRE(SaveWithThreads(d.str(), SmallModel("global_step2", world, 2), o).ok());
+    total = env.Count(FaultInjectionEnv::Op::kAny);
+  }
+  REQUIRE(total >= 10);  // mkdir, syncs, two rank files, manifest, renames, latest
+  const bool power_loss = GENERATE(false, true);
+  for (int n = 1; n <= total; ++n) {
+    DYNAMIC_SECTION("fail step " << n << (power_loss ? " + power loss" : "")) {
+      ScratchDir d;
+      REQUIRE(SaveWithThreads(d.str(), SmallModel("global_step1", world, 2)).ok());
+      const auto before = Snapshot(d.str());
+      FaultInjectionEnv env(Env::Default());
+      env.FailAt(FaultInjectionEnv::Op::kAny, n);
+      SaveOptions o;
+      o.env = &env;
+      Status s = SaveWithThreads(d.str(), SmallModel("global_step2", world, 2), o, 1);
+      INFO("step " << n << ": " << env.failed_step() << " -> " << s.ToString());
+      if (!s.ok()) {
+        CHECK_FALSE(env.failed_step().empty());
+        // The error names the failed step.
+        CHECK_THAT(s.message(), Catch::Contains(env.failed_step()));
+      }
+      if (power_loss) REQUIRE(env.DropUnsyncedData().ok());
+      // `latest` always names a loadable, healthy checkpoint.
+      auto latest = ReadLatest(d.str());
+      REQUIRE(latest.ok());
+      auto probs = CheckCheckpoint(d / *latest, true);
+      REQUIRE(probs.ok());
+      CHECK(probs->empty());
+      if (*latest == "global_step1") {
+        CHECK(Snapshot(d.str()) == before);
+      } else {
+        // `latest` moved only because the new tag was fully committed before it.
+        CHECK(*latest == "global_step2");
+        CHECK(fs::exists(d / "global_step2/manifest.json"));
+      }
+      // No temporary directory is ever listed as a tag; gc cleans them up.
+      auto listing = ListRoot(d.str());
+      REQUIRE(listing.ok());
+      for (const auto& t : listing->tags) CHECK(t.tag.rfind(".tmp", 0) != 0);
+      REQUIRE(CollectGarbage(d.str(), 0).ok());
+      CHECK(ListRoot(d.str())->temporary.empty());
+    }
+  }
+}
+
+TEST_CASE("a second saver on the same root gets a clear error", "[io]") {
+  ScratchDir d;
+  REQUIRE(SaveWithThreads(d.str(), SmallModel("global_step1", 2, 1)).ok());
+  auto lock = RootLock::TryAcquire(d.str());
+  REQUIRE(lock.ok());
+  Status s = SaveWithThreads(d.str(), SmallModel("global_step2", 2, 1));
+  CHECK(s.code() == StatusCode::kFailedPrecondition);
+  CHECK_THAT(s.message(), Catch::Contains(".lock"));
+  auto gc = CollectGarbage(d.str(), 0);
+  CHECK(gc.status().code() == StatusCode::kFailedPrecondition);
+  CHECK(*ReadLatest(d.str()) == "global_step1");
+  CHECK_FALSE(fs::exists(d / "global_step2"));
+}
+
+TEST_CASE("an existing tag is never overwritten", "[io]") {
+  ScratchDir d;
+  REQUIRE(SaveWithThreads(d.str(), SmallModel("global_step1", 2, 3)).ok());
+  const auto before = Snapshot(d.str());
+  Status s = SaveWithThreads(d.str(), SmallModel("global_step1", 2, 3), {}, 5);
+  CHECK(s.code() == StatusCode::kAlreadyExists);
+  CHECK(Snapshot(d.str()) == before);
+  CHECK(ListRoot(d.str())->temporary.empty());
+}
+
+TEST_CASE("a rank that fails its write aborts the commit on every rank", "[io]") {
+  ScratchDir d;
+  REQUIRE(SaveWithThreads(d.str(), SmallModel("global_step1", 3, 2)).ok());
+  Manifest m = SmallModel("global_step2", 3, 2);
+  ThreadGroup group(3);
+  std::vector<RankBuffers> bufs(3);
+  std::vector<Status> st(3);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      FillRank(m, r, bufs[static_cast<size_t>(r)]);
+      if (r == 2) bufs[2].contents.datasets[0].shape = {-1};  // rank 2 hands over bad input
+      st[static_cast<size_t>(r)] = SaveCheckpoint(d.str(), m, bufs[static_cast<size_t>(r)].contents,
+                                                  group.ForRank(r));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& s : st) {
+    CHECK_FALSE(s.ok());
+    CHECK_THAT(s.message(), Catch::Contains("rank 2"));
+  }
+  CHECK(*ReadLatest(d.str()) == "global_step1");
+  CHECK_FALSE(fs::exists(d / "global_step2"));
+  CHECK(ListRoot(d.str())->temporary.empty());
+}
+
+TEST_CASE("keep_last deletes older tags only after a successful commit", "[io]") {
+  ScratchDir d;
+  SaveOptions o;
+  o.keep_last = 2;
+  for (int step = 1; step <= 4; ++step) {
+    Manifest m = SmallModel("global_step" + std::to_string(step), 1, 0);
+    m.counters.global_step = step;
+    REQUIRE(SaveWithThreads(d.str(), m, o).ok());
+  }
+  auto listing = ListRoot(d.str());
+  REQUIRE(listing->tags.size() == 2);
+  CHECK(listing->tags[0].tag == "global_step3");
+  CHECK(listing->tags[1].tag == "global_step4");
+  CHECK(listing->tags[1].latest);
+  // A failed save deletes nothing.
+  FaultInjectionEnv env(Env::Default());
+  env.FailAt(FaultInjectionEnv::Op::kRename, 2);  // the tag rename
+  o.env = &env;
+  Manifest m = SmallModel("global_step5", 1, 0);
+  m.counters.global_step = 5;
+  CHECK_FALSE(SaveWithThreads(d.str(), m, o).ok());
+  CHECK(ListRoot(d.str())->tags.size() == 2);
+  CHECK(*ReadLatest(d.str()) == "global_step4");
+}
+
+TEST_CASE("gc removes leftovers of crashed saves and applies retention", "[io]") {
+  ScratchDir d;
+  for (int step = 1; step <= 3; ++step) {
+    Manifest m = SmallModel("global_step" + std::to_string(step), 1, 1);
+    m.counters.global_step = step;
+    REQUIRE(SaveWithThreads(d.str(), m).ok());
+  }
+  fs::create_directories(d / ".tmp-global_step4-deadbeef");
+  Spit(d / ".tmp-global_step4-deadbeef/rank_00000.h5", "partial");
+  Spit(d / "latest.tmp-123", "global_step4\n");
+  auto listing = ListRoot(d.str());
+  CHECK(listing->temporary.size() == 1);
+  CHECK(listing->tags.size() == 3);
+  auto gc = CollectGarbage(d.str(), 1);
+  REQUIRE(gc.ok());
+  CHECK(gc->removed_temporary.size() == 2);
+  CHECK(gc->removed_tags == std::vector<std::string>{"global_step1", "global_step2"});
+  CHECK(ListRoot(d.str())->tags.size() == 1);
+  CHECK(*ReadLatest(d.str()) == "global_step3");
+}
+
+TEST_CASE("a reader never modifies the checkpoint", "[io]") {
+  ScratchDir d;
+  REQUIRE(SaveWithThreads(d.str(), SmallModel("global_step1", 2, 2)).ok());
+  std::map<std::string, std::string> before;
+  for (auto& e : fs::recursive_directory_iterator(d.path()))
+    if (e.is_regular_file()) before[e.path().string()] = Slurp(e.path().string());
+  (void)Snapshot(d.str());
+  REQUIRE(CheckCheckpoint(d / "global_step1", true)->empty());
+  std::map<std::string, std::string> after;
+  for (auto& e : fs::recursive_directory_iterator(d.path()))
+    if (e.is_regular_file()) after[e.path().string()] = Slurp(e.path().string());
+  CHECK(before == after);
+}

@@ -1,0 +1,327 @@
+// Round trips, partition tiling, manifest validation and corruption detection.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <filesystem>
+
+#include "ckpt/reader.h"
+#include "ckpt/root.h"
+#include "ckpt/synth.h"
+#include "ckpt_test_helpers.h"
+#include "test_util.h"
+
+using namespace ckpt;
+using namespace ckpt::testing;
+namespace fs = std::filesystem;
+
+TEST_CASE("every dtype, shape and kind round-trips bitwise", "[io]") {
+  auto comp = GENERATE(as<std::string>{}, "none", "zstd:3", "zstd:1+shuffle");
+  ScratchDir dir;
+  Manifest m;
+  m.tag = "all_dtypes";
+  m.topology.dp_world_size = 1;
+  m.partition = BuildPartition(m.params, 1, 0).value();
+  std::vector<float> f32(1000);
+  std::vector<double> f64(77);
+  std::vector<uint16_t> u16(300);
+  std::vector<int64_t> i64(33);
+  std::vector<int32_t> i32(10);
+  std::vector<uint8_t> u8(999);
+  for (size_t i = 0; i < f32.size(); ++i) f32[i] = std::sin(static_cast<float>(i)) * 1e3f;
+  f32[5] = -0.0f;
+  f32[6] = std::numeric_limits<float>::infinity();
+  for (size_t i = 0; i < f64.size(); ++i) f64[i] = 1.0 / (static_cast<double>(i) + 0.5);
+  for (size_t i = 0; i < u16.size(); ++i) u16[i] = FloatToBf16(static_cast<float>(i) * 0.37f);
+  for (size_t i = 0; i < i64.size(); ++i) i64[i] = static_cast<int64_t>(i) * -123456789012ll;
+  for (size_t i = 0; i < i32.size(); ++i) i32[i] = static_cast<int32_t>(i) * 7 - 30;
+  for (size_t i = 0; i < u8.size(); ++i) u8[i] = static_cast<uint8_t>(i * 13);
+  const double scalar = 2.5;
+  RankContents c;
+  c.datasets.push_back(DatasetSpec::Tensor("t/f32_2d", DType::kF32, {40, 25}, f32.data()));
+  c.datasets.push_back(DatasetSpec::Tensor("t/f64", DType::kF64, {77}, f64.data()));
+  c.datasets.push_back(DatasetSpec::Tensor("t/bf16", DType::kBF16, {3, 10, 10}, u16.data()));
+  c.datasets.push_back(DatasetSpec::Tensor("t/fp16", DType::kF16, {300}, u16.data()));
+  c.datasets.push_back(DatasetSpec::Tensor("t/u16", DType::kU16, {300}, u16.data()));
+  c.datasets.push_back(DatasetSpec::Tensor("t/i64", DType::kI64, {33}, i64.data()));
+  c.datasets.push_back(DatasetSpec::Tensor("t/i32", DType::kI32, {10}, i32.data()));
+  c.datasets.push_back(DatasetSpec::Tensor("t/u8", DType::kU8, {999}, u8.data()));
+  c.datasets.push_back(DatasetSpec::Tensor("t/scalar", DType::kF64, {}, &scalar));
+  c.datasets.push_back(DatasetSpec::Tensor("t/empty", DType::kF32, {0}, nullptr));
+  c.datasets.push_back(DatasetSpec::Blob("rng/gen", "mt19937_64", std::string("\0\1binary\xff", 10)));
+  c.datasets.push_back(DatasetSpec::Json("data_position", R"({"epoch": 3})"));
+  std::vector<float> empty_state;
+  for (auto s : {"master", "exp_avg", "exp_avg_sq"})
+    c.datasets.push_back(DatasetSpec::Tensor(s, DType::kF32, {0}, nullptr));
+  SaveOptions opts;
+  opts.compression = Compression::Parse(comp).value();
+  opts.chunk_bytes = 256;  // many chunks, including a partial edge chunk
+  SingleCollective one;
+  REQUIRE(SaveCheckpoint(dir.str(), m, c, one, opts).ok());
+  auto r = CheckpointReader::Open(dir.str());
+  REQUIRE(r.ok());
+  for (const auto& spec : c.datasets) {
+    auto got = r->ReadDatasetBytes(0, spec.name);
+    REQUIRE(got.ok());
+    int64_t n = 1;
+    for (auto d : spec.shape) n *= d;
+    const size_t bytes = static_cast<size_t>(n) * DTypeSize(spec.dtype);
+    REQUIRE(got->size() == bytes);
+    if (bytes) CHECK(std::memcmp(got->data(), spec.data, bytes) == 0);
+    const DatasetRecord* rec = r->manifest().FindDataset(0, spec.name);
+    REQUIRE(rec);
+    CHECK(rec->shape == spec.shape);
+    CHECK(rec->dtype == spec.dtype);
+    CHECK(rec->kind == spec.kind);
+  }
+  CHECK(r->ReadBlob(0, "rng/gen")->size() == 10);
+  CHECK((*r->ReadJson(0, "data_position"))["epoch"] == 3);
+  CHECK(r->manifest().files[0].compression == opts.compression.ToString());
+  auto probs = CheckCheckpoint(r->dir(), true);
+  REQUIRE(probs.ok());
+  CHECK(probs->empty());
+}
+
+TEST_CASE("manifest fields round-trip", "[io]") {
+  ScratchDir dir;
+  Manifest m = SmallModel("global_step12", 3, 2);
+  REQUIRE(SaveWithThreads(dir.str(), m).ok());
+  auto r = CheckpointReader::Open(dir.str());
+  REQUIRE(r.ok());
+  const Manifest& got = r->manifest();
+  CHECK(got.tag == "global_step12");
+  CHECK(got.counters.global_step == 12);
+  CHECK(got.counters.micro_step == 48);
+  CHECK(got.counters.skipped_steps == 1);
+  CHECK(got.counters.samples_seen == 384);
+  CHECK(got.counters.tokens_seen == 49152);
+  CHECK(got.topology.dp_world_size == 3);
+  CHECK(got.topology.zero_stage == 2);
+  CHECK(got.optimizer == m.optimizer);
+  CHECK(got.client_state == m.client_state);
+  CHECK(got.engine_config == m.engine_config);
+  CHECK(got.version_major == kFormatMajor);
+  CHECK(got.created_unix > 0);
+  REQUIRE(got.params.size() == m.params.size());
+  for (size_t i = 0; i < m.params.size(); ++i) {
+    CHECK(got.params[i].name == m.params[i].name);
+    CHECK(got.params[i].shape == m.params[i].shape);
+    CHECK(got.params[i].frozen == m.params[i].frozen);
+    CHECK(got.params[i].tied_to == m.params[i].tied_to);
+    CHECK(got.params[i].ranges.size() == m.params[i].ranges.size());
+  }
+  CHECK(*ReadLatest(dir.str()) == "global_step12");
+}
+
+TEST_CASE("every partition scheme tiles and reads back the logical tensors", "[io]") {
+  const int world = GENERATE(1, 2, 3, 4);
+  const int zero = GENERATE(0, 1, 2, 3);
+  ScratchDir dir;
+  Manifest m = SmallModel("t", world, zero);
+  REQUIRE(ValidateManifest(m).ok());
+  REQUIRE(SaveWithThreads(dir.str(), m).ok());
+  auto r = CheckpointReader::Open(dir.str());
+  REQUIRE(r.ok());
+  const char* states[3] = {"master", "exp_avg", "exp_avg_sq"};
+  for (size_t pi = 0; pi < m.params.size(); ++pi) {
+    const auto& p = m.params[pi];
+    if (!p.tied_to.empty()) {
+      CHECK(*r->ReadParamFull(p.name) == *r->ReadParamFull(p.tied_to));
+      continue;
+    }
+    for (int s = 0; s < (p.frozen ? 1 : 3); ++s) {
+      auto v = r->ReadParamFull(p.name, states[s]);
+      REQUIRE(v.ok());
+      for (int64_t e = 0; e < p.numel; ++e)
+        REQUIRE(v->at(static_cast<size_t>(e)) == Val(static_cast<int>(pi), s, e));
+    }
+    if (!p.frozen) {  // a middle slice crossing rank boundaries
+      std::vector<float> part(static_cast<size_t>(p.numel - 2));
+      REQUIRE(r->ReadParamRange(p.name, "master", 1, p.numel - 1, part.data()).ok());
+      CHECK(part.front() == Val(static_cast<int>(pi), 0, 1));
+      CHECK(part.back() == Val(static_cast<int>(pi), 0, p.numel - 2));
+    }
+  }
+  if (zero == 0) {
+    for (int rk = 1; rk < world; ++rk) CHECK(m.partition.shard_numel[static_cast<size_t>(rk)] == 0);
+  } else {
+    for (auto n : m.partition.shard_numel) {
+      CHECK(n == m.partition.shard_numel[0]);
+      CHECK(n % m.partition.alignment == 0);
+    }
+  }
+}
+
+TEST_CASE("ranges that do not tile a tensor are rejected", "[unit]") {
+  Manifest m = SmallModel("t", 2, 2);
+  REQUIRE(ValidateManifest(m).ok());
+  SECTION("gap") {
+    m.params[0].ranges.back().end -= 1;
+    auto s = ValidateManifest(m);
+    REQUIRE_FALSE(s.ok());
+    CHECK_THAT(s.message(), Catch::Contains("owned by no rank"));
+  }
+  SECTION("overlap") {
+    m.params[0].ranges.push_back(m.params[0].ranges.front());
+    CHECK_THAT(ValidateManifest(m).message(), Catch::Contains("overlaps"));
+  }
+  SECTION("shard slice out of bounds") {
+    m.params[1].ranges.back().shard_offset = m.partition.shard_numel[1];
+    CHECK_THAT(ValidateManifest(m).message(), Catch::Contains("outside the rank's shard"));
+  }
+  SECTION("two parameters share shard elements") {
+    m.params[1].ranges = {{0, 0, m.params[1].numel, 0}};
+    CHECK_FALSE(ValidateManifest(m).ok());
+  }
+  SECTION("rank out of range") {
+    m.params[1].ranges.back().rank = 7;
+    CHECK_THAT(ValidateManifest(m).message(), Catch::Contains("rank out of range"));
+  }
+  SECTION("numel disagrees with shape") {
+    m.params[1].numel += 1;
+    CHECK_THAT(ValidateManifest(m).message(), Catch::Contains("product of shape"));
+  }
+  SECTION("tied to a missing parameter") {
+    m.params[2].tied_to = "nope";
+    CHECK_THAT(ValidateManifest(m).message(), Catch::Contains("unknown"));
+  }
+}
+
+TEST_CASE("manifest parsing refuses bad input with a clear message", "[unit]") {
+  Manifest m = SmallModel("t", 1, 1);
+  nlohmann::json j = ManifestToJson(m);
+  j["files"] = nlohmann::json::array();
+  j["kind"] = "universal";  // files not required for this unit check
+  REQUIRE(ManifestFromJson(j, "m.json").ok());
+  SECTION("newer major version") {
+    j["format_version"] = "2.0";
+    auto r = ManifestFromJson(j, "m.json");
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == StatusCode::kUnimplemented);
+    CHECK_THAT(r.status().message(), Catch::Contains("2.0") && Catch::Contains("1.x"));
+  }
+  SECTION("newer minor version is fine") {
+    j["format_version"] = "1.7";
+    CHECK(ManifestFromJson(j, "m.json").ok());
+  }
+  SECTION("missing field") {
+    j["counters"].erase("global_step");
+    CHECK_THAT(ManifestFromJson(j, "m.json").status().message(), Catch::Contains("global_step"));
+  }
+  SECTION("wrong type") {
+    j["topology"]["zero_stage"] = "two";
+    CHECK(ManifestFromJson(j, "m.json").status().code() == StatusCode::kDataLoss);
+  }
+  SECTION("not JSON") {
+    auto r = ParseManifest("{not json", "m.json");
+    CHECK(r.status().code() == StatusCode::kDataLoss);
+    CHECK_THAT(r.status().message(), Catch::Contains("m.json"));
+  }
+  SECTION("foreign format") {
+    j["format"] = "torch";
+    CHECK_FALSE(ManifestFromJson(j, "m.json").ok());
+  }
+}
+
+namespace {
+// Expects a deep check to report exactly the named file (and dataset, when given).
+void ExpectDetected(const std::string& tag_dir, const std::string& file, const std::string& ds = "") {
+  auto probs = CheckCheckpoint(tag_dir, true);
+  REQUIRE(probs.ok());
+  REQUIRE_FALSE(probs->empty());
+  bool named = false;
+  for (const auto& p : *probs) {
+    INFO(p.file << " /" << p.dataset << ": " << p.what);
+    if (p.file == file && (ds.empty() || p.dataset == ds)) named = true;
+  }
+  CHECK(named);
+}
+}  // namespace
+
+TEST_CASE("corruption is detected and named", "[io]") {
+  const bool zstd = GENERATE(false, true);
+  ScratchDir dir;
+  Manifest m = SmallModel("global_step12", 2, 1);
+  SaveOptions opts;
+  if (zstd) opts.compression = Compression::Parse("zstd:3").value();
+  REQUIRE(SaveWithThreads(dir.str(), m, opts).ok());
+  const std::string tag = dir / "global_step12";
+  const std::string rank1 = tag + "/rank_00001.h5";
+  REQUIRE(CheckCheckpoint(tag, true)->empty());
+
+  SECTION("a flipped byte inside a dataset") {
+    // Find the master data: flip a byte of the stored float values of rank 1.
+    auto r = CheckpointReader::Open(tag);
+    std::string bytes = Slurp(rank1);
+    std::vector<float> master(static_cast<size_t>(m.partition.shard_numel[1]));
+    REQUIRE(r->ReadDataset(1, "master", master.data(), master.size() * 4).ok());
+    size_t pos = std::string::npos;
+    if (!zstd) pos = bytes.find(std::string(reinterpret_cast<const char*>(master.data()) + 8, 8));
+    if (pos == std::string::npos) pos = bytes.size() - 40;  // compressed: flip near the end
+    bytes[pos] = static_cast<char>(bytes[pos] ^ 0x10);
+    Spit(rank1, bytes);
+    ExpectDetected(tag, "rank_00001.h5");
+    auto fresh = CheckpointReader::Open(tag);
+    REQUIRE(fresh.ok());
+    std::vector<float> again(master.size());
+    auto s = fresh->ReadDataset(1, "master", again.data(), again.size() * 4);
+    if (!zstd) {
+      CHECK(s.code() == StatusCode::kDataLoss);
+      CHECK_THAT(s.message(), Catch::Contains("rank_00001.h5") && Catch::Contains("master"));
+    }
+  }
+  SECTION("a truncated rank file") {
+    std::string bytes = Slurp(rank1);
+    Spit(rank1, bytes.substr(0, bytes.size() / 2));
+    ExpectDetected(tag, "rank_00001.h5");
+    auto r = CheckpointReader::Open(tag);
+    REQUIRE(r.ok());
+    std::vector<float> buf(static_cast<size_t>(m.partition.shard_numel[1]));
+    auto s = r->ReadDataset(1, "master", buf.data(), buf.size() * 4);
+    CHECK(s.code() == StatusCode::kDataLoss);
+    CHECK_THAT(s.message(), Catch::Contains("rank_00001.h5"));
+  }
+  SECTION("a missing rank file") {
+    fs::remove(rank1);
+    ExpectDetected(tag, "rank_00001.h5");
+  }
+  SECTION("an edited manifest: checksum") {
+    std::string text = Slurp(tag + "/manifest.json");
+    auto j = nlohmann::json::parse(text);
+    j["files"][0]["datasets"][0]["xxh3"] = "0000000000000000";
+    Spit(tag + "/manifest.json", j.dump());
+    ExpectDetected(tag, "rank_00000.h5", j["files"][0]["datasets"][0]["name"]);
+  }
+  SECTION("an edited manifest: shape") {
+    auto j = nlohmann::json::parse(Slurp(tag + "/manifest.json"));
+    j["params"][0]["shape"] = {38, 8};
+    Spit(tag + "/manifest.json", j.dump());
+    ExpectDetected(tag, "manifest.json");
+    CHECK(CheckpointReader::Open(tag).status().code() == StatusCode::kDataLoss);
+  }
+  SECTION("a rank file from another tag") {
+    ScratchDir other;
+    REQUIRE(SaveWithThreads(other.str(), m, opts, /*salt=*/1).ok());
+    fs::copy_file(other / "global_step12/rank_00001.h5", rank1, fs::copy_options::overwrite_existing);
+    ExpectDetected(tag, "rank_00001.h5");
+  }
+}
+
+TEST_CASE("synthetic checkpoints hold partition-independent values", "[io]") {
+  ScratchDir a, b;
+  SynthOptions o;
+  o.params = 5000;
+  o.ranks = 4;
+  o.zero_stage = 3;
+  REQUIRE(WriteSynthetic(a.str(), o).ok());
+  o.ranks = 3;
+  o.zero_stage = 1;
+  REQUIRE(WriteSynthetic(b.str(), o).ok());
+  auto ra = CheckpointReader::Open(a.str());
+  auto rb = CheckpointReader::Open(b.str());
+  REQUIRE(ra.ok());
+  REQUIRE(rb.ok());
+  CHECK(ra->manifest().UniqueParamCount() == 5000);
+  for (const auto& p : ra->manifest().params) {
+    CHECK(*ra->ReadParamFull(p.name) == *rb->ReadParamFull(p.name));
+  }
+}

@@ -1,0 +1,67 @@
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+
+#include "ckpt/dtype.h"
+#include "ckpt/units.h"
+#include "ckpt/writer.h"
+
+using namespace ckpt;
+
+TEST_CASE("ParseCount accepts the documented spellings", "[unit]") {
+  CHECK(*ParseCount("2M") == 2'000'000);
+  CHECK(*ParseCount("1.5B") == 1'500'000'000);
+  CHECK(*ParseCount("350e6") == 350'000'000);
+  CHECK(*ParseCount("2851e6") == 2'851'000'000);
+  CHECK(*ParseCount("2.851B") == 2'851'000'000);
+  CHECK(*ParseCount("7B") == 7'000'000'000);
+  CHECK(*ParseCount("1000") == 1000);
+  CHECK_FALSE(ParseCount("-5").ok());
+  CHECK_FALSE(ParseCount("1.5").ok());
+  CHECK_FALSE(ParseCount("12X").ok());
+  CHECK_FALSE(ParseCount("").ok());
+  CHECK_FALSE(ParseCount("1e30").ok());
+}
+
+TEST_CASE("ParseByteSize distinguishes GB and GiB", "[unit]") {
+  CHECK(*ParseByteSize("5GB") == 5'000'000'000ull);
+  CHECK(*ParseByteSize("2GiB") == 2ull << 30);
+  CHECK(*ParseByteSize("64MiB") == 64ull << 20);
+  CHECK(*ParseByteSize("4096") == 4096);
+  CHECK_FALSE(ParseByteSize("5 parsecs").ok());
+  CHECK_FALSE(ParseByteSize("-1GB").ok());
+}
+
+TEST_CASE("Compression::Parse", "[unit]") {
+  CHECK(Compression::Parse("none")->kind == Compression::Kind::kNone);
+  auto z = Compression::Parse("zstd:7+shuffle");
+  REQUIRE(z.ok());
+  CHECK(z->kind == Compression::Kind::kZstd);
+  CHECK(z->level == 7);
+  CHECK(z->shuffle);
+  CHECK(z->ToString() == "zstd:7+shuffle");
+  CHECK(Compression::Parse("zstd")->level == 3);
+  CHECK_FALSE(Compression::Parse("gzip").ok());
+  CHECK_FALSE(Compression::Parse("zstd:99").ok());
+  CHECK_FALSE(Compression::Parse("zstd:x").ok());
+}
+
+TEST_CASE("bf16 and fp16 conversions round to nearest even", "[unit]") {
+  CHECK(FloatToBf16(1.0f) == 0x3f80);
+  CHECK(Bf16ToFloat(0x3f80) == 1.0f);
+  // 1 + 2^-8 is exactly half-way between two bf16 values: ties to even (down).
+  CHECK(FloatToBf16(1.0f + std::ldexp(1.0f, -8)) == 0x3f80);
+  // 1 + 3 * 2^-8 ties up to the even neighbour.
+  CHECK(FloatToBf16(1.0f + 3 * std::ldexp(1.0f, -8)) == 0x3f82);
+  CHECK(std::isnan(Bf16ToFloat(FloatToBf16(NAN))));
+  CHECK(FloatToFp16(1.0f) == 0x3c00);
+  CHECK(FloatToFp16(65504.0f) == 0x7bff);
+  CHECK(FloatToFp16(70000.0f) == 0x7c00);
+  CHECK(FloatToFp16(std::ldexp(1.0f, -24)) == 0x0001);  // smallest subnormal
+  CHECK(Fp16ToFloat(0x0001) == std::ldexp(1.0f, -24));
+  CHECK(Fp16ToFloat(0xc000) == -2.0f);
+  for (float f : {0.1f, -3.75f, 1e-3f, 12345.0f}) {
+    CHECK(std::fabs(Fp16ToFloat(FloatToFp16(f)) - f) <= std::fabs(f) * 1e-3f);
+  }
+}

@@ -1,0 +1,46 @@
+# Shared by tools/*.sh: install the Debian packages the project needs (idempotent, quiet),
+# then configure and build. Source it; do not run it.
+
+CKPT_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CKPT_PACKAGES=(
+  cmake ninja-build g++ pkg-config
+  libhdf5-dev libzstd-dev nlohmann-json3-dev catch2 libcli11-dev libxxhash-dev
+  libopenmpi-dev openmpi-bin
+  python3 python3-h5py python3-hdf5plugin python3-numpy python3-torch python3-zstandard
+)
+
+ckpt_log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+
+ckpt_install_packages() {
+  local missing=()
+  for p in "${CKPT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  ckpt_log "installing Debian packages: ${missing[*]}"
+  local sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq >/dev/null
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# ckpt_build BUILD_DIR [cmake args...]
+ckpt_build() {
+  local dir="$1"
+  shift
+  if [ ! -f "$dir/build.ninja" ]; then
+    ckpt_log "configuring $dir"
+    cmake -S "$CKPT_ROOT" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
+  fi
+  ckpt_log "building $dir"
+  # Progress lines are noise in CI logs; errors and warnings still show.
+  local rc=0
+  cmake --build "$dir" -j "$(nproc)" 2>&1 |
+    { grep -vE '^\[[0-9]+/[0-9]+\] |^ninja: (Entering|Leaving)' || true; } || rc=$?
+  return "$rc"
+}
+
+# mpirun as root on a small machine.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1

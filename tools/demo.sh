@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# The main job, end to end: install, build, train a tiny byte-level LM on 4 MPI ranks with
+# ZeRO-2, save, resume, inspect and deep-check, show what corruption looks like, export to
+# safetensors, convert to the universal layout, reshard 4 -> 2 ranks and resume there, then
+# verify the next update and resume parity. Ends with a summary table.
+#
+# CKPT_DEMO_DIR (default /tmp/ckpt-demo) holds everything it writes; it is recreated.
+set -euo pipefail
+source "$(dirname "$0")/lib.sh"
+cd "$CKPT_ROOT"
+
+ckpt_install_packages
+ckpt_build build
+
+DEMO="${CKPT_DEMO_DIR:-/tmp/ckpt-demo}"
+BIN="$CKPT_ROOT/build/bin"
+CKPT="$BIN/ckpt"
+MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
+rm -rf "$DEMO"
+mkdir -p "$DEMO"
+declare -a SUMMARY=()
+note() { SUMMARY+=("$(printf '%-34s %s' "$1" "$2")"); }
+show_losses() {  # show_losses LOG FROM_STEP TO_STEP
+  /usr/bin/python3 - "$@" <<'PY'
+import json, sys
+log, lo, hi = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+for line in open(log):
+    r = json.loads(line)
+    if lo <= r["step"] <= hi:
+        print("    step %4d  loss %.4f  grad_norm %.4f  lr %.2e" % (r["step"], r["loss"], r["grad_norm"], r["lr"]))
+PY
+}
+last_loss() { /usr/bin/python3 -c "import json,sys; print('%.4f' % json.loads(open(sys.argv[1]).readlines()[-1])['loss'])" "$1"; }
+first_loss() { /usr/bin/python3 -c "import json,sys; print('%.4f' % json.loads(open(sys.argv[1]).readline())['loss'])" "$1"; }
+
+RUN="$DEMO/run"
+TRAIN=(--model tiny --zero 2 --micro-batch 4 --grad-accum 2 --lr 3e-3 --warmup 10 --seed 7
+       --save-every 20 --keep-last 3 --compress zstd:3)
+
+ckpt_log "1. train the tiny model on 4 ranks, ZeRO-2, 60 steps (checkpoints every 20)"
+"${MPIRUN[@]}" -n 4 "$BIN/engine_min" train "${TRAIN[@]}" --steps 60 --ckpt-dir "$RUN" \
+  --client-state run=demo --client-state owner=ckpt
+show_losses "$RUN/trainlog.jsonl" 1 3
+echo "    ..."
+show_losses "$RUN/trainlog.jsonl" 58 60
+note "train 4 ranks ZeRO-2, 60 steps" "loss $(first_loss "$RUN/trainlog.jsonl") -> $(last_loss "$RUN/trainlog.jsonl")"
+
+ckpt_log "2. resume from latest in fresh processes and continue to step 100"
+"${MPIRUN[@]}" -n 4 "$BIN/engine_min" train --resume --ckpt-dir "$RUN" --steps 100
+show_losses "$RUN/trainlog.jsonl" 61 63
+echo "    ..."
+show_losses "$RUN/trainlog.jsonl" 98 100
+note "resume 60 -> 100" "loss $(last_loss "$RUN/trainlog.jsonl") at step 100"
+
+ckpt_log "3. list, inspect and deep-check"
+"$CKPT" ls "$RUN"
+"$CKPT" inspect "$RUN" | head -14
+"$CKPT" check "$RUN" --deep
+note "ckpt check --deep (latest)" "ok"
+
+ckpt_log "4. what corruption looks like: one flipped byte in a copy of rank 2's file"
+BAD="$DEMO/corrupted"
+mkdir -p "$BAD"
+TAG=$(cat "$RUN/latest")
+cp -r "$RUN/$TAG" "$BAD/"
+echo "$TAG" > "$BAD/latest"
+/usr/bin/python3 - "$BAD/$TAG/rank_00002.h5" <<'PY'
+import sys
+p = sys.argv[1]
+b = bytearray(open(p, "rb").read())
+b[len(b) // 2] ^= 0x40
+open(p, "wb").write(b)
+PY
+set +e
+"$CKPT" check "$BAD" --deep
+rc=$?
+set -e
+echo "    exit code $rc (1 = corruption found, named above)"
+[ "$rc" -eq 1 ] || { echo "expected exit 1 from a corrupted checkpoint" >&2; exit 1; }
+note "corrupted copy: ckpt check --deep" "exit 1, names rank_00002.h5"
+
+ckpt_log "5. export fp32 weights to safetensors (reads master weights only)"
+"$CKPT" export-fp32 "$RUN" "$DEMO/export"
+ls -l "$DEMO/export"
+note "export-fp32" "$(ls "$DEMO/export" | tr '\n' ' ')"
+
+ckpt_log "6. universal layout, then reshard 4 -> 2 ranks"
+"$CKPT" to-universal "$RUN" "$DEMO/universal"
+"$CKPT" reshard "$DEMO/universal" "$DEMO/run2" --dp 2
+"$CKPT" inspect "$DEMO/run2" | head -5
+note "to-universal + reshard 4 -> 2" "ok"
+
+ckpt_log "7. resume on 2 ranks (grad-accum 4 keeps the global batch of 32) to step 110"
+"${MPIRUN[@]}" -n 2 "$BIN/engine_min" train --resume --ckpt-dir "$DEMO/run2" --grad-accum 4 \
+  --steps 110 --trainlog "$DEMO/run2/trainlog.jsonl"
+show_losses "$DEMO/run2/trainlog.jsonl" 101 103
+note "resume on 2 ranks, 100 -> 110" "loss $(first_loss "$DEMO/run2/trainlog.jsonl") -> $(last_loss "$DEMO/run2/trainlog.jsonl")"
+
+ckpt_log "8. next AdamW update: full state vs weights-only vs moments dropped"
+"$CKPT" next-update "$RUN"
+ckpt_log "9. resume parity and ablations (3 steps from the latest checkpoint)"
+set +e
+"$CKPT" verify-resume "$RUN" --steps 3 --ablate all
+rc=$?
+set -e
+note "verify-resume (plain)" "$([ $rc -eq 0 ] && echo bitwise || echo "DIVERGED (exit $rc)")"
+ckpt_log "10. the CI gate: ckpt verify"
+set +e
+"$CKPT" verify "$RUN" --junit "$DEMO/verify-junit.xml"
+vrc=$?
+set -e
+note "ckpt verify (CI gate)" "exit $vrc, JUnit in $DEMO/verify-junit.xml"
+
+echo
+ckpt_log "summary"
+for line in "${SUMMARY[@]}"; do echo "  $line"; done
+echo "  everything is under $DEMO"
+[ "$rc" -eq 0 ] && [ "$vrc" -eq 0 ]

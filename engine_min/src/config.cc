@@ -28,6 +28,7 @@ nlohmann::json EngineConfig::ToJson() const {
           {"lr", lr},
           {"min_lr", min_lr},
           {"warmup", warmup},
+          {"lr_decay_steps", lr_decay_steps},
           {"weight_decay", weight_decay},
           {"grad_clip", grad_clip},
           {"beta1", beta1},
@@ -74,6 +75,8 @@ void AddTrainingOptions(CLI::App& app, GivenOptions& g) {
   g.Add<double>(app, "--lr", "lr", "peak learning rate (default 1e-3)");
   g.Add<double>(app, "--min-lr", "min_lr", "final learning rate of the cosine (default 1e-4)");
   g.Add<int64_t>(app, "--warmup", "warmup", "linear warmup steps (default 10)");
+  g.Add<int64_t>(app, "--lr-decay-steps", "lr_decay_steps",
+                 "step where the cosine reaches --min-lr (default: --steps)");
   g.Add<double>(app, "--weight-decay", "weight_decay", "AdamW weight decay (default 0.01)");
   g.Add<double>(app, "--grad-clip", "grad_clip", "global-norm clip, 0 disables (default 1.0)");
   g.Add<double>(app, "--beta1", "beta1", "AdamW beta1 (default 0.9)");
@@ -203,6 +206,7 @@ ckpt::Result<EngineConfig> ResolveConfig(const nlohmann::json& given, const nloh
     c.lr = Pick<double>(given, base, "lr", c.lr);
     c.min_lr = Pick<double>(given, base, "min_lr", c.min_lr);
     c.warmup = Pick<int64_t>(given, base, "warmup", c.warmup);
+    c.lr_decay_steps = Pick<int64_t>(given, base, "lr_decay_steps", c.lr_decay_steps);
     c.weight_decay = Pick<double>(given, base, "weight_decay", c.weight_decay);
     c.grad_clip = Pick<double>(given, base, "grad_clip", c.grad_clip);
     c.beta1 = Pick<double>(given, base, "beta1", c.beta1);
@@ -229,6 +233,7 @@ ckpt::Result<EngineConfig> ResolveConfig(const nlohmann::json& given, const nloh
     return ckpt::InvalidArgument("learning rates must satisfy 0 <= --min-lr <= --lr, --lr > 0");
   }
   if (c.warmup < 0) return ckpt::InvalidArgument("--warmup must be >= 0");
+  if (c.lr_decay_steps < 0) return ckpt::InvalidArgument("--lr-decay-steps must be >= 0");
   if (!(c.weight_decay >= 0)) return ckpt::InvalidArgument("--weight-decay must be >= 0");
   if (!(c.grad_clip >= 0)) return ckpt::InvalidArgument("--grad-clip must be >= 0");
   if (!(c.beta1 >= 0 && c.beta1 < 1 && c.beta2 >= 0 && c.beta2 < 1 && c.eps > 0)) {

@@ -115,6 +115,26 @@ void ApplyAdamW(const EngineConfig& config, double lr, int64_t step, float* w, f
   ckpt::AdamWUpdate(hyper, w, m, v, g, n);
 }
 
+ckpt::Status CheckResumeTopology(const ckpt::Manifest& m, const std::string& where, int world,
+                                 int zero_stage) {
+  const std::string reshard_hint =
+      "; convert it with `ckpt reshard` to this topology first (nothing on disk was changed)";
+  if (m.kind != "sharded") {
+    return ckpt::FailedPrecondition(where + " is a '" + m.kind + "' checkpoint, not a sharded "
+                                    "training checkpoint" + reshard_hint);
+  }
+  if (m.topology.dp_world_size != world || m.topology.zero_stage != zero_stage ||
+      m.topology.tp != 1 || m.topology.pp != 1) {
+    return ckpt::FailedPrecondition(
+        where + " was saved by " + std::to_string(m.topology.dp_world_size) +
+        " data-parallel ranks with ZeRO-" + std::to_string(m.topology.zero_stage) + " (tp " +
+        std::to_string(m.topology.tp) + ", pp " + std::to_string(m.topology.pp) +
+        "); this run has " + std::to_string(world) + " ranks with ZeRO-" +
+        std::to_string(zero_stage) + reshard_hint);
+  }
+  return ckpt::Status::Ok();
+}
+
 std::string TrainlogLine(const StepStats& s) {
   std::string line = "{\"step\": " + std::to_string(s.step) + ", \"loss\": " +
                      FormatDouble(s.loss) + ", \"grad_norm\": " + FormatDouble(s.grad_norm) +
@@ -199,7 +219,7 @@ Engine::Engine(const EngineConfig& config, const Corpus& corpus, MpiComm& mpi,
       rank_(mpi.rank()),
       world_(mpi.world_size()),
       stage_(config.zero_stage),
-      schedule_(config.lr, config.min_lr, config.warmup, config.steps) {}
+      schedule_(config.lr, config.min_lr, config.warmup, config.DecaySteps()) {}
 
 ckpt::Result<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
                                                      const Corpus& corpus, MpiComm& mpi,
@@ -328,7 +348,7 @@ ckpt::Status Engine::InitFresh() {
     }
   }
   counters_ = ckpt::Counters{};
-  schedule_ = WarmupCosine(config_.lr, config_.min_lr, config_.warmup, config_.steps);
+  schedule_ = WarmupCosine(config_.lr, config_.min_lr, config_.warmup, config_.DecaySteps());
   dropout_rng_ = FreshDropoutRng(config_.seed, rank_);
   order_ = std::make_unique<GlobalOrder>(static_cast<int64_t>(corpus_.samples().size()),
                                          GlobalOrder::FreshShuffleRng(config_.seed),
@@ -643,19 +663,7 @@ ckpt::Status Engine::Restore(const ckpt::CheckpointReader& reader,
   const std::string where = reader.dir();
   const std::string reshard_hint =
       "; convert it with `ckpt reshard` to this topology first (nothing on disk was changed)";
-  if (m.kind != "sharded") {
-    return ckpt::FailedPrecondition(where + " is a '" + m.kind + "' checkpoint, not a sharded "
-                                    "training checkpoint" + reshard_hint);
-  }
-  if (m.topology.dp_world_size != world_ || m.topology.zero_stage != stage_ ||
-      m.topology.tp != 1 || m.topology.pp != 1) {
-    return ckpt::FailedPrecondition(
-        where + " was saved by " + std::to_string(m.topology.dp_world_size) +
-        " data-parallel ranks with ZeRO-" + std::to_string(m.topology.zero_stage) +
-        " (tp " + std::to_string(m.topology.tp) + ", pp " + std::to_string(m.topology.pp) +
-        "); this run has " + std::to_string(world_) + " ranks with ZeRO-" +
-        std::to_string(stage_) + reshard_hint);
-  }
+  CKPT_RETURN_IF_ERROR(CheckResumeTopology(m, where, world_, stage_), "resume");
   // Same model: the same table, names, shapes, frozen and tied flags, and the same layout.
   if (m.params.size() != params_.size()) {
     return ckpt::FailedPrecondition(where + " has " + std::to_string(m.params.size()) +
@@ -760,7 +768,7 @@ ckpt::Status Engine::Restore(const ckpt::CheckpointReader& reader,
     shuffle = GlobalOrder::ShuffleRngAtEpoch(config_.seed, n_samples, position.epoch);
   }
   order_ = std::make_unique<GlobalOrder>(n_samples, shuffle, position);
-  schedule_ = WarmupCosine(config_.lr, config_.min_lr, config_.warmup, config_.steps);
+  schedule_ = WarmupCosine(config_.lr, config_.min_lr, config_.warmup, config_.DecaySteps());
   const int sched_rank = has(rank_, ckpt::kScheduler) ? rank_ : 0;
   if (has(sched_rank, ckpt::kScheduler)) {
     CKPT_ASSIGN_OR_RETURN(nlohmann::json sj, reader.ReadJson(sched_rank, ckpt::kScheduler),
@@ -790,7 +798,7 @@ ckpt::Status Engine::ResetComponents(const std::set<std::string>& reset) {
                                            DataPosition{});
   }
   if (reset.count("scheduler")) {
-    schedule_ = WarmupCosine(config_.lr, config_.min_lr, config_.warmup, config_.steps);
+    schedule_ = WarmupCosine(config_.lr, config_.min_lr, config_.warmup, config_.DecaySteps());
   }
   return ckpt::Status::Ok();
 }

@@ -95,6 +95,15 @@ int Run(int argc, char** argv) {
             reader->dir() + " has no engine_config from engine_min; it cannot be resumed here"));
       }
     }
+    if (reader) {
+      // Topology first: a checkpoint from another world size would otherwise fail on its
+      // batch arithmetic with a less useful message.
+      const int zero = cl.given.contains("zero") ? cl.given["zero"].get<int>()
+                                                 : reader->manifest().topology.zero_stage;
+      ckpt::Status s =
+          CheckResumeTopology(reader->manifest(), reader->dir(), mpi.world_size(), zero);
+      if (!s.ok()) return Fail(s);
+    }
     auto config = ResolveConfig(cl.given, base, mpi.world_size());
     if (!config.ok()) return Fail(config.status());
     if (config->corpus.empty()) config->corpus = DefaultCorpusPath();

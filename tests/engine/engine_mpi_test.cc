@@ -99,7 +99,9 @@ void StraightVsResume(int zero, int dp, int accum) {
   // Straight: 4 steps. Split: 2 steps + final save, then fresh processes resume for 2 more.
   REQUIRE(Engine(dp, "train " + common + " --steps 4 --ckpt-dir " + a, dir / "a.log", &log) == 0);
   INFO(log);
-  REQUIRE(Engine(dp, "train " + common + " --steps 2 --ckpt-dir " + b, dir / "b1.log", &log) == 0);
+  // The first launch stops at step 2 of the same 4-step schedule, like a preempted job.
+  REQUIRE(Engine(dp, "train " + common + " --steps 2 --lr-decay-steps 4 --ckpt-dir " + b,
+                 dir / "b1.log", &log) == 0);
   REQUIRE(Engine(dp, "train --resume --steps 4 --ckpt-dir " + b, dir / "b2.log", &log) == 0);
   const auto la = Lines(a + "/trainlog.jsonl"), lb = Lines(b + "/trainlog.jsonl");
   REQUIRE(la.size() == 4);
@@ -200,7 +202,8 @@ TEST_CASE("resuming without restoring a component diverges", "[mpi]") {
   const auto ref = Lines(straight + "/trainlog.jsonl");
   REQUIRE(ref.size() == 3);
   const std::string base = dir / "base";
-  REQUIRE(Engine(2, "train " + common + " --steps 2 --ckpt-dir " + base, dir / "log") == 0);
+  REQUIRE(Engine(2, "train " + common + " --steps 2 --lr-decay-steps 3 --ckpt-dir " + base,
+                 dir / "log") == 0);
 
   // Control: a faithful resume reproduces step 3 exactly.
   {
@@ -400,12 +403,12 @@ TEST_CASE("training the tiny model for a few hundred steps lowers the loss", "[m
                  dir / "log", &log) == 0);
   const auto lines = Lines(root + "/trainlog.jsonl");
   REQUIRE(lines.size() == 200);
-  double first = 0, last = 0;
-  for (int i = 0; i < 20; ++i) {
-    first += J(lines[i])["loss"].get<double>() / 20;
-    last += J(lines[180 + i])["loss"].get<double>() / 20;
-  }
-  INFO("mean loss of steps 1-20: " << first << ", of steps 181-200: " << last);
+  // Step 1 is at the untrained ~ln(256) = 5.55 nats per byte; the mean of the last 20 steps
+  // must be at least 35% lower (it reaches ~3.2).
+  const double first = J(lines[0])["loss"].get<double>();
+  double last = 0;
+  for (int i = 180; i < 200; ++i) last += J(lines[i])["loss"].get<double>() / 20;
+  INFO("loss of step 1: " << first << ", mean of steps 181-200: " << last);
   CHECK(first > 5.0);
-  CHECK(last < first - 1.5);
+  CHECK(last < 0.65 * first);
 }

@@ -29,6 +29,7 @@ struct EngineConfig {
   double lr = 1e-3;
   double min_lr = 1e-4;
   int64_t warmup = 10;
+  int64_t lr_decay_steps = 0;  // cosine horizon; 0: --steps
   double weight_decay = 0.01;
   double grad_clip = 1.0;
   double beta1 = 0.9;
@@ -43,6 +44,7 @@ struct EngineConfig {
   int sample_max = 48;
   std::string comm = "mpi";  // "mpi" | "nccl"
 
+  int64_t DecaySteps() const { return lr_decay_steps > 0 ? lr_decay_steps : steps; }
   // engine_config as saved in the manifest.
   nlohmann::json ToJson() const;
 };

@@ -60,6 +60,12 @@ struct StepStats {
 void ApplyAdamW(const EngineConfig& config, double lr, int64_t step, float* w, float* m, float* v,
                 const float* g, size_t n);
 
+// Refuses (FailedPrecondition, pointing to `ckpt reshard`) a checkpoint written by another
+// data-parallel size, ZeRO stage or tensor/pipeline layout, or one that is not a sharded
+// training checkpoint. Reads nothing but the manifest.
+ckpt::Status CheckResumeTopology(const ckpt::Manifest& m, const std::string& where, int world,
+                                 int zero_stage);
+
 // One line of trainlog.jsonl (docs/architecture.md).
 std::string TrainlogLine(const StepStats& s);
 

@@ -82,6 +82,7 @@ Result<CheckpointConfig> CheckpointConfigFromCheckpoint(const std::string& path,
   CheckpointConfig c;
   c.table = std::move(table);
   c.world = m.topology.dp_world_size;
+  c.source_world = c.world;
   c.zero_stage = m.topology.zero_stage;
   c.alignment = m.partition.alignment;
   c.tag = m.tag;
@@ -329,6 +330,17 @@ Result<CheckpointEstimate> EstimateCheckpoint(const CheckpointConfig& c) {
     if (p.frozen && p.tied_to.empty()) prepared += static_cast<uint64_t>(p.numel) * DTypeSize(p.dtype);
   }
   e.reshard_peak_ram = prepared;
+  // Each new rank reads master, exp_avg and exp_avg_sq from the source files its range
+  // overlaps: at most ceil(source / world) + 1 of them, each dataset's cache holding at most
+  // 16 MiB or the whole source dataset.
+  const int64_t source_world = c.source_world > 0 ? c.source_world : c.world;
+  const uint64_t source_dataset =
+      4 * (static_cast<uint64_t>(e.trainable_params) + static_cast<uint64_t>(source_world) - 1) /
+      static_cast<uint64_t>(source_world);
+  const uint64_t per_file = 3 * std::min<uint64_t>(16u << 20, source_dataset);
+  const uint64_t files_read = static_cast<uint64_t>(std::min<int64_t>(
+      source_world, (source_world + c.world - 1) / c.world + 1));
+  e.reshard_chunk_cache_max = static_cast<uint64_t>(c.world) * files_read * per_file;
   return e;
 }
 
@@ -367,8 +379,11 @@ std::string FormatCheckpointEstimate(const CheckpointEstimate& e) {
                    "largest frozen tensor, HDF5 chunk caches\n",
                    static_cast<unsigned long long>(e.export_peak_ram), gib(e.export_peak_ram));
   out += StrFormat("peak RAM, reshard into this layout: about %llu bytes (%.3f GiB): every new "
-                   "rank's fp32 master + moments at once\n",
-                   static_cast<unsigned long long>(e.reshard_peak_ram), gib(e.reshard_peak_ram));
+                   "rank's fp32 master + moments at once, plus up to %llu bytes (%.3f GiB) of "
+                   "HDF5 chunk cache\n",
+                   static_cast<unsigned long long>(e.reshard_peak_ram), gib(e.reshard_peak_ram),
+                   static_cast<unsigned long long>(e.reshard_chunk_cache_max),
+                   gib(e.reshard_chunk_cache_max));
   out += "Not counted in RAM: the process itself (code, HDF5 library state), page cache.\n";
   return out;
 }
@@ -401,6 +416,7 @@ nlohmann::json CheckpointEstimateToJson(const CheckpointEstimate& e) {
           {"universal_payload_bytes", e.universal_payload},
           {"export_fp32_peak_ram_bytes", e.export_peak_ram},
           {"reshard_peak_ram_bytes", e.reshard_peak_ram},
+          {"reshard_chunk_cache_max_bytes", e.reshard_chunk_cache_max},
           {"largest_tensor", e.largest_tensor}};
 }
 

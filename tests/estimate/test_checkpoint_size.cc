@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "ckpt/synth.h"
@@ -171,4 +172,42 @@ TEST_CASE("live counts from a checkpoint and from its safetensors export agree",
   CHECK(est::ParamTableFromSafetensors(scratch / "missing").status().code() ==
         ckpt::StatusCode::kNotFound);
   CHECK(!est::ParamTableFromCheckpoint(scratch / "missing").ok());
+}
+
+TEST_CASE("peak RAM estimates bound the measured export-fp32 and reshard", "[io]") {
+  if (!fs::exists("/usr/bin/time") || !fs::exists(ckpt::testing::BinDir() + "/ckpt")) {
+    WARN("needs /usr/bin/time and build/bin/ckpt; skipped");
+    return;
+  }
+  ckpt::testing::ScratchDir scratch("estimate-ram");
+  // 8M parameters on 2 ranks: 96 MB of fp32 state.
+  const std::string root = WriteSynth(scratch, "root", 2, 2, 8000000, 4u << 20);
+  auto cfg = est::CheckpointConfigFromCheckpoint(root);
+  REQUIRE(cfg.ok());
+  cfg->world = 3;  // reshard 2 -> 3
+  cfg->aux_by_rank.clear();
+  auto e = est::EstimateCheckpoint(*cfg);
+  REQUIRE(e.ok());
+  auto max_rss = [&](const std::string& args) -> uint64_t {
+    const std::string rss = scratch / "rss";
+    const int rc = ckpt::testing::RunShell("/usr/bin/time -f %M -o " + rss + " " +
+                                           ckpt::testing::BinDir() + "/ckpt " + args +
+                                           " > /dev/null 2>&1");
+    REQUIRE(rc == 0);
+    std::ifstream in(rss);
+    uint64_t kib = 0;
+    in >> kib;
+    return kib * 1024;
+  };
+  const uint64_t reshard = max_rss("reshard " + root + " " + scratch / "rs" + " --dp 3");
+  const uint64_t exported = max_rss("export-fp32 " + root + " " + scratch / "exp");
+  INFO("reshard measured " << reshard << " estimated " << e->reshard_peak_ram);
+  INFO("export measured " << exported << " estimated " << e->export_peak_ram);
+  // Reshard holds every new rank's state at once: the estimate is most of what it uses, and
+  // the rest is the process itself (code, HDF5, chunk caches).
+  CHECK(reshard >= e->reshard_peak_ram * 9 / 10);
+  CHECK(reshard <= e->reshard_peak_ram + e->reshard_chunk_cache_max + (64u << 20));
+  // Export streams: far below the state size, within the process overhead of the estimate.
+  CHECK(exported <= e->export_peak_ram + (96u << 20));
+  CHECK(exported < e->reshard_peak_ram / 2);
 }

@@ -57,6 +57,8 @@ struct CheckpointConfig {
   // A rank without a shard (ZeRO-0 ranks > 0): engine_min writes no master/moment datasets,
   // `ckpt synth` writes them empty.
   bool empty_shard_datasets = false;
+  // World size of the checkpoint a reshard would read (0: the same as `world`).
+  int64_t source_world = 0;
 };
 
 // The configuration that reproduces an existing checkpoint: its parameter table, world size,
@@ -100,8 +102,11 @@ struct CheckpointEstimate {
   // file. Estimated from convert/src/export.cc, not measured.
   uint64_t export_peak_ram = 0;
   // `ckpt reshard` into this layout: every new rank's master + moments are prepared in memory
-  // before the collective save (convert/src/reshard.cc), so 12 B × Σ shard + frozen + aux.
+  // before the collective save (convert/src/reshard.cc), so 12 B × Σ shard + frozen + aux;
+  // on top, each new rank's reader keeps up to 16 MiB of HDF5 chunk cache per source dataset
+  // it reads (reshard_chunk_cache_max).
   uint64_t reshard_peak_ram = 0;
+  uint64_t reshard_chunk_cache_max = 0;
   std::string largest_tensor;
 };
 

@@ -106,13 +106,6 @@ Result<Sizes> ResolveSizes(const SizeFlags& f, bool need_largest) {
 }
 
 
-// Strips the empty context CKPT_*_OR_RETURN leaves when given "".
-Status Clean(Status s) {
-  std::string m = s.message();
-  while (m.rfind(": ", 0) == 0) m = m.substr(2);
-  return Status(s.code(), m);
-}
-
 struct ZeroFlags {
   SizeFlags size;
   int64_t gpus_per_node = 1;
@@ -123,7 +116,7 @@ struct ZeroFlags {
 
 int RunZero(int stage, const ZeroFlags& f, bool json) {
   auto sizes = ResolveSizes(f.size, stage == 3);
-  if (!sizes.ok()) return ReportError(kCommand, Clean(sizes.status()), json);
+  if (!sizes.ok()) return ReportError(kCommand, sizes.status(), json);
   auto formula = est::ParseZeroFormula(f.formula);
   if (!formula.ok()) return ReportError(kCommand, formula.status(), json);
   est::ClusterShape cluster{f.gpus_per_node, f.nodes, f.buffer_factor};
@@ -163,7 +156,7 @@ struct StatesFlags {
 
 int RunStates(const StatesFlags& f, bool json) {
   auto sizes = ResolveSizes(f.size, false);
-  if (!sizes.ok()) return ReportError(kCommand, Clean(sizes.status()), json);
+  if (!sizes.ok()) return ReportError(kCommand, sizes.status(), json);
   auto t = est::EstimateStates(sizes->total, f.ranks, f.param_bytes, f.grad_bytes,
                                f.optim_bytes);
   if (!t.ok()) return ReportError(kCommand, t.status(), json);
@@ -226,7 +219,7 @@ int RunTrain(const TrainFlags& f, bool json) {
   est::TrainConfig c;
   c.shape = {f.shape.layers, f.shape.hidden, f.shape.heads, f.shape.vocab, f.shape.seq_len};
   auto params = OptionalCount(f.shape.params, "--params");
-  if (!params.ok()) return ReportError(kCommand, Clean(params.status()), json);
+  if (!params.ok()) return ReportError(kCommand, params.status(), json);
   c.params = *params;
   if (!c.params && f.shape.vocab < 1) {
     return ReportError(kCommand, InvalidArgument("train needs --vocab or --params"), json);
@@ -277,7 +270,7 @@ int RunInfer(const InferFlags& f, bool json) {
   est::InferConfig c;
   c.shape = {f.shape.layers, f.shape.hidden, f.shape.heads, f.shape.vocab, f.shape.seq_len};
   auto params = OptionalCount(f.shape.params, "--params");
-  if (!params.ok()) return ReportError(kCommand, Clean(params.status()), json);
+  if (!params.ok()) return ReportError(kCommand, params.status(), json);
   c.params = *params;
   if (!c.params && f.shape.vocab < 1) {
     return ReportError(kCommand, InvalidArgument("infer needs --vocab or --params"), json);

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Benchmarks (issue 7): ckpt save / load / export / reshard / next-update side by side with the
+# raw I/O floor and torch.save, measured in one invocation on the same bytes.
+#
+#   tools/bench.sh [--size 2GiB] [--ranks 4] [--reps 3] [--json FILE] [--skip PHASES] ...
+#
+# Builds Release into build-bench/ (Debian packages installed first, as tools/test.sh does),
+# compiles the two measurement helpers under tools/bench/ against the built libckpt.a, then
+# runs tools/bench/bench.py, which prints the table and PASS/MISS against the targets
+# (`tools/bench.sh --help` lists every option). Never fails on a timing; exit 2 if it cannot run.
+# Run as root to drop the page cache between phases (otherwise reads may come from memory and
+# the report says so). docs/performance.md holds the latest figures.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$CKPT_ROOT"
+
+for arg in "$@"; do
+  if [ "$arg" = "--help" ] || [ "$arg" = "-h" ]; then
+    exec /usr/bin/python3 tools/bench/bench.py --help
+  fi
+done
+
+ckpt_install_packages
+ckpt_build build-bench -DCMAKE_BUILD_TYPE=Release -DCKPT_BUILD_TESTS=OFF
+
+BIN=build-bench/bin
+# The helpers are built here rather than by CMake so the benchmark adds no target to the
+# project's build; they use only ckpt's public headers.
+helper() {
+  local out="$1" src="$2"
+  shift 2
+  if [ ! -x "$out" ] || [ "$src" -nt "$out" ] || [ build-bench/lib/libckpt.a -nt "$out" ]; then
+    ckpt_log "compiling $out"
+    g++ -O2 -std=c++20 -Wall -Wextra -Wno-unused-parameter "$src" -o "$out" "$@"
+  fi
+}
+helper "$BIN/raw_io" tools/bench/raw_io.cc -lpthread
+HDF5_LIBS="$(pkg-config --libs hdf5-serial 2>/dev/null || pkg-config --libs hdf5)"
+helper "$BIN/ckpt_io" tools/bench/ckpt_io.cc -Ickpt/include build-bench/lib/libckpt.a \
+  $HDF5_LIBS -lzstd -lxxhash -lpthread
+
+exec /usr/bin/python3 tools/bench/bench.py "$@"

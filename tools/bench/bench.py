@@ -1,0 +1,522 @@
+"""The measurement driver of tools/bench.sh (run it through bench.sh, which builds first).
+
+Every phase runs on the same bytes in this one invocation, so each ratio compares ckpt with
+the raw floor measured minutes earlier on the same machine. Each timed phase runs --reps times
+(the page cache is dropped before each one when the OS allows it); figures are the median with
+min-max. Peak RSS is the child's ru_maxrss from wait4. The targets come from issue 7; the
+benchmark prints PASS/MISS and never fails on a timing.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+GiB = 1024.0 ** 3
+MiB = 1024.0 ** 2
+
+
+def parse_size(text):
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([KMGT]i?B?|B?)\s*", text, re.I)
+    if not m:
+        raise argparse.ArgumentTypeError("bad size %r (e.g. 2GiB, 512MiB)" % text)
+    unit = m.group(2).upper().replace("IB", "").replace("B", "")
+    mult = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3, "T": 1024 ** 4}[unit]
+    return int(float(m.group(1)) * mult)
+
+
+def log(msg):
+    sys.stderr.write("\033[1m==> %s\033[0m\n" % msg)
+    sys.stderr.flush()
+
+
+class Runner:
+    def __init__(self, bin_dir):
+        self.bin = bin_dir
+
+    def run(self, cmd, env=None, check=True):
+        """Runs cmd; returns (stdout, stderr, seconds, maxrss_kib, exit code)."""
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            t0 = time.perf_counter()
+            p = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
+            _, status, ru = os.wait4(p.pid, 0)
+            secs = time.perf_counter() - t0
+            p.returncode = os.waitstatus_to_exitcode(status)
+            out.seek(0)
+            err.seek(0)
+            o, e = out.read().decode(errors="replace"), err.read().decode(errors="replace")
+        if check and p.returncode != 0:
+            raise RuntimeError("%s failed (exit %d):\n%s\n%s" % (" ".join(cmd), p.returncode,
+                                                               o[-2000:], e[-2000:]))
+        return o, e, secs, ru.ru_maxrss, p.returncode
+
+    def json(self, cmd, env=None):
+        o, e, secs, rss, rc = self.run(cmd, env=env)
+        last = [line for line in o.splitlines() if line.strip().startswith("{")]
+        return json.loads(last[-1]), secs, rss
+
+
+def drop_caches():
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return "ok"
+    except OSError as e:
+        return "could not drop the page cache (%s); reads may come from memory" % e
+
+
+def stats(values):
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "n": len(values), "values": values}
+
+
+def fmt_range(s, scale=1.0, digits=2):
+    return "%.*f (%.*f-%.*f)" % (digits, s["median"] * scale, digits, s["min"] * scale,
+                                 digits, s["max"] * scale)
+
+
+def machine_info(work_dir):
+    info = {"nproc": os.cpu_count(), "kernel": platform.release()}
+    try:
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        for line in lscpu.splitlines():
+            if line.startswith("Model name:"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+        flags = open("/proc/cpuinfo").read()
+        info["avx2"] = " avx2 " in flags
+        info["avx512f"] = " avx512f " in flags
+    except OSError:
+        pass
+    try:
+        info["mem_gib"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GiB, 1)
+    except (ValueError, OSError):
+        pass
+    try:
+        df = subprocess.run(["df", "-hT", work_dir], capture_output=True, text=True).stdout
+        info["disk"] = df.splitlines()[-1]
+        dev = df.splitlines()[-1].split()[0]
+        base = os.path.basename(dev)
+        rot = "/sys/block/%s/queue/rotational" % re.sub(r"p?[0-9]+$", "", base)
+        if os.path.exists(rot):
+            info["disk_rotational"] = open(rot).read().strip() == "1"
+    except (OSError, IndexError):
+        pass
+    info["loadavg_at_start"] = os.getloadavg()
+    return info
+
+
+def main():
+    ap = argparse.ArgumentParser(prog="tools/bench.sh")
+    ap.add_argument("--size", type=parse_size, default=parse_size("2GiB"),
+                    help="checkpoint bytes (master + exp_avg + exp_avg_sq), default 2GiB")
+    ap.add_argument("--ranks", type=int, default=4, help="data-parallel ranks (files, threads)")
+    ap.add_argument("--reps", type=int, default=3, help="repetitions per timed phase")
+    ap.add_argument("--json", help="write every figure here")
+    ap.add_argument("--work", default=None, help="scratch directory (default build-bench/bench-work)")
+    ap.add_argument("--compress", default="zstd:3", help="compression for the zstd save phase")
+    ap.add_argument("--engine-model", default="small", help="engine_min preset for the zstd study")
+    ap.add_argument("--engine-steps", type=int, default=30, help="training steps for the zstd study")
+    ap.add_argument("--skip", default="", help="comma list of phases to skip: torch,scaling,zstd,"
+                    "variants,reshard,export,nextupdate")
+    ap.add_argument("--bin", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    root_dir = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    bin_dir = a.bin or os.path.join(root_dir, "build-bench", "bin")
+    work = a.work or os.path.join(root_dir, "build-bench", "bench-work")
+    skip = set(x for x in a.skip.split(",") if x)
+    if a.ranks < 1 or a.reps < 1:
+        ap.error("--ranks and --reps must be positive")
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    R = Runner(bin_dir)
+    ckpt = os.path.join(bin_dir, "ckpt")
+    raw_io = os.path.join(bin_dir, "raw_io")
+    ckpt_io = os.path.join(bin_dir, "ckpt_io")
+    t_start = time.perf_counter()
+    res = {"when_utc": datetime.datetime.utcnow().strftime("%Y-%m-%dT%H:%M:%SZ"),
+           "command": " ".join(["tools/bench.sh"] + sys.argv[1:]),
+           "size_bytes": a.size, "ranks": a.ranks, "reps": a.reps,
+           "machine": machine_info(work), "phases": {}, "targets": [], "notes": []}
+    ph = res["phases"]
+    res["drop_caches"] = drop_caches()
+    if res["drop_caches"] != "ok":
+        res["notes"].append(res["drop_caches"])
+    params = max(64, a.size // 12)
+    per_file = a.size // a.ranks
+    log("size %.2f GiB, %d ranks, %d params, %d reps; work dir %s; page cache: %s" %
+        (a.size / GiB, a.ranks, params, a.reps, work, res["drop_caches"]))
+
+    # --- raw floor ------------------------------------------------------------------------
+    raw_dir = os.path.join(work, "raw")
+    os.makedirs(raw_dir)
+    w_s, r_s = [], []
+    for _ in range(a.reps):
+        for f in os.listdir(raw_dir):
+            os.remove(os.path.join(raw_dir, f))
+        drop_caches()
+        j, _, rss_w = R.json([raw_io, "write", raw_dir, "--files", str(a.ranks),
+                              "--bytes-per-file", str(per_file)])
+        w_s.append(j["seconds"])
+        drop_caches()
+        j, _, rss_r = R.json([raw_io, "read", raw_dir, "--files", str(a.ranks)])
+        r_s.append(j["seconds"])
+    raw_bytes = per_file * a.ranks
+    shutil.rmtree(raw_dir)
+    ph["raw_write"] = {"bytes": raw_bytes, "seconds": stats(w_s), "maxrss_kib": rss_w}
+    ph["raw_read"] = {"bytes": raw_bytes, "seconds": stats(r_s), "maxrss_kib": rss_r}
+    raw_w_gibs = raw_bytes / GiB / ph["raw_write"]["seconds"]["median"]
+    raw_r_gibs = raw_bytes / GiB / ph["raw_read"]["seconds"]["median"]
+    log("raw write %.2f GiB/s, read %.2f GiB/s" % (raw_w_gibs, raw_r_gibs))
+
+    def record(name, nbytes, secs, rss, floor_gibs, extra=None):
+        s = stats(secs)
+        gibs = nbytes / GiB / s["median"]
+        d = {"bytes": nbytes, "seconds": s, "gib_per_s": gibs,
+             "gib_per_s_range": [nbytes / GiB / s["max"], nbytes / GiB / s["min"]],
+             "maxrss_kib": rss}
+        if floor_gibs:
+            d["floor_gib_per_s"] = floor_gibs
+            d["ratio"] = gibs / floor_gibs
+        if extra:
+            d.update(extra)
+        ph[name] = d
+        log("%s: %.2f GiB/s%s" % (name, gibs, (", %.2fx floor" % d["ratio"]) if floor_gibs else ""))
+        return d
+
+    # --- ckpt save, no compression -------------------------------------------------------
+    ck_root = os.path.join(work, "ckpt")
+    j, _, rss = R.json([ckpt_io, "save", ck_root, "--ranks", str(a.ranks), "--params", str(params),
+                        "--reps", str(a.reps), "--drop-caches"])
+    save = record("save", j["logical_bytes"], [r["seconds"] for r in j["reps"]], rss, raw_w_gibs,
+                  {"file_bytes": j["reps"][-1]["file_bytes"],
+                   "rss_over_state_kib": j["maxrss_kib"] - j["maxrss_kib_before"],
+                   "compress": "none"})
+    logical = j["logical_bytes"]
+
+    # --- load with checksum verification -------------------------------------------------
+    j, _, rss = R.json([ckpt_io, "load", ck_root, "--reps", str(a.reps), "--drop-caches"])
+    record("load_verified", j["logical_bytes"], [r["seconds"] for r in j["reps"]], rss, raw_r_gibs,
+           {"rss_over_buffers_kib": j["maxrss_kib"] - j["maxrss_kib_before"]})
+    j, _, rss = R.json([ckpt_io, "load", ck_root, "--reps", "1", "--drop-caches", "--no-verify"])
+    record("load_unverified", j["logical_bytes"], [r["seconds"] for r in j["reps"]], rss, raw_r_gibs)
+    drop_caches()
+    _, _, secs, rss, rc = R.run([ckpt, "check", "--deep", ck_root], check=False)
+    record("check_deep", logical, [secs], rss, raw_r_gibs,
+           {"exit": rc, "note": "reads every file twice: file XXH3, then every dataset's XXH3"})
+
+    # --- save variants: what each SaveOptions knob costs ---------------------------------
+    if "variants" not in skip:
+        var_root = os.path.join(work, "variants")
+        for name, extra in [("save_no_file_checksum", ["--no-file-checksum"]),
+                            ("save_chunk_16MiB", ["--chunk-bytes", str(16 << 20)]),
+                            ("save_chunk_1MiB", ["--chunk-bytes", str(1 << 20)])]:
+            shutil.rmtree(var_root, ignore_errors=True)
+            j, _, rss = R.json([ckpt_io, "save", var_root, "--ranks", str(a.ranks), "--params",
+                                str(params), "--reps", str(max(1, a.reps - 1)), "--drop-caches"]
+                               + extra)
+            record(name, j["logical_bytes"], [r["seconds"] for r in j["reps"]], rss, raw_w_gibs)
+        shutil.rmtree(var_root, ignore_errors=True)
+
+    # --- zstd save -----------------------------------------------------------------------
+    z_root = os.path.join(work, "ckpt_zstd")
+    j, _, rss = R.json([ckpt_io, "save", z_root, "--ranks", str(a.ranks), "--params", str(params),
+                        "--reps", str(max(1, a.reps - 1)), "--drop-caches", "--compress", a.compress])
+    record("save_" + a.compress.replace(":", "").replace("+", "_"), j["logical_bytes"],
+           [r["seconds"] for r in j["reps"]], rss, raw_w_gibs,
+           {"file_bytes": j["reps"][-1]["file_bytes"],
+            "compression_ratio": j["logical_bytes"] / j["reps"][-1]["file_bytes"],
+            "compress": j["compress"]})
+    j, _, rss = R.json([ckpt_io, "load", z_root, "--reps", "1", "--drop-caches"])
+    record("load_" + a.compress.replace(":", "").replace("+", "_"), j["logical_bytes"],
+           [r["seconds"] for r in j["reps"]], rss, raw_r_gibs)
+    shutil.rmtree(z_root, ignore_errors=True)
+
+    # --- export-fp32 ---------------------------------------------------------------------
+    if "export" not in skip:
+        secs, rsss = [], []
+        out = os.path.join(work, "export")
+        for _ in range(a.reps):
+            shutil.rmtree(out, ignore_errors=True)
+            drop_caches()
+            o, _, t, rss, _ = R.run([ckpt, "export-fp32", ck_root, out, "--json"])
+            secs.append(t)
+            rsss.append(rss)
+        ej = json.loads(o)
+        written = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
+        floor_t = ej["bytes_read"] / GiB / raw_r_gibs + written / GiB / raw_w_gibs
+        s = stats(secs)
+        ph["export_fp32"] = {"bytes_read": ej["bytes_read"], "bytes_written": written,
+                             "seconds": s, "floor_seconds": floor_t,
+                             "ratio": floor_t / s["median"],
+                             "gib_per_s_read_plus_written": (ej["bytes_read"] + written) / GiB / s["median"],
+                             "maxrss_kib": max(rsss), "maxrss_kib_all": rsss,
+                             "largest_tensor_bytes": ej["largest_tensor_bytes"],
+                             "rss_bound_kib": (2 * ej["largest_tensor_bytes"] + 64 * MiB) / 1024}
+        log("export: %.2fs, floor %.2fs, %.2fx; peak RSS %.0f MiB" %
+            (s["median"], floor_t, floor_t / s["median"], max(rsss) / 1024))
+        shutil.rmtree(out, ignore_errors=True)
+
+    # --- reshard N -> N/2 ----------------------------------------------------------------
+    if "reshard" not in skip and a.ranks >= 2:
+        dp = a.ranks // 2
+        out = os.path.join(work, "reshard")
+        secs, rsss = [], []
+        for _ in range(max(1, a.reps - 1)):
+            shutil.rmtree(out, ignore_errors=True)
+            drop_caches()
+            o, _, t, rss, _ = R.run([ckpt, "reshard", ck_root, out, "--dp", str(dp), "--json"])
+            secs.append(t)
+            rsss.append(rss)
+        rj = json.loads(o)
+        s = stats(secs)
+        moved = rj["verify_bytes"] + sum(r["bytes_read"] for r in rj["ranks"]) + logical
+        floor_t = (rj["verify_bytes"] + sum(r["bytes_read"] for r in rj["ranks"])) / GiB / raw_r_gibs \
+            + logical / GiB / raw_w_gibs
+        ph["reshard"] = {"from": a.ranks, "to": dp, "seconds": s, "maxrss_kib": max(rsss),
+                         "ranks": rj["ranks"], "max_read_ratio": rj["max_ratio"],
+                         "verify_bytes": rj["verify_bytes"], "floor_seconds": floor_t,
+                         "ratio": floor_t / s["median"],
+                         "note": "floor: the verify pass + every rank's reads at the raw read "
+                                 "rate, plus writing the checkpoint at the raw write rate"}
+        log("reshard %d->%d: %.2fs, max read/owned %.4f, %.2fx floor" %
+            (a.ranks, dp, s["median"], rj["max_ratio"], floor_t / s["median"]))
+        shutil.rmtree(out, ignore_errors=True)
+
+    # --- next-update CPU vs memcpy -------------------------------------------------------
+    if "nextupdate" not in skip:
+        nb = min(a.size, 256 << 20)
+        ratios, pass_gbs, copy_gbs = [], [], []
+        for _ in range(a.reps):
+            j, _, rss = R.json([ckpt, "next-update", "--bench-bytes", str(nb), "--bench-reps", "3",
+                                "--device", "cpu", "--json"])
+            ratios.append(j["ratio"])
+            pass_gbs.append(j["pass_gb_per_s"])
+            copy_gbs.append(j["memcpy_gb_per_s"])
+        ph["next_update_cpu"] = {"input_bytes": nb, "ratio": stats(ratios),
+                                 "pass_gb_per_s": stats(pass_gbs),
+                                 "memcpy_gb_per_s": stats(copy_gbs), "maxrss_kib": rss,
+                                 "timing": j["timing"]}
+        log("next-update CPU: %.2fx memcpy" % statistics.median(ratios))
+
+    # --- torch.save / torch.load --------------------------------------------------------
+    if "torch" not in skip:
+        man = json.load(open(os.path.join(ck_root, save_tag(ck_root), "manifest.json")))
+        shard = ",".join(str(n) for n in man["partition"]["shard_numel"])
+        tdir = os.path.join(work, "torch")
+        try:
+            j, _, rss = R.json(["/usr/bin/python3", os.path.join(root_dir, "tools", "bench",
+                                                                  "torch_io.py"), tdir,
+                                "--ranks", str(a.ranks), "--shard-numel", shard,
+                                "--reps", str(a.reps), "--drop-caches"])
+        except (RuntimeError, OSError, ValueError) as e:
+            j = {"status": "failed: %s" % str(e)[:300]}
+        if j.get("status") == "ok":
+            record("torch_save", j["logical_bytes"], j["save_seconds"], rss, raw_w_gibs,
+                   {"torch": j["torch"], "file_bytes": j["file_bytes"]})
+            record("torch_load", j["logical_bytes"], j["load_seconds"], rss, raw_r_gibs)
+        else:
+            ph["torch"] = {"status": j.get("status", "not installed")}
+            log("torch: %s" % ph["torch"]["status"])
+        shutil.rmtree(tdir, ignore_errors=True)
+
+    # --- scaling: fixed shard per rank -----------------------------------------------------
+    if "scaling" not in skip:
+        rows = []
+        shard_params = params // a.ranks
+        n = 1
+        counts = []
+        while n <= a.ranks:
+            counts.append(n)
+            n *= 2
+        if counts[-1] != a.ranks:
+            counts.append(a.ranks)
+        sreps = max(1, a.reps - 1)
+        for n in counts:
+            sd = os.path.join(work, "scale")
+            os.makedirs(sd, exist_ok=True)
+            ws = []
+            for _ in range(sreps):
+                for f in os.listdir(sd):
+                    os.remove(os.path.join(sd, f))
+                drop_caches()
+                j, _, _ = R.json([raw_io, "write", sd, "--files", str(n),
+                                  "--bytes-per-file", str(per_file)])
+                ws.append(j["seconds"])
+            shutil.rmtree(sd)
+            j, _, _ = R.json([ckpt_io, "save", sd, "--ranks", str(n), "--params",
+                              str(shard_params * n), "--reps", str(sreps), "--drop-caches"])
+            cs = [r["seconds"] for r in j["reps"]]
+            shutil.rmtree(sd)
+            row = {"ranks": n, "bytes": j["logical_bytes"], "save_seconds": stats(cs),
+                   "raw_bytes": per_file * n, "raw_write_seconds": stats(ws)}
+            row["save_gib_per_s"] = row["bytes"] / GiB / row["save_seconds"]["median"]
+            row["raw_gib_per_s"] = row["raw_bytes"] / GiB / row["raw_write_seconds"]["median"]
+            row["ratio"] = row["save_gib_per_s"] / row["raw_gib_per_s"]
+            rows.append(row)
+            log("scaling %d rank(s): save %.2fs (%.2f GiB/s), raw %.2fs, %.2fx" %
+                (n, row["save_seconds"]["median"], row["save_gib_per_s"],
+                 row["raw_write_seconds"]["median"], row["ratio"]))
+        ph["scaling"] = {"shard_bytes_per_rank": per_file, "rows": rows}
+
+    # --- zstd study on a trained engine checkpoint ----------------------------------------
+    if "zstd" not in skip:
+        study = {}
+        eng_dir = os.path.join(root_dir, "build-bench", "bench-engine",
+                               "%s-%d" % (a.engine_model, a.engine_steps))
+        if not os.path.exists(os.path.join(eng_dir, "latest")):
+            shutil.rmtree(eng_dir, ignore_errors=True)
+            os.makedirs(eng_dir)
+            env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                       OMPI_MCA_rmaps_base_oversubscribe="1")
+            log("training engine_min --model %s for %d steps (cached in %s)" %
+                (a.engine_model, a.engine_steps, eng_dir))
+            _, _, t, _, _ = R.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", "2",
+                                   os.path.join(bin_dir, "engine_min"), "train", "--model",
+                                   a.engine_model, "--steps", str(a.engine_steps), "--save-every",
+                                   "0", "--ckpt-dir", eng_dir], env=env)
+            study["train_seconds"] = t
+        j, _, _ = R.json([ckpt_io, "zstd", eng_dir, "--levels", "1,3,9", "--max-mib", "64"])
+        study["engine"] = {"model": a.engine_model, "steps": a.engine_steps, "dir": eng_dir,
+                           "states": j["states"]}
+        j, _, _ = R.json([ckpt_io, "zstd", ck_root, "--levels", "1,3", "--max-mib", "32"])
+        study["synthetic"] = {"states": j["states"],
+                              "note": "ckpt synth values: uniform random mantissas"}
+        ph["zstd_study"] = study
+        # End to end on the trained checkpoint's sizes is small; the write-path cost of shuffle
+        # on the big synthetic save:
+        zs_root = os.path.join(work, "ckpt_zstd_shuffle")
+        j, _, rss = R.json([ckpt_io, "save", zs_root, "--ranks", str(a.ranks), "--params",
+                            str(params), "--reps", "1", "--drop-caches", "--compress",
+                            "zstd:1+shuffle"])
+        record("save_zstd1_shuffle", j["logical_bytes"], [r["seconds"] for r in j["reps"]], rss,
+               raw_w_gibs, {"file_bytes": j["reps"][-1]["file_bytes"],
+                            "compression_ratio": j["logical_bytes"] / j["reps"][-1]["file_bytes"]})
+        shutil.rmtree(zs_root, ignore_errors=True)
+
+    # --- targets -------------------------------------------------------------------------
+    T = res["targets"]
+
+    def target(name, value, op, goal, unit=""):
+        ok = value >= goal if op == ">=" else value <= goal
+        T.append({"target": name, "value": value, "goal": "%s %s" % (op, goal),
+                  "status": "PASS" if ok else "MISS"})
+
+    target("save >= 0.9x raw write", ph["save"]["ratio"], ">=", 0.9)
+    target("load (verified) >= 0.9x raw read", ph["load_verified"]["ratio"], ">=", 0.9)
+    if "export_fp32" in ph:
+        e = ph["export_fp32"]
+        target("export >= 0.8x read+write floor", e["ratio"], ">=", 0.8)
+        target("export peak RSS <= 2x largest tensor + 64 MiB (MiB)", e["maxrss_kib"] / 1024,
+               "<=", round(e["rss_bound_kib"] / 1024, 1))
+    if "reshard" in ph:
+        target("reshard bytes read per rank <= 1.05x owned", ph["reshard"]["max_read_ratio"],
+               "<=", 1.05)
+    if "next_update_cpu" in ph:
+        target("CPU next-update >= 0.5x memcpy", ph["next_update_cpu"]["ratio"]["median"], ">=", 0.5)
+    res["elapsed_seconds"] = time.perf_counter() - t_start
+    res["machine"]["loadavg_at_end"] = os.getloadavg()
+    print_table(res)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
+        log("wrote %s" % a.json)
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def save_tag(root):
+    return open(os.path.join(root, "latest")).read().strip()
+
+
+def print_table(res):
+    ph = res["phases"]
+    m = res["machine"]
+    print()
+    print("ckpt benchmark: %.2f GiB, %d ranks, %d reps, %s" %
+          (res["size_bytes"] / GiB, res["ranks"], res["reps"], res["when_utc"]))
+    print("machine: %s, %s cores, %s GiB RAM; disk: %s; load avg %s -> %s" %
+          (m.get("cpu", "?"), m.get("nproc"), m.get("mem_gib"), m.get("disk", "?"),
+           "%.1f" % m["loadavg_at_start"][0], "%.1f" % m["loadavg_at_end"][0]))
+    print("page cache: %s" % res["drop_caches"])
+    print()
+    hdr = "%-26s %10s %24s %9s %7s %10s" % ("phase", "GiB", "seconds median (min-max)",
+                                             "GiB/s", "ratio", "peak RSS")
+    print(hdr)
+    print("-" * len(hdr))
+
+    def row(name, nbytes, secs, gibs, ratio, rss_kib):
+        print("%-26s %10.2f %24s %9s %7s %9.0fM" % (
+            name, nbytes / GiB, fmt_range(secs), "%.2f" % gibs if gibs else "-",
+            "%.2fx" % ratio if ratio else "-", rss_kib / 1024))
+
+    for name in ["raw_write", "raw_read"]:
+        d = ph[name]
+        row(name, d["bytes"], d["seconds"], d["bytes"] / GiB / d["seconds"]["median"], None,
+            d["maxrss_kib"])
+    order = ["save", "save_no_file_checksum", "save_chunk_16MiB", "save_chunk_1MiB"]
+    order += [k for k in ph if k.startswith("save_zstd")]
+    order += ["load_verified", "load_unverified"] + [k for k in ph if k.startswith("load_zstd")]
+    order += ["check_deep", "torch_save", "torch_load"]
+    for name in order:
+        if name in ph:
+            d = ph[name]
+            row(name, d["bytes"], d["seconds"], d["gib_per_s"], d.get("ratio"), d["maxrss_kib"])
+    if "export_fp32" in ph:
+        e = ph["export_fp32"]
+        row("export_fp32 (read+write)", e["bytes_read"] + e["bytes_written"], e["seconds"],
+            e["gib_per_s_read_plus_written"], e["ratio"], e["maxrss_kib"])
+    if "reshard" in ph:
+        r = ph["reshard"]
+        row("reshard %d->%d" % (r["from"], r["to"]), sum(x["bytes_read"] for x in r["ranks"]),
+            r["seconds"], None, r["ratio"], r["maxrss_kib"])
+        for x in r["ranks"]:
+            print("    new rank %d: read %.1f MiB, owned %.1f MiB, ratio %.4f" %
+                  (x["rank"], x["bytes_read"] / MiB, x["bytes_owned"] / MiB, x["ratio"]))
+    if "torch" in ph:
+        print("%-26s %s" % ("torch.save/torch.load", ph["torch"]["status"]))
+    if "next_update_cpu" in ph:
+        n = ph["next_update_cpu"]
+        print("%-26s pass %s GB/s, memcpy %s GB/s, ratio %s (%s)" % (
+            "next-update CPU", fmt_range(n["pass_gb_per_s"]), fmt_range(n["memcpy_gb_per_s"]),
+            fmt_range(n["ratio"]), n["timing"]))
+    if "scaling" in ph:
+        print()
+        print("scaling, %.0f MiB per rank: ranks, GiB, save s, raw write s, save GiB/s, ratio" %
+              (ph["scaling"]["shard_bytes_per_rank"] / MiB))
+        for r in ph["scaling"]["rows"]:
+            print("  %d  %6.2f  %s  %s  %6.2f  %.2fx" % (
+                r["ranks"], r["bytes"] / GiB, fmt_range(r["save_seconds"]),
+                fmt_range(r["raw_write_seconds"]), r["save_gib_per_s"], r["ratio"]))
+    if "zstd_study" in ph:
+        z = ph["zstd_study"]
+        for src in ["engine", "synthetic"]:
+            if src not in z:
+                continue
+            print()
+            title = ("trained engine_min --model %s, %d steps" % (z[src]["model"], z[src]["steps"])
+                     if src == "engine" else "synthetic (random mantissas)")
+            print("zstd on %s: state, level, shuffle, ratio, compress MiB/s, decompress MiB/s "
+                  "(one thread, 4 MiB chunks)" % title)
+            for state, d in z[src]["states"].items():
+                for r in d["rows"]:
+                    print("  %-32s %2d %-5s %6.3f %8.0f %8.0f" % (
+                        "%s [%.0f MiB]" % (state, d["bytes"] / MiB), r["level"],
+                        "yes" if r["shuffle"] else "no", r["ratio"], r["compress_mib_per_s"],
+                        r["decompress_mib_per_s"]))
+    print()
+    print("targets:")
+    for t in res["targets"]:
+        print("  %-4s %-55s %.3f (goal %s)" % (t["status"], t["target"], t["value"], t["goal"]))
+    print("elapsed %.0fs" % res["elapsed_seconds"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -316,6 +316,11 @@ Result<CheckpointEstimate> EstimateCheckpoint(const CheckpointConfig& c) {
 
   e.universal_payload = 3 * 4 * static_cast<uint64_t>(e.trainable_params) +
                         4 * static_cast<uint64_t>(e.frozen_params);
+  uint64_t groups = 0;
+  for (const ParamEntry& p : params) groups += p.tied_to.empty() ? 1 : 0;
+  uint64_t aux_all = 0;
+  for (const RankFileEstimate& r : e.ranks) aux_all += r.aux_payload;
+  e.universal_bytes = e.universal_payload + aux_all + 3072 * groups + 4096;
   uint64_t cache = 0;
   for (const RankFileEstimate& r : e.ranks) {
     cache += std::min<uint64_t>(16u << 20, static_cast<uint64_t>(r.shard_numel) * 4);
@@ -372,9 +377,10 @@ std::string FormatCheckpointEstimate(const CheckpointEstimate& e) {
   out += StrFormat("fp32 export (export-fp32): %llu bytes in %lld file(s) (%.3f GiB)\n",
                    static_cast<unsigned long long>(e.fp32_export_bytes),
                    static_cast<long long>(e.fp32_export_files), gib(e.fp32_export_bytes));
-  out += StrFormat("universal layout (to-universal): %llu bytes of tensors (%.3f GiB) + HDF5 "
-                   "metadata\n",
-                   static_cast<unsigned long long>(e.universal_payload), gib(e.universal_payload));
+  out += StrFormat("universal layout (to-universal): about %llu bytes (%.3f GiB), %llu of them "
+                   "tensors\n",
+                   static_cast<unsigned long long>(e.universal_bytes), gib(e.universal_bytes),
+                   static_cast<unsigned long long>(e.universal_payload));
   out += StrFormat("peak RAM, export-fp32: about %llu bytes (%.3f GiB): streaming buffers, "
                    "largest frozen tensor, HDF5 chunk caches\n",
                    static_cast<unsigned long long>(e.export_peak_ram), gib(e.export_peak_ram));
@@ -414,6 +420,7 @@ nlohmann::json CheckpointEstimateToJson(const CheckpointEstimate& e) {
           {"fp32_export_bytes", e.fp32_export_bytes},
           {"fp32_export_files", e.fp32_export_files},
           {"universal_payload_bytes", e.universal_payload},
+          {"universal_bytes", e.universal_bytes},
           {"export_fp32_peak_ram_bytes", e.export_peak_ram},
           {"reshard_peak_ram_bytes", e.reshard_peak_ram},
           {"reshard_chunk_cache_max_bytes", e.reshard_chunk_cache_max},

@@ -2,12 +2,14 @@
 // through the public API), and live parameter counts from checkpoints and safetensors exports.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
 #include "ckpt/synth.h"
 #include "convert/export.h"
+#include "convert/universal.h"
 #include "estimate/checkpoint_size.h"
 #include "estimate/param_count.h"
 #include "test_util.h"
@@ -133,6 +135,24 @@ TEST_CASE("fp32 export size is predicted to the byte, single file and sharded", 
     CHECK(e->fp32_export_bytes == DirBytes(out));
     CHECK(e->fp32_export_files == static_cast<int64_t>(std::distance(
                                       fs::directory_iterator(out), fs::directory_iterator())));
+  }
+}
+
+TEST_CASE("universal layout size is predicted within 1%", "[io]") {
+  ckpt::testing::ScratchDir scratch("estimate-universal");
+  for (int64_t params : {200000, 2000000}) {
+    const std::string root = WriteSynth(scratch, "root" + std::to_string(params), 2, 2, params,
+                                        4u << 20);
+    auto cfg = est::CheckpointConfigFromCheckpoint(root);
+    REQUIRE(cfg.ok());
+    auto e = est::EstimateCheckpoint(*cfg);
+    REQUIRE(e.ok());
+    const fs::path out = scratch.path() / ("u" + std::to_string(params));
+    REQUIRE(ckpt::convert::ConvertToUniversal(root, out.string()).ok());
+    const double real = static_cast<double>(fs::file_size(out / "universal.h5"));
+    INFO(params << " params: predicted " << e->universal_bytes << ", real " << real);
+    CHECK(std::fabs(static_cast<double>(e->universal_bytes) - real) <= 0.01 * real);
+    CHECK(e->universal_payload < real);
   }
 }
 

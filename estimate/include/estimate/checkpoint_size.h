@@ -97,6 +97,10 @@ struct CheckpointEstimate {
   uint64_t fp32_export_bytes = 0;
   int64_t fp32_export_files = 0;
   uint64_t universal_payload = 0;    // fp32 weight + exp_avg + exp_avg_sq, frozen weights once
+  // universal.h5 from `ckpt to-universal`: the payload, every source rank's RNG / JSON datasets
+  // and about 3 KiB of HDF5 metadata per parameter group (approximate, within 1% for models
+  // of a few MB and up).
+  uint64_t universal_bytes = 0;
   // `ckpt export-fp32`: 6 B × min(4 Mi, largest tensor) of streaming buffers, the largest
   // frozen tensor twice (raw and converted) and up to 16 MiB of HDF5 chunk cache per rank
   // file. Estimated from convert/src/export.cc, not measured.

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -81,6 +82,58 @@ Result<ParamTable> ParamTableFromCheckpoint(const std::string& path, const std::
   t.source = file;
   t.params = std::move(m.params);
   for (ParamEntry& p : t.params) p.ranges.clear();
+  return t;
+}
+
+Result<ParamTable> ParamTableFromJsonFile(const std::string& path) {
+  CKPT_ASSIGN_OR_RETURN(std::string text, ReadWholeFile(path), "read parameter table");
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return DataLoss(path + ": not valid JSON");
+  if (j.is_object() && j.contains("params")) j = j["params"];
+  if (!j.is_array() || j.empty()) {
+    return InvalidArgument(path + ": expected a non-empty array of parameters (or \"params\")");
+  }
+  ParamTable t;
+  t.source = path;
+  std::set<std::string> names;
+  for (size_t i = 0; i < j.size(); ++i) {
+    const nlohmann::json& e = j[i];
+    const std::string where = path + ": parameter " + std::to_string(i);
+    if (!e.is_object() || !e.contains("name") || !e["name"].is_string() ||
+        !e.contains("shape") || !e["shape"].is_array()) {
+      return InvalidArgument(where + ": needs \"name\" (string) and \"shape\" (array)");
+    }
+    ParamEntry p;
+    p.name = e["name"].get<std::string>();
+    if (p.name.empty() || !names.insert(p.name).second) {
+      return InvalidArgument(where + ": empty or duplicate name '" + p.name + "'");
+    }
+    int64_t numel = 1;
+    for (const auto& d : e["shape"]) {
+      if (!d.is_number_integer() || d.get<int64_t>() < 0 ||
+          __builtin_mul_overflow(numel, d.get<int64_t>(), &numel)) {
+        return InvalidArgument(where + " (" + p.name + "): shape entries must be integers >= 0");
+      }
+      p.shape.push_back(d.get<int64_t>());
+    }
+    p.numel = numel;
+    if (e.contains("dtype")) {
+      auto dt = e["dtype"].is_string() ? DTypeFromName(e["dtype"].get<std::string>())
+                                       : std::optional<DType>();
+      if (!dt) return InvalidArgument(where + " (" + p.name + "): unknown dtype");
+      p.dtype = *dt;
+    }
+    if (e.contains("frozen")) p.frozen = e["frozen"].is_boolean() && e["frozen"].get<bool>();
+    if (e.contains("tied_to") && e["tied_to"].is_string()) {
+      p.tied_to = e["tied_to"].get<std::string>();
+    }
+    t.params.push_back(std::move(p));
+  }
+  for (const ParamEntry& p : t.params) {
+    if (!p.tied_to.empty() && names.count(p.tied_to) == 0) {
+      return InvalidArgument(path + ": '" + p.name + "' is tied to unknown '" + p.tied_to + "'");
+    }
+  }
   return t;
 }
 

@@ -121,3 +121,38 @@ TEST_CASE("ckpt estimate refuses bad input with exit 2 and a message", "[unit]")
   CHECK(j.rc == 2);
   CHECK(nlohmann::json::parse(j.out)["error"]["code"] == "InvalidArgument");
 }
+
+TEST_CASE("a JSON parameter table drives zero3 counts and checkpoint sizes", "[unit]") {
+  ScratchDir dir("estimate-table");
+  {
+    std::ofstream out(dir / "table.json");
+    out << R"([{"name": "embed.weight", "shape": [1000, 64]},
+               {"name": "layers.0.attn.qkv", "shape": [64, 192]},
+               {"name": "layers.0.attn.proj", "shape": [64, 64]},
+               {"name": "pos", "shape": [128, 64], "dtype": "bf16", "frozen": true},
+               {"name": "lm_head.weight", "shape": [1000, 64], "tied_to": "embed.weight"}])";
+  }
+  auto z3 = Estimate("zero3 --param-table " + dir / "table.json" + " --json");
+  INFO(z3.err);
+  REQUIRE(z3.rc == 0);
+  auto j = nlohmann::json::parse(z3.out);
+  // 64000 + 12288 + 4096 + 8192, the alias once; largest module: embed (or lm_head) 64000.
+  CHECK(j["total_params"] == 88576);
+  CHECK(j["largest_layer_params"] == 64000);
+  auto ck = Estimate("checkpoint --param-table " + dir / "table.json" + " --ranks 2 --zero 3 --json");
+  INFO(ck.err);
+  REQUIRE(ck.rc == 0);
+  auto cj = nlohmann::json::parse(ck.out);
+  CHECK(cj["frozen_params"] == 8192);
+  CHECK(cj["trainable_params"] == 80384);
+  // ZeRO-3 shares: ceil(n/2) rounded up to 16: 32000 + 6144 + 2048 per rank, 12 bytes each;
+  // rank 0 also stores the frozen bf16 table (16384 bytes).
+  CHECK(cj["ranks"][0]["shard_numel"] == 40192);
+  CHECK(cj["ranks"][0]["tensor_payload_bytes"] == 40192 * 12 + 16384);
+  CHECK(cj["ranks"][1]["tensor_payload_bytes"] == 40192 * 12);
+  {
+    std::ofstream out(dir / "bad.json");
+    out << R"([{"name": "a", "shape": [-1]}])";
+  }
+  CHECK(Estimate("checkpoint --param-table " + dir / "bad.json" + " --ranks 2 --zero 1").rc == 2);
+}

@@ -28,6 +28,7 @@ struct SizeFlags {
   std::string from_checkpoint;
   std::string tag;
   std::string from_safetensors;
+  std::string param_table;
 };
 
 void AddSizeFlags(CLI::App* app, SizeFlags& f, bool largest_layer) {
@@ -43,6 +44,9 @@ void AddSizeFlags(CLI::App* app, SizeFlags& f, bool largest_layer) {
   app->add_option("--from-safetensors", f.from_safetensors,
                   "count parameters from a safetensors file or a directory with "
                   "model.safetensors.index.json");
+  app->add_option("--param-table", f.param_table,
+                  "parameters from a JSON file: [{\"name\", \"shape\", \"dtype\", \"frozen\", "
+                  "\"tied_to\"}] or a manifest.json");
 }
 
 Result<int64_t> ParseCountFlag(const std::string& text, const char* flag) {
@@ -52,8 +56,13 @@ Result<int64_t> ParseCountFlag(const std::string& text, const char* flag) {
 }
 
 Result<std::optional<est::ParamTable>> LoadTable(const SizeFlags& f) {
-  if (!f.from_checkpoint.empty() && !f.from_safetensors.empty()) {
-    return InvalidArgument("give --from-checkpoint or --from-safetensors, not both");
+  if (!f.from_checkpoint.empty() + !f.from_safetensors.empty() + !f.param_table.empty() > 1) {
+    return InvalidArgument("give one of --from-checkpoint, --from-safetensors, --param-table");
+  }
+  if (!f.param_table.empty()) {
+    CKPT_ASSIGN_OR_RETURN(est::ParamTable t, est::ParamTableFromJsonFile(f.param_table),
+                          "--param-table");
+    return std::optional<est::ParamTable>(std::move(t));
   }
   if (!f.from_checkpoint.empty()) {
     CKPT_ASSIGN_OR_RETURN(est::ParamTable t,
@@ -83,7 +92,7 @@ Result<Sizes> ResolveSizes(const SizeFlags& f, bool need_largest) {
   if (table) {
     if (!f.params.empty() || !f.largest_layer.empty()) {
       return InvalidArgument("--params/--largest-layer-params cannot be combined with a live "
-                             "count (--from-checkpoint, --from-safetensors)");
+                             "count (--from-checkpoint, --from-safetensors, --param-table)");
     }
     est::ParamCounts c = est::CountParams(*table);
     s.total = c.total_params;
@@ -315,15 +324,17 @@ struct CheckpointFlags {
 int RunCheckpoint(const CheckpointFlags& f, bool json) {
   est::CheckpointConfig c;
   const bool from_ckpt = !f.size.from_checkpoint.empty();
-  if (!f.size.params.empty() && (from_ckpt || !f.size.from_safetensors.empty())) {
+  if (!f.size.params.empty() &&
+      (from_ckpt || !f.size.from_safetensors.empty() || !f.size.param_table.empty())) {
     return ReportError(kCommand,
                        InvalidArgument("--params cannot be combined with a parameter table "
                                        "(--from-checkpoint, --from-safetensors)"),
                        json);
   }
-  if (from_ckpt && !f.size.from_safetensors.empty()) {
+  if (from_ckpt + !f.size.from_safetensors.empty() + !f.size.param_table.empty() > 1) {
     return ReportError(
-        kCommand, InvalidArgument("give --from-checkpoint or --from-safetensors, not both"),
+        kCommand,
+        InvalidArgument("give one of --from-checkpoint, --from-safetensors, --param-table"),
         json);
   }
   if (from_ckpt) {
@@ -331,10 +342,10 @@ int RunCheckpoint(const CheckpointFlags& f, bool json) {
     auto cc = est::CheckpointConfigFromCheckpoint(f.size.from_checkpoint, f.size.tag);
     if (!cc.ok()) return ReportError(kCommand, cc.status().WithContext("--from-checkpoint"), json);
     c = std::move(*cc);
-  } else if (!f.size.from_safetensors.empty()) {
-    auto t = est::ParamTableFromSafetensors(f.size.from_safetensors);
-    if (!t.ok()) return ReportError(kCommand, t.status().WithContext("--from-safetensors"), json);
-    c.table = std::move(*t);
+  } else if (!f.size.from_safetensors.empty() || !f.size.param_table.empty()) {
+    auto t = LoadTable(f.size);
+    if (!t.ok()) return ReportError(kCommand, t.status(), json);
+    c.table = std::move(**t);
   } else {
     if (f.size.params.empty()) {
       return ReportError(

@@ -43,6 +43,12 @@ Result<Manifest> ReadCheckpointManifest(const std::string& path, const std::stri
 // a tag directory. Reads and validates manifest.json only. NotFound / DataLoss naming the file.
 Result<ParamTable> ParamTableFromCheckpoint(const std::string& path, const std::string& tag = "");
 
+// A parameter table written by hand or by a script: a JSON file holding either an array of
+// {"name", "shape": [..], "dtype"?: "fp32", "frozen"?: false, "tied_to"?: ""} objects or an
+// object with such an array under "params" (a ckpt manifest.json qualifies).
+// InvalidArgument / DataLoss naming the file and entry.
+Result<ParamTable> ParamTableFromJsonFile(const std::string& path);
+
 // The parameter table of a safetensors export: a .safetensors file, or a directory holding
 // model.safetensors.index.json (every file its weight_map names) or a single
 // model.safetensors. Tied aliases are read from __metadata__ in either convention:

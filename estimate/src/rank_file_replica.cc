@@ -8,6 +8,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <type_traits>
 #include <unordered_map>
 
 #include "ckpt/manifest.h"
@@ -19,20 +20,28 @@ namespace {
 
 constexpr size_t kPage = 4096;
 
+using PageMap = std::unordered_map<uint64_t, std::unique_ptr<std::array<uint8_t, kPage>>>;
+
+// Standard layout with the public part first: HDF5 casts between H5FD_t* and the driver's
+// struct. HDF5's C driver interface hands the object across by pointer, so MetaOpen allocates
+// it (and its page map) and MetaClose, which HDF5 always calls, frees both: the one place this
+// code owns through raw pointers.
 struct MetaFile {
-  H5FD_t pub;  // must be first: HDF5 casts between H5FD_t* and the driver's struct
-  haddr_t eoa = 0;
-  haddr_t eof = 0;
-  std::unordered_map<uint64_t, std::unique_ptr<std::array<uint8_t, kPage>>> pages;
+  H5FD_t pub;
+  haddr_t eoa;
+  haddr_t eof;
+  PageMap* pages;
 };
+static_assert(std::is_standard_layout_v<MetaFile>);
 
 MetaFile* Self(H5FD_t* f) { return reinterpret_cast<MetaFile*>(f); }
 const MetaFile* Self(const H5FD_t* f) { return reinterpret_cast<const MetaFile*>(f); }
 
 H5FD_t* MetaOpen(const char*, unsigned, hid_t, haddr_t maxaddr) {
   if (maxaddr == 0 || maxaddr == HADDR_UNDEF) maxaddr = static_cast<haddr_t>(1) << 62;
-  auto* f = new MetaFile();
+  auto* f = new MetaFile();  // value-initialised: pub zeroed, as HDF5 expects
   f->pub.maxaddr = maxaddr;
+  f->pages = new PageMap();
   return &f->pub;
 }
 
@@ -42,6 +51,7 @@ thread_local haddr_t last_closed_eoa = 0;
 
 herr_t MetaClose(H5FD_t* f) {
   last_closed_eoa = Self(f)->eoa;
+  delete Self(f)->pages;
   delete Self(f);
   return 0;
 }
@@ -70,8 +80,8 @@ herr_t MetaRead(H5FD_t* f, H5FD_mem_t, hid_t, haddr_t addr, size_t size, void* b
     const uint64_t page = addr / kPage;
     const size_t off = static_cast<size_t>(addr % kPage);
     const size_t n = std::min(size, kPage - off);
-    auto it = m->pages.find(page);
-    if (it == m->pages.end()) {
+    auto it = m->pages->find(page);
+    if (it == m->pages->end()) {
       std::memset(out, 0, n);
     } else {
       std::memcpy(out, it->second->data() + off, n);
@@ -93,7 +103,7 @@ herr_t MetaWrite(H5FD_t* f, H5FD_mem_t type, hid_t, haddr_t addr, size_t size,
     const uint64_t page = addr / kPage;
     const size_t off = static_cast<size_t>(addr % kPage);
     const size_t n = std::min(size, kPage - off);
-    auto& slot = m->pages[page];
+    auto& slot = (*m->pages)[page];
     if (!slot) {
       slot = std::make_unique<std::array<uint8_t, kPage>>();
       slot->fill(0);

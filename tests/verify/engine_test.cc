@@ -2,12 +2,11 @@
 // 0-3, every ablation of moments, step, rng (dropout on) and data diverges, rng does not
 // matter with dropout off, next-update with the engine's gradient replays the original run's
 // next weights bitwise, and a doctored run log is caught.
+#include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
-#include <string>
-
-#include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "test_util.h"
 #include "verify_test_util.h"
@@ -21,7 +20,8 @@ namespace fs = std::filesystem;
 bool HaveEngine() { return fs::exists(BinDir() + "/engine_min") && fs::exists(BinDir() + "/ckpt"); }
 
 // Trains `steps` steps, saving every `save_every`, into dir/run.
-void Train(const ScratchDir& dir, int zero, int steps, int save_every, const std::string& extra = "") {
+void Train(const ScratchDir& dir, int zero, int steps, int save_every,
+           const std::string& extra = "") {
   const std::string cmd = "mpirun --allow-run-as-root --oversubscribe -n 2 " + BinDir() +
                           "/engine_min train --model tiny --zero " + std::to_string(zero) +
                           " --steps " + std::to_string(steps) + " --save-every " +
@@ -60,8 +60,9 @@ TEST_CASE("ablations of moments, step, rng and data diverge; rng does not matter
   {
     ScratchDir dir("verify-ablate");
     Train(dir, 2, 5, 2, "--dropout 0.1");
-    auto cli = Cli(dir, "verify-resume " + dir / "run" + " --tag global_step2 --steps 3 "
-                        "--ablate all --json");
+    auto cli = Cli(dir, "verify-resume " + dir / "run" +
+                            " --tag global_step2 --steps 3 "
+                            "--ablate all --json");
     INFO(cli.out << cli.err);
     CHECK(cli.rc == 0);  // the plain resume is bitwise; ablations don't change the status
     auto j = json::parse(cli.out);
@@ -83,8 +84,9 @@ TEST_CASE("ablations of moments, step, rng and data diverge; rng does not matter
   {
     ScratchDir dir("verify-ablate-nodrop");
     Train(dir, 1, 3, 2, "--dropout 0");
-    auto cli = Cli(dir, "verify-resume " + dir / "run" + " --tag global_step2 --steps 1 "
-                        "--ablate rng,moments --json");
+    auto cli = Cli(dir, "verify-resume " + dir / "run" +
+                            " --tag global_step2 --steps 1 "
+                            "--ablate rng,moments --json");
     INFO(cli.out << cli.err);
     CHECK(cli.rc == 0);
     auto j = json::parse(cli.out);
@@ -96,7 +98,8 @@ TEST_CASE("ablations of moments, step, rng and data diverge; rng does not matter
     CHECK(j["ablations"][0]["note"].get<std::string>().find("no effect") != std::string::npos);
     CHECK(j["ablations"][1]["matters"] == true);
     // The table form names both.
-    auto text = Cli(dir, "verify-resume " + dir / "run" + " --tag global_step2 --steps 1 --ablate rng");
+    auto text =
+        Cli(dir, "verify-resume " + dir / "run" + " --tag global_step2 --steps 1 --ablate rng");
     CHECK(text.out.find("never (no effect)") != std::string::npos);
   }
 }
@@ -106,8 +109,8 @@ TEST_CASE("next-update with the engine gradient replays the original next weight
   REQUIRE(HaveEngine());
   ScratchDir dir("verify-engine-next");
   Train(dir, 3, 3, 2);
-  auto cli = Cli(dir, "next-update " + dir / "run" + " --tag global_step2 --device cpu --json --out " +
-                          dir / "out");
+  auto cli = Cli(dir, "next-update " + dir / "run" +
+                          " --tag global_step2 --device cpu --json --out " + dir / "out");
   INFO(cli.out << cli.err);
   REQUIRE(cli.rc == 0);
   auto j = json::parse(cli.out);
@@ -140,15 +143,19 @@ TEST_CASE("next-update with the engine gradient replays the original next weight
     doctored << e.dump() << "\n";
   }
   doctored.close();
-  auto bad = Cli(dir, "verify-resume " + dir / "run" + " --tag global_step2 --steps 1 --json "
-                      "--reference " + dir / "doctored.jsonl");
+  auto bad = Cli(dir, "verify-resume " + dir / "run" +
+                          " --tag global_step2 --steps 1 --json "
+                          "--reference " +
+                          dir / "doctored.jsonl");
   CHECK(bad.rc == 1);
   auto b = json::parse(bad.out);
   CHECK(b["verdict"] == "diverged");
   CHECK(b["first_divergence"]["step"] == 3);
   CHECK(b["first_divergence"]["quantity"] == "weights_xxh3");
-  auto nu = Cli(dir, "next-update " + dir / "run" + " --tag global_step2 --device cpu --json "
-                     "--reference " + dir / "doctored.jsonl");
+  auto nu = Cli(dir, "next-update " + dir / "run" +
+                         " --tag global_step2 --device cpu --json "
+                         "--reference " +
+                         dir / "doctored.jsonl");
   CHECK(nu.rc == 1);
   CHECK(json::parse(nu.out)["matches_reference"] == false);
 }

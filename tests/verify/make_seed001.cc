@@ -23,7 +23,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string out = argv[1];
-  if (std::filesystem::exists(out + "/ckpt") || std::filesystem::exists(out + "/grad_step6.safetensors")) {
+  if (std::filesystem::exists(out + "/ckpt") ||
+      std::filesystem::exists(out + "/grad_step6.safetensors")) {
     std::fprintf(stderr, "%s already holds the fixture; remove it deliberately to regenerate\n",
                  out.c_str());
     return 2;
@@ -36,14 +37,14 @@ int main(int argc, char** argv) {
   meta.counters.micro_step = 5;
   meta.topology.dp_world_size = world;
   meta.topology.zero_stage = 1;
-  meta.optimizer = {{"type", "adamw"}, {"lr", 0.01},         {"beta1", 0.9},
-                    {"beta2", 0.999},  {"eps", 1e-8},        {"weight_decay", 0.0},
-                    {"step", 5}};
+  meta.optimizer = {{"type", "adamw"}, {"lr", 0.01},          {"beta1", 0.9}, {"beta2", 0.999},
+                    {"eps", 1e-8},     {"weight_decay", 0.0}, {"step", 5}};
   meta.dtypes = {{"master", "fp32"}, {"exp_avg", "fp32"}, {"exp_avg_sq", "fp32"}};
-  meta.client_state = {{"source", "seed 001 ownership lab: compare_owned_updates(11, 4, 5), "
-                                  "plain Adam lr 0.01 without weight decay"},
+  meta.client_state = {{"source",
+                        "seed 001 ownership lab: compare_owned_updates(11, 4, 5), "
+                        "plain Adam lr 0.01 without weight decay"},
                        {"next_step", 6}};
-  char name[16];
+  char name[32];
   for (size_t i = 0; i < lab.size(); ++i) {
     std::snprintf(name, sizeof name, "lab.p%02zu", i);
     ParamEntry p;
@@ -85,9 +86,12 @@ int main(int argc, char** argv) {
     threads.emplace_back([&, r] {
       RankContents mine;
       const int64_t n = static_cast<int64_t>(w[r].size());
-      mine.datasets.push_back(DatasetSpec::Tensor(std::string(kMaster), DType::kF32, {n}, w[r].data()));
-      mine.datasets.push_back(DatasetSpec::Tensor(std::string(kExpAvg), DType::kF32, {n}, m[r].data()));
-      mine.datasets.push_back(DatasetSpec::Tensor(std::string(kExpAvgSq), DType::kF32, {n}, v[r].data()));
+      mine.datasets.push_back(
+          DatasetSpec::Tensor(std::string(kMaster), DType::kF32, {n}, w[r].data()));
+      mine.datasets.push_back(
+          DatasetSpec::Tensor(std::string(kExpAvg), DType::kF32, {n}, m[r].data()));
+      mine.datasets.push_back(
+          DatasetSpec::Tensor(std::string(kExpAvgSq), DType::kF32, {n}, v[r].data()));
       if (r == 0) mine.datasets.push_back(DatasetSpec::Json(std::string(kScheduler), scheduler));
       results[r] = SaveCheckpoint(out + "/ckpt", meta, mine, group.ForRank(r));
     });

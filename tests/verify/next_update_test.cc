@@ -1,20 +1,20 @@
 // ckpt next-update / verify / verify-resume on checkpoints written by the format library (no
 // engine needed): the seed-001 fixture reproduces the seed's figures, random states match
 // torch.optim.AdamW and an fp64 AdamW, and bad inputs get a clear message and exit code.
+#include "verify/next_update.h"
+
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
-
-#include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "ckpt/reader.h"
 #include "convert/safetensors.h"
 #include "seed001_lab.h"
 #include "test_util.h"
-#include "verify/next_update.h"
 #include "verify/resume.h"
 #include "verify_test_util.h"
 
@@ -51,7 +51,7 @@ TEST_CASE("seed-001 fixture holds the ownership lab's state", "[io]") {
   const LabState first = LabAdamStep({1.0, 0.0, 0.0}, 2.0, 1);
   CHECK(std::fabs(first.weight - (1.0 - 0.01 * 2.0 / (2.0 + 1e-8))) < 1e-12);
   for (size_t i = 0; i < lab.size(); ++i) {
-    char name[16];
+    char name[32];
     std::snprintf(name, sizeof name, "lab.p%02zu", i);
     auto w = reader->ReadParamFull(name, "master");
     auto m = reader->ReadParamFull(name, "exp_avg");
@@ -257,8 +257,8 @@ TEST_CASE("ckpt verify passes a healthy checkpoint and writes JUnit", "[io]") {
   const RandomState s = MakeRandomState(5);
   REQUIRE(WriteStateCheckpoint(dir / "ckpt", s, 2, 3).ok());
   REQUIRE(WriteStateTensors(dir / "g.safetensors", s).ok());
-  auto cli = Cli(dir, "verify " + dir / "ckpt" + " --grad " + dir / "g.safetensors" +
-                          " --junit " + dir / "junit.xml --json");
+  auto cli = Cli(dir, "verify " + dir / "ckpt" + " --grad " + dir / "g.safetensors" + " --junit " +
+                          dir / "junit.xml --json");
   INFO(cli.out << cli.err);
   CHECK(cli.rc == 0);
   auto j = nlohmann::json::parse(cli.out);
@@ -268,7 +268,8 @@ TEST_CASE("ckpt verify passes a healthy checkpoint and writes JUnit", "[io]") {
   CHECK(j["cases"][1]["outcome"] == "skipped");  // not an engine checkpoint: nothing to relaunch
   CHECK(j["cases"][2]["outcome"] == "passed");
   const std::string junit = ReadText(dir / "junit.xml");
-  CHECK(junit.find("<testsuite name=\"ckpt verify\" tests=\"3\" failures=\"0\"") != std::string::npos);
+  CHECK(junit.find("<testsuite name=\"ckpt verify\" tests=\"3\" failures=\"0\"") !=
+        std::string::npos);
   CHECK(junit.find("<skipped") != std::string::npos);
 }
 

@@ -1,15 +1,15 @@
 // The next-update pass: the CPU reference is bitwise ckpt::AdamWUpdate, within 1e-6 of an fp64
 // AdamW, its statistics are what they claim; the CUDA pass matches the CPU one.
+#include "verify/update_pass.h"
+
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <random>
 #include <vector>
 
-#include <catch2/catch.hpp>
-
 #include "ckpt/adamw.h"
 #include "verify/nccl_combine.h"
-#include "verify/update_pass.h"
 
 #ifdef CKPT_VERIFY_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -108,7 +108,9 @@ TEST_CASE("CPU pass: full state is bitwise ckpt::AdamWUpdate, other paths restar
     }
     CHECK(stats->n == n);
     // Statistics are accumulated in float lanes per block, then in double: 1e-5 relative.
-    auto near = [](double got, double want) { return std::fabs(got - want) <= 1e-5 * std::fabs(want); };
+    auto near = [](double got, double want) {
+      return std::fabs(got - want) <= 1e-5 * std::fabs(want);
+    };
     CHECK(std::fabs(stats->weights_only.max_abs - max_b) <= 1e-6 * max_b);
     CHECK(near(stats->weights_only.sum_sq_diff, sq_b));
     CHECK(near(stats->sum_sq_full, sq_full));
@@ -125,7 +127,8 @@ TEST_CASE("CPU pass matches an fp64 AdamW within 1e-6 relative", "[unit]") {
   for (int64_t step : {int64_t{0}, int64_t{1}, int64_t{9}, int64_t{1000}}) {
     const PassHyper h = Hyper(step);
     Outputs o(n);
-    REQUIRE(MakeCpuPass()->Run(h, {x.w.data(), x.m.data(), x.v.data(), x.g.data(), n}, o.view()).ok());
+    REQUIRE(
+        MakeCpuPass()->Run(h, {x.w.data(), x.m.data(), x.v.data(), x.g.data(), n}, o.view()).ok());
     double worst = 0;
     for (size_t i = 0; i < n; ++i) {
       const double ref_a = AdamWDouble(h.full, x.w[i], x.m[i], x.v[i], x.g[i]);
@@ -171,11 +174,15 @@ TEST_CASE("CUDA pass matches the CPU reference within 1e-6 relative", "[cuda]") 
     size_t bitwise_equal = 0;
     double worst = 0;
     for (size_t i = 0; i < n; ++i) {
-      const std::pair<float, float> pairs[] = {
-          {c.wa[i], g.wa[i]}, {c.ma[i], g.ma[i]}, {c.va[i], g.va[i]}, {c.wb[i], g.wb[i]}, {c.wc[i], g.wc[i]}};
+      const std::pair<float, float> pairs[] = {{c.wa[i], g.wa[i]},
+                                               {c.ma[i], g.ma[i]},
+                                               {c.va[i], g.va[i]},
+                                               {c.wb[i], g.wb[i]},
+                                               {c.wc[i], g.wc[i]}};
       for (auto [a, b] : pairs) {
         bitwise_equal += a == b;
-        worst = std::max(worst, std::fabs(double(a) - double(b)) / std::max(std::fabs(double(a)), 1e-6));
+        worst = std::max(worst,
+                         std::fabs(double(a) - double(b)) / std::max(std::fabs(double(a)), 1e-6));
       }
     }
     INFO("n " << n << ": " << bitwise_equal << " of " << 5 * n << " values bitwise equal; worst "
@@ -202,8 +209,8 @@ TEST_CASE("NCCL combines per-GPU statistics into the whole tensor's", "[cuda]") 
   const Inputs x = RandomInputs(n, 4242);
   const PassHyper h = Hyper(3);
   Outputs whole(n);
-  auto expected = MakeCpuPass()->Run(h, {x.w.data(), x.m.data(), x.v.data(), x.g.data(), n},
-                                     whole.view());
+  auto expected =
+      MakeCpuPass()->Run(h, {x.w.data(), x.m.data(), x.v.data(), x.g.data(), n}, whole.view());
   REQUIRE(expected.ok());
   auto id = NcclStatsCombiner::NewUniqueId();
   REQUIRE(id.ok());
@@ -221,8 +228,8 @@ TEST_CASE("NCCL combines per-GPU statistics into the whole tensor's", "[cuda]") 
         return;
       }
       Outputs o(e - b);
-      auto s = (*pass)->Run(h, {x.w.data() + b, x.m.data() + b, x.v.data() + b, x.g.data() + b, e - b},
-                            o.view());
+      auto s = (*pass)->Run(
+          h, {x.w.data() + b, x.m.data() + b, x.v.data() + b, x.g.data() + b, e - b}, o.view());
       if (!s.ok()) {
         errors[r] = s.status().ToString();
         return;

@@ -4,8 +4,8 @@
 
 #include <cstdio>
 #include <fstream>
-#include <sstream>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -61,8 +61,8 @@ inline RandomState MakeRandomState(uint32_t seed, int64_t step = 7) {
   s.hyper.weight_decay = 0.1;
   s.hyper.step = step;
   const std::vector<std::pair<std::string, std::vector<int64_t>>> shapes = {
-      {"embed.weight", {37, 8}}, {"block0.attn.weight", {8, 24}}, {"block0.attn.bias", {24}},
-      {"block0.mlp.weight", {8, 33}}, {"final_norm.scale", {8}}, {"tiny", {3}}};
+      {"embed.weight", {37, 8}},      {"block0.attn.weight", {8, 24}}, {"block0.attn.bias", {24}},
+      {"block0.mlp.weight", {8, 33}}, {"final_norm.scale", {8}},       {"tiny", {3}}};
   for (const auto& [name, shape] : shapes) {
     RandomParam p;
     p.name = name;
@@ -91,9 +91,13 @@ inline Status WriteStateCheckpoint(const std::string& root, const RandomState& s
   meta.counters.global_step = state.hyper.step;
   meta.topology.dp_world_size = world;
   meta.topology.zero_stage = zero_stage;
-  meta.optimizer = {{"type", "adamw"},  {"lr", state.hyper.lr},   {"beta1", state.hyper.beta1},
-                    {"beta2", state.hyper.beta2}, {"eps", state.hyper.eps},
-                    {"weight_decay", state.hyper.weight_decay}, {"step", state.hyper.step}};
+  meta.optimizer = {{"type", "adamw"},
+                    {"lr", state.hyper.lr},
+                    {"beta1", state.hyper.beta1},
+                    {"beta2", state.hyper.beta2},
+                    {"eps", state.hyper.eps},
+                    {"weight_decay", state.hyper.weight_decay},
+                    {"step", state.hyper.step}};
   meta.engine_config = engine_config;
   for (const auto& p : state.params) {
     ParamEntry e;
@@ -129,9 +133,12 @@ inline Status WriteStateCheckpoint(const std::string& root, const RandomState& s
     threads.emplace_back([&, r] {
       RankContents mine;
       const int64_t n = static_cast<int64_t>(w[r].size());
-      mine.datasets.push_back(DatasetSpec::Tensor(std::string(kMaster), DType::kF32, {n}, w[r].data()));
-      mine.datasets.push_back(DatasetSpec::Tensor(std::string(kExpAvg), DType::kF32, {n}, m[r].data()));
-      mine.datasets.push_back(DatasetSpec::Tensor(std::string(kExpAvgSq), DType::kF32, {n}, v[r].data()));
+      mine.datasets.push_back(
+          DatasetSpec::Tensor(std::string(kMaster), DType::kF32, {n}, w[r].data()));
+      mine.datasets.push_back(
+          DatasetSpec::Tensor(std::string(kExpAvg), DType::kF32, {n}, m[r].data()));
+      mine.datasets.push_back(
+          DatasetSpec::Tensor(std::string(kExpAvgSq), DType::kF32, {n}, v[r].data()));
       results[r] = SaveCheckpoint(root, meta, mine, group.ForRank(r));
     });
   }
@@ -147,7 +154,10 @@ inline Status WriteStateTensors(const std::string& path, const RandomState& stat
                                 const std::string& which = "g") {
   std::vector<convert::SafetensorsTensorView> views;
   for (const auto& p : state.params) {
-    const std::vector<float>& x = which == "w" ? p.w : which == "m" ? p.m : which == "v" ? p.v : p.g;
+    const std::vector<float>& x = which == "w"   ? p.w
+                                  : which == "m" ? p.m
+                                  : which == "v" ? p.v
+                                                 : p.g;
     views.push_back({{p.name, DType::kF32, p.shape}, x.data()});
   }
   return convert::WriteSafetensors(path, views, {});

@@ -32,7 +32,8 @@ std::function<int()> SetupNextUpdate(CLI::App& sub) {
   sub.add_option("--grad", a->o.grad_file,
                  "next gradient: full-shape fp32 tensors named by trainable parameter "
                  "(default: engine_min grad at the saved data position)");
-  sub.add_option("--device", a->device, "auto|cpu|cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  sub.add_option("--device", a->device, "auto|cpu|cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   sub.add_option("--out", a->o.out_dir,
                  "write full_state/weights_only/moments_dropped.safetensors here");
   sub.add_option("--reference", a->o.reference, "original run log (default ROOT/trainlog.jsonl)");
@@ -65,8 +66,10 @@ std::function<int()> SetupNextUpdate(CLI::App& sub) {
         std::printf("next-update pass on %s, %llu elements (%.1f MiB of w, m, v, g)\n",
                     std::string(DeviceName(b->device)).c_str(),
                     static_cast<unsigned long long>(b->elements), b->memcpy_bytes / 1048576.0);
-        std::printf("  pass   %.3f ms  (%.2f GB/s read+written)\n", b->pass_seconds * 1e3, pass_gbs);
-        std::printf("  memcpy %.3f ms  (%.2f GB/s read+written)\n", b->memcpy_seconds * 1e3, copy_gbs);
+        std::printf("  pass   %.3f ms  (%.2f GB/s read+written)\n", b->pass_seconds * 1e3,
+                    pass_gbs);
+        std::printf("  memcpy %.3f ms  (%.2f GB/s read+written)\n", b->memcpy_seconds * 1e3,
+                    copy_gbs);
         std::printf("  ratio memcpy/pass time: %.2fx (%s, best of %d)\n", b->ratio(),
                     b->device == Device::kCpu ? "thread CPU time" : "CUDA events",
                     std::max(a->bench_reps, 1));
@@ -132,7 +135,8 @@ std::function<int()> SetupVerify(CLI::App& sub) {
   sub.add_option("--junit", a->junit, "also write a JUnit XML report here");
   sub.add_option("--grad", a->o.grad_file, "next-update gradient for non-engine checkpoints");
   sub.add_option("--reference", a->o.reference, "original run log (default ROOT/trainlog.jsonl)");
-  sub.add_option("--device", a->device, "auto|cpu|cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  sub.add_option("--device", a->device, "auto|cpu|cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   sub.add_flag("--json", a->json, "machine-readable report");
   return [a]() -> int {
     auto device = ParseDevice(a->device);
@@ -152,14 +156,17 @@ std::function<int()> SetupVerify(CLI::App& sub) {
                               : c.outcome == CiCase::Outcome::kFailed  ? "failed"
                               : c.outcome == CiCase::Outcome::kSkipped ? "skipped"
                                                                        : "error";
-        cases.push_back({{"name", c.name}, {"outcome", outcome}, {"message", c.message},
+        cases.push_back({{"name", c.name},
+                         {"outcome", outcome},
+                         {"message", c.message},
                          {"seconds", c.seconds}});
       }
       PrintJson({{"checkpoint", r.target}, {"ok", rc == 0}, {"exit_code", rc}, {"cases", cases}});
     } else {
       std::cout << CiToText(r);
       for (const CiCase& c : r.cases) {
-        if (c.outcome == CiCase::Outcome::kFailed && !c.details.empty()) std::cout << "\n" << c.details;
+        if (c.outcome == CiCase::Outcome::kFailed && !c.details.empty())
+          std::cout << "\n" << c.details;
       }
     }
     return rc;

@@ -19,11 +19,21 @@ std::string XmlEscape(const std::string& s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&apos;"; break;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&apos;";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20 && c != '\n' && c != '\t' && c != '\r') {
           out += ' ';
@@ -81,10 +91,11 @@ CiReport RunCiVerify(const CiOptions& o) {
       c.message = "manifest, every rank file and dataset checksum verified";
     } else {
       c.outcome = CiCase::Outcome::kFailed;
-      c.message = std::to_string(problems->size()) + " problem(s), first: " +
-                  problems->front().file + " " + problems->front().dataset + ": " +
-                  problems->front().what;
-      for (const Problem& p : *problems) c.details += p.file + " " + p.dataset + ": " + p.what + "\n";
+      c.message = std::to_string(problems->size()) +
+                  " problem(s), first: " + problems->front().file + " " +
+                  problems->front().dataset + ": " + problems->front().what;
+      for (const Problem& p : *problems)
+        c.details += p.file + " " + p.dataset + ": " + p.what + "\n";
     }
     return c;
   }));
@@ -187,8 +198,8 @@ std::string CiToJUnit(const CiReport& r) {
        << buf << "\">\n";
     switch (c.outcome) {
       case CiCase::Outcome::kFailed:
-        os << "      <failure message=\"" << XmlEscape(c.message) << "\">"
-           << XmlEscape(c.details) << "</failure>\n";
+        os << "      <failure message=\"" << XmlEscape(c.message) << "\">" << XmlEscape(c.details)
+           << "</failure>\n";
         break;
       case CiCase::Outcome::kError:
         os << "      <error message=\"" << XmlEscape(c.message) << "\"/>\n";

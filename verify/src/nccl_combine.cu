@@ -4,10 +4,10 @@
 
 #ifdef CKPT_VERIFY_HAVE_NCCL
 
-#include <cstring>
-
 #include <cuda_runtime.h>
 #include <nccl.h>
+
+#include <cstring>
 
 namespace ckpt::verify {
 namespace {
@@ -42,7 +42,8 @@ class NcclCombiner final : public NcclStatsCombiner {
     CKPT_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device), "cudaSetDevice"), "nccl combine");
     CKPT_RETURN_IF_ERROR(NcclStatus(ncclCommInitRank(&comm_, world, id, rank), "ncclCommInitRank"),
                          "nccl combine");
-    CKPT_RETURN_IF_ERROR(CudaStatus(cudaStreamCreate(&stream_), "cudaStreamCreate"), "nccl combine");
+    CKPT_RETURN_IF_ERROR(CudaStatus(cudaStreamCreate(&stream_), "cudaStreamCreate"),
+                         "nccl combine");
     void* p = nullptr;
     CKPT_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&p, sizeof(Packed)), "cudaMalloc"), "nccl combine");
     buffer_ = static_cast<Packed*>(p);
@@ -55,22 +56,28 @@ class NcclCombiner final : public NcclStatsCombiner {
              {s.weights_only.max_abs, s.moments_dropped.max_abs},
              {s.n, s.weights_only.n_differ, s.moments_dropped.n_differ}};
     CKPT_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"), "nccl combine");
-    CKPT_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(buffer_, &h, sizeof h, cudaMemcpyHostToDevice,
-                                                    stream_), "cudaMemcpy"), "nccl combine");
+    CKPT_RETURN_IF_ERROR(
+        CudaStatus(cudaMemcpyAsync(buffer_, &h, sizeof h, cudaMemcpyHostToDevice, stream_),
+                   "cudaMemcpy"),
+        "nccl combine");
     CKPT_RETURN_IF_ERROR(NcclStatus(ncclGroupStart(), "ncclGroupStart"), "nccl combine");
     CKPT_RETURN_IF_ERROR(NcclStatus(ncclAllReduce(buffer_->sums, buffer_->sums, 6, ncclFloat64,
-                                                  ncclSum, comm_, stream_), "ncclAllReduce sums"),
+                                                  ncclSum, comm_, stream_),
+                                    "ncclAllReduce sums"),
                          "nccl combine");
-    CKPT_RETURN_IF_ERROR(NcclStatus(ncclAllReduce(buffer_->maxima, buffer_->maxima, 2,
-                                                  ncclFloat64, ncclMax, comm_, stream_),
+    CKPT_RETURN_IF_ERROR(NcclStatus(ncclAllReduce(buffer_->maxima, buffer_->maxima, 2, ncclFloat64,
+                                                  ncclMax, comm_, stream_),
                                     "ncclAllReduce maxima"),
                          "nccl combine");
     CKPT_RETURN_IF_ERROR(NcclStatus(ncclAllReduce(buffer_->counts, buffer_->counts, 3, ncclUint64,
-                                                  ncclSum, comm_, stream_), "ncclAllReduce counts"),
+                                                  ncclSum, comm_, stream_),
+                                    "ncclAllReduce counts"),
                          "nccl combine");
     CKPT_RETURN_IF_ERROR(NcclStatus(ncclGroupEnd(), "ncclGroupEnd"), "nccl combine");
-    CKPT_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(&h, buffer_, sizeof h, cudaMemcpyDeviceToHost,
-                                                    stream_), "cudaMemcpy"), "nccl combine");
+    CKPT_RETURN_IF_ERROR(
+        CudaStatus(cudaMemcpyAsync(&h, buffer_, sizeof h, cudaMemcpyDeviceToHost, stream_),
+                   "cudaMemcpy"),
+        "nccl combine");
     CKPT_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"),
                          "nccl combine");
     s.sum_sq_full = h.sums[0];

@@ -5,11 +5,11 @@
 
 #include <cerrno>
 #include <cmath>
-#include <map>
-#include <optional>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
+#include <optional>
 #include <sstream>
 
 #include "ckpt/hash.h"
@@ -57,7 +57,8 @@ Result<AdamWHyper> ResolveHyper(const CheckpointReader& reader, std::string* sou
   if (opt.is_object() && opt.contains("type") && opt["type"].is_string()) {
     const std::string type = opt["type"].get<std::string>();
     if (type != "adamw" && type != "adam") {
-      return Unimplemented("optimizer type '" + type + "' in manifest.json: next-update replays "
+      return Unimplemented("optimizer type '" + type +
+                           "' in manifest.json: next-update replays "
                            "AdamW only");
     }
   }
@@ -141,13 +142,15 @@ Status CheckGradientFile(const Manifest& m, const std::string& path,
     if (p == nullptr) {
       problems.push_back("tensor '" + t.name + "' is not a parameter of the checkpoint");
     } else if (!p->trainable()) {
-      problems.push_back("tensor '" + t.name + "' is a " +
-                         (p->frozen ? std::string("frozen parameter") : "tied alias of '" + p->tied_to + "'") +
-                         ", not a trainable one");
+      problems.push_back(
+          "tensor '" + t.name + "' is a " +
+          (p->frozen ? std::string("frozen parameter") : "tied alias of '" + p->tied_to + "'") +
+          ", not a trainable one");
     }
   }
   if (problems.empty()) return Status::Ok();
-  std::string msg = "gradient file " + path + " does not match the checkpoint's trainable "
+  std::string msg = "gradient file " + path +
+                    " does not match the checkpoint's trainable "
                     "parameters: ";
   for (size_t i = 0; i < problems.size() && i < 8; ++i) msg += (i ? "; " : "") + problems[i];
   if (problems.size() > 8) msg += "; and " + std::to_string(problems.size() - 8) + " more";
@@ -190,9 +193,9 @@ Status RunEngineGrad(const NextUpdateOptions& o, const CheckpointReader& reader,
   }
   const std::string root = RootOfTagDir(reader.dir());
   const int ranks = std::max(1, reader.manifest().topology.dp_world_size);
-  auto cmd = EngineCommand(bin_dir, ranks,
-                           {"grad", "--ckpt-dir", root, "--resume-tag", reader.tag(), "--out",
-                            out_file});
+  auto cmd =
+      EngineCommand(bin_dir, ranks,
+                    {"grad", "--ckpt-dir", root, "--resume-tag", reader.tag(), "--out", out_file});
   auto rc = RunProcess(cmd, log);
   CKPT_RETURN_IF_ERROR(rc, "engine_min grad");
   if (*rc != 0) {
@@ -219,7 +222,8 @@ Result<NextUpdateReport> RunNextUpdate(const NextUpdateOptions& o) {
   const bool engine_grad = grad_path.empty();
   if (engine_grad) {
     if (m.engine_config.empty()) {
-      return FailedPrecondition(r.tag_dir + " was not written by engine_min (no engine_config), "
+      return FailedPrecondition(r.tag_dir +
+                                " was not written by engine_min (no engine_config), "
                                 "so its next batch is unknown: pass --grad GRADS.safetensors");
     }
     CKPT_ASSIGN_OR_RETURN(TempDir t, TempDir::Create("ckpt-next-update"), "scratch directory");
@@ -248,8 +252,8 @@ Result<NextUpdateReport> RunNextUpdate(const NextUpdateOptions& o) {
     std::error_code ec;
     fs::create_directories(o.out_dir, ec);
     if (ec) return IOError("create " + o.out_dir + ": " + ec.message());
-    const std::map<std::string, std::string> meta = {
-        {"source", r.tag_dir}, {"producer", "ckpt next-update"}};
+    const std::map<std::string, std::string> meta = {{"source", r.tag_dir},
+                                                     {"producer", "ckpt next-update"}};
     auto make = [&](const char* name, const char* path_kind,
                     std::optional<convert::SafetensorsWriter>& w) -> Status {
       auto meta2 = meta;
@@ -297,15 +301,17 @@ Result<NextUpdateReport> RunNextUpdate(const NextUpdateOptions& o) {
       out.w_weights_only = wb.data();
       out.w_moments_dropped = wc.data();
     }
-    CKPT_ASSIGN_OR_RETURN(PassStats s,
-                          pass->Run(PassHyper{r.hyper}, {w.data(), mo.data(), vo.data(), g.data(), n}, out),
-                          p.name);
+    CKPT_ASSIGN_OR_RETURN(
+        PassStats s,
+        pass->Run(PassHyper{r.hyper}, {w.data(), mo.data(), vo.data(), g.data(), n}, out), p.name);
     dw.Update(wa.data(), n * sizeof(float));
     dm.Update(ma.data(), n * sizeof(float));
     dv.Update(va.data(), n * sizeof(float));
     if (out_full) {
-      CKPT_RETURN_IF_ERROR(out_full->Append(wa.data(), n * sizeof(float)), "full_state.safetensors");
-      CKPT_RETURN_IF_ERROR(out_wo->Append(wb.data(), n * sizeof(float)), "weights_only.safetensors");
+      CKPT_RETURN_IF_ERROR(out_full->Append(wa.data(), n * sizeof(float)),
+                           "full_state.safetensors");
+      CKPT_RETURN_IF_ERROR(out_wo->Append(wb.data(), n * sizeof(float)),
+                           "weights_only.safetensors");
       CKPT_RETURN_IF_ERROR(out_md->Append(wc.data(), n * sizeof(float)),
                            "moments_dropped.safetensors");
     }
@@ -355,9 +361,12 @@ Result<NextUpdateReport> RunNextUpdate(const NextUpdateOptions& o) {
 namespace {
 
 nlohmann::json PathJson(const PathReport& p) {
-  return {{"max_abs", p.max_abs},         {"rel_l2", p.rel_l2},
-          {"frac_differ", p.frac_differ}, {"n_differ", p.n_differ},
-          {"rel_update", p.rel_update},   {"update_norm", p.update_norm},
+  return {{"max_abs", p.max_abs},
+          {"rel_l2", p.rel_l2},
+          {"frac_differ", p.frac_differ},
+          {"n_differ", p.n_differ},
+          {"rel_update", p.rel_update},
+          {"update_norm", p.update_norm},
           {"update_norm_full", p.update_norm_full}};
 }
 
@@ -367,24 +376,27 @@ nlohmann::json NextUpdateToJson(const NextUpdateReport& r) {
   nlohmann::json j;
   j["tag"] = r.tag;
   j["tag_dir"] = r.tag_dir;
-  j["hyper"] = {{"lr", r.hyper.lr},   {"beta1", r.hyper.beta1},
-                {"beta2", r.hyper.beta2}, {"eps", r.hyper.eps},
-                {"weight_decay", r.hyper.weight_decay}, {"step", r.hyper.step},
+  j["hyper"] = {{"lr", r.hyper.lr},
+                {"beta1", r.hyper.beta1},
+                {"beta2", r.hyper.beta2},
+                {"eps", r.hyper.eps},
+                {"weight_decay", r.hyper.weight_decay},
+                {"step", r.hyper.step},
                 {"source", r.hyper_source}};
   j["gradient"] = r.grad_source;
   j["elements"] = r.overall.n;
-  j["overall"] = {{"weights_only", PathJson(MakePathReport(r.overall, r.overall.weights_only))},
-                  {"moments_dropped",
-                   PathJson(MakePathReport(r.overall, r.overall.moments_dropped))},
-                  {"full_update_norm", std::sqrt(r.overall.sum_sq_update_full)}};
+  j["overall"] = {
+      {"weights_only", PathJson(MakePathReport(r.overall, r.overall.weights_only))},
+      {"moments_dropped", PathJson(MakePathReport(r.overall, r.overall.moments_dropped))},
+      {"full_update_norm", std::sqrt(r.overall.sum_sq_update_full)}};
   nlohmann::json tensors = nlohmann::json::array();
   for (const TensorReport& t : r.tensors) {
-    tensors.push_back({{"name", t.name},
-                       {"shape", t.shape},
-                       {"weights_only", PathJson(MakePathReport(t.stats, t.stats.weights_only))},
-                       {"moments_dropped",
-                        PathJson(MakePathReport(t.stats, t.stats.moments_dropped))},
-                       {"full_update_norm", std::sqrt(t.stats.sum_sq_update_full)}});
+    tensors.push_back(
+        {{"name", t.name},
+         {"shape", t.shape},
+         {"weights_only", PathJson(MakePathReport(t.stats, t.stats.weights_only))},
+         {"moments_dropped", PathJson(MakePathReport(t.stats, t.stats.moments_dropped))},
+         {"full_update_norm", std::sqrt(t.stats.sum_sq_update_full)}});
   }
   j["tensors"] = std::move(tensors);
   j["digests"] = {{"weights_xxh3", r.full_weights_xxh3},

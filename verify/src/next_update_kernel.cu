@@ -1,9 +1,9 @@
 // The next-update kernel. Each element goes through AdamWElementDevice, which repeats
 // ckpt::AdamWElement's operation order with explicit round-to-nearest intrinsics (no FMA
 // contraction, IEEE division and square root), so a GPU result has the CPU reference's bits.
-#include "next_update_kernel.cuh"
-
 #include <algorithm>
+
+#include "next_update_kernel.cuh"
 
 namespace ckpt::verify {
 namespace {
@@ -110,8 +110,8 @@ __global__ void NextUpdateKernel(AdamWFactors fa, AdamWFactors fb, DevicePassArg
   __shared__ double sh_d[8][kThreads / 32];
   __shared__ unsigned long long sh_u[2][kThreads / 32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  double d[8] = {s.sum_sq_full, s.sum_sq_update_full, s.b_sq, s.b_upd, s.c_sq, s.c_upd,
-                 s.b_max, s.c_max};
+  double d[8] = {s.sum_sq_full, s.sum_sq_update_full, s.b_sq, s.b_upd, s.c_sq, s.c_upd, s.b_max,
+                 s.c_max};
   unsigned long long u[2] = {s.b_differ, s.c_differ};
   for (int k = 0; k < 6; ++k) d[k] = WarpSum(d[k]);
   d[6] = WarpMax(d[6]);

@@ -3,9 +3,9 @@
 // reduces the comparison statistics into a DeviceStats with one atomic per block and field.
 #pragma once
 
-#include <cstddef>
-
 #include <cuda_runtime.h>
+
+#include <cstddef>
 
 #include "ckpt/adamw.h"
 

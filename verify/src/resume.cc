@@ -193,20 +193,20 @@ Result<ResumeReport> RunVerifyResume(const ResumeOptions& o) {
   rep.ranks = std::max(1, m.topology.dp_world_size);
   rep.zero_stage = m.topology.zero_stage;
   if (m.engine_config.empty()) {
-    return FailedPrecondition(rep.tag_dir + " was not written by engine_min (no engine_config): "
+    return FailedPrecondition(rep.tag_dir +
+                              " was not written by engine_min (no engine_config): "
                               "verify-resume can only relaunch engine_min checkpoints");
   }
-  const std::string orig_root =
-      fs::path(rep.tag_dir).lexically_normal().parent_path().string();
+  const std::string orig_root = fs::path(rep.tag_dir).lexically_normal().parent_path().string();
   rep.reference = o.reference.empty() ? orig_root + "/trainlog.jsonl" : o.reference;
   CKPT_ASSIGN_OR_RETURN(auto ref_log, ReadTrainlog(rep.reference), "reference");
   for (int64_t s = rep.from_step + 1; s <= rep.from_step + o.steps; ++s) {
     if (!ref_log.count(s)) {
       int64_t last = ref_log.empty() ? -1 : ref_log.rbegin()->first;
-      return FailedPrecondition("reference run log " + rep.reference + " has no entry for step " +
-                                std::to_string(s) + " (it ends at step " + std::to_string(last) +
-                                "); choose --steps <= " +
-                                std::to_string(std::max<int64_t>(0, last - rep.from_step)));
+      return FailedPrecondition(
+          "reference run log " + rep.reference + " has no entry for step " + std::to_string(s) +
+          " (it ends at step " + std::to_string(last) +
+          "); choose --steps <= " + std::to_string(std::max<int64_t>(0, last - rep.from_step)));
     }
   }
   const std::string bin_dir = EngineBinDir(o.bin_dir);
@@ -231,9 +231,10 @@ Result<ResumeReport> RunVerifyResume(const ResumeOptions& o) {
     const bool restarts_step = run.component == "step";
     const int64_t run_target = restarts_step ? o.steps : target;
     const bool final_save = run_target != rep.from_step;
-    std::vector<std::string> args = {"train", "--ckpt-dir", run_root, "--resume", "--resume-tag",
-                                     reader.tag(), "--steps", std::to_string(run_target),
-                                     "--save-every", "0", "--trainlog", log};
+    std::vector<std::string> args = {
+        "train",        "--ckpt-dir", run_root,     "--resume",
+        "--resume-tag", reader.tag(), "--steps",    std::to_string(run_target),
+        "--save-every", "0",          "--trainlog", log};
     if (!final_save) args.push_back("--no-final-save");
     if (!run.component.empty()) {
       args.push_back("--reset-on-resume");
@@ -248,8 +249,8 @@ Result<ResumeReport> RunVerifyResume(const ResumeOptions& o) {
     }
     CKPT_ASSIGN_OR_RETURN(auto run_log, ReadTrainlog(log), run.name + " run log");
     RunOutcome out;
-    out.first = CompareLogs(ref_log, run_log, restarts_step ? 1 : rep.from_step + 1,
-                            rep.from_step, o.steps, &out.steps_compared);
+    out.first = CompareLogs(ref_log, run_log, restarts_step ? 1 : rep.from_step + 1, rep.from_step,
+                            o.steps, &out.steps_compared);
     auto final_dir = ResolveTagDir(run_root);
     if (final_save && final_dir.ok() && fs::path(*final_dir).filename() != reader.tag()) {
       out.final_tag_dir = *final_dir;
@@ -309,7 +310,9 @@ nlohmann::json OptNumber(const std::optional<double>& v) {
 
 nlohmann::json DivergenceJson(const std::optional<Divergence>& d) {
   if (!d) return nullptr;
-  return {{"step", d->step}, {"quantity", d->quantity}, {"gap", OptNumber(d->gap)},
+  return {{"step", d->step},
+          {"quantity", d->quantity},
+          {"gap", OptNumber(d->gap)},
           {"detail", d->detail}};
 }
 

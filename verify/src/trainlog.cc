@@ -10,9 +10,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 extern char** environ;
 
@@ -98,8 +97,8 @@ std::string TailOfFile(const std::string& path, size_t max_bytes) {
 
 std::vector<std::string> EngineCommand(const std::string& bin_dir, int ranks,
                                        const std::vector<std::string>& args) {
-  std::vector<std::string> cmd = {"mpirun", "--allow-run-as-root", "--oversubscribe", "-n",
-                                  std::to_string(ranks), bin_dir + "/engine_min"};
+  std::vector<std::string> cmd = {"mpirun", "--allow-run-as-root", "--oversubscribe",
+                                  "-n",     std::to_string(ranks), bin_dir + "/engine_min"};
   cmd.insert(cmd.end(), args.begin(), args.end());
   return cmd;
 }

@@ -32,9 +32,12 @@ Result<Device> ParseDevice(std::string_view text) {
 
 std::string_view DeviceName(Device d) {
   switch (d) {
-    case Device::kAuto: return "auto";
-    case Device::kCpu: return "cpu";
-    case Device::kCuda: return "cuda";
+    case Device::kAuto:
+      return "auto";
+    case Device::kCpu:
+      return "cpu";
+    case Device::kCuda:
+      return "cuda";
   }
   return "?";
 }

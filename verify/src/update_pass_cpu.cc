@@ -3,8 +3,8 @@
 // because the rule is IEEE add, multiply, divide and sqrt with contraction off. The reductions
 // use independent lanes; their summation order only changes the statistics, never a weight.
 #include <algorithm>
-#include <ctime>
 #include <cstring>
+#include <ctime>
 #include <vector>
 
 #include "update_pass_internal.h"
@@ -129,10 +129,10 @@ Result<PassBench> BenchCpuPass(uint64_t input_bytes, int reps) {
   std::vector<float> inputs(4 * n), copy(4 * n);
   std::vector<float> w_full(n), m_full(n), v_full(n), w_b(n), w_c(n);
   for (uint64_t i = 0; i < n; ++i) {
-    inputs[i] = 0.01f * static_cast<float>(i % 1000) - 5.0f;             // w
-    inputs[n + i] = 1e-3f * static_cast<float>(i % 97) - 0.05f;          // m
-    inputs[2 * n + i] = 1e-5f * static_cast<float>(i % 89 + 1);          // v
-    inputs[3 * n + i] = 1e-2f * static_cast<float>(i % 101) - 0.5f;      // g
+    inputs[i] = 0.01f * static_cast<float>(i % 1000) - 5.0f;         // w
+    inputs[n + i] = 1e-3f * static_cast<float>(i % 97) - 0.05f;      // m
+    inputs[2 * n + i] = 1e-5f * static_cast<float>(i % 89 + 1);      // v
+    inputs[3 * n + i] = 1e-2f * static_cast<float>(i % 101) - 0.5f;  // g
   }
   PassInputs in{inputs.data(), inputs.data() + n, inputs.data() + 2 * n, inputs.data() + 3 * n, n};
   PassOutputs out{w_full.data(), m_full.data(), v_full.data(), w_b.data(), w_c.data()};

@@ -1,11 +1,11 @@
 // The CUDA implementation of UpdatePass: device buffers and a stream owned by RAII handles,
 // host<->device copies around the next-update kernel, CUDA errors turned into Status (the
 // sticky error is cleared at this edge).
+#include <cuda_runtime.h>
+
 #include <algorithm>
 #include <cstring>
 #include <vector>
-
-#include <cuda_runtime.h>
 
 #include "next_update_kernel.cuh"
 #include "update_pass_internal.h"
@@ -38,7 +38,9 @@ class DeviceBuffer {
     return Status::Ok();
   }
   template <typename T>
-  T* as() const { return static_cast<T*>(ptr_); }
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
 
  private:
   void Reset() {
@@ -58,7 +60,9 @@ class Stream {
   }
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;
-  Status Create() { return CudaStatus(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), "cudaStreamCreate"); }
+  Status Create() {
+    return CudaStatus(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), "cudaStreamCreate");
+  }
   cudaStream_t get() const { return s_; }
 
  private:
@@ -117,7 +121,10 @@ class CudaPass final : public UpdatePass {
                      "cudaMemcpy host to device"),
           "next-update on cuda");
     }
-    DevicePassArgs a{w_.as<float>(),  m_.as<float>(),  v_.as<float>(),  g_.as<float>(),
+    DevicePassArgs a{w_.as<float>(),
+                     m_.as<float>(),
+                     v_.as<float>(),
+                     g_.as<float>(),
                      out.w_full ? wa_.as<float>() : nullptr,
                      out.m_full ? ma_.as<float>() : nullptr,
                      out.v_full ? va_.as<float>() : nullptr,
@@ -130,16 +137,15 @@ class CudaPass final : public UpdatePass {
                                     "next-update kernel launch"),
                          "next-update on cuda");
     const std::pair<float*, float*> downloads[] = {{out.w_full, a.w_full},
-                                                    {out.m_full, a.m_full},
-                                                    {out.v_full, a.v_full},
-                                                    {out.w_weights_only, a.w_weights_only},
-                                                    {out.w_moments_dropped, a.w_moments_dropped}};
+                                                   {out.m_full, a.m_full},
+                                                   {out.v_full, a.v_full},
+                                                   {out.w_weights_only, a.w_weights_only},
+                                                   {out.w_moments_dropped, a.w_moments_dropped}};
     for (const auto& [host, dev] : downloads) {
       if (!host) continue;
-      CKPT_RETURN_IF_ERROR(
-          CudaStatus(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, st),
-                     "cudaMemcpy device to host"),
-          "next-update on cuda");
+      CKPT_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, st),
+                                      "cudaMemcpy device to host"),
+                           "next-update on cuda");
     }
     DeviceStats d{};
     CKPT_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(&d, stats_.as<DeviceStats>(), sizeof(d),
@@ -203,7 +209,8 @@ Result<PassBench> BenchCudaPass(uint64_t input_bytes, int reps) {
   FillKernel<<<1024, 256, 0, st>>>(in + 2 * n, n, 1e-5f, 1e-5f, 89);
   FillKernel<<<1024, 256, 0, st>>>(in + 3 * n, n, 1e-2f, -0.5f, 101);
   float* o = outputs.as<float>();
-  DevicePassArgs a{in, in + n, in + 2 * n, in + 3 * n, o, o + n, o + 2 * n, o + 3 * n, o + 4 * n, n};
+  DevicePassArgs a{in,    in + n,    in + 2 * n, in + 3 * n, o,
+                   o + n, o + 2 * n, o + 3 * n,  o + 4 * n,  n};
   AdamWHyper h;
   h.lr = 1e-3;
   h.weight_decay = 0.1;
@@ -221,17 +228,22 @@ Result<PassBench> BenchCudaPass(uint64_t input_bytes, int reps) {
   auto time_one = [&](bool pass, double& best) -> Status {
     CKPT_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(start.get(), st), "cudaEventRecord"), "bench");
     if (pass) {
-      CKPT_RETURN_IF_ERROR(CudaStatus(LaunchNextUpdate(fa, fb, a, stats.as<DeviceStats>(), st),
-                                      "kernel launch"), "bench");
+      CKPT_RETURN_IF_ERROR(
+          CudaStatus(LaunchNextUpdate(fa, fb, a, stats.as<DeviceStats>(), st), "kernel launch"),
+          "bench");
     } else {
-      CKPT_RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(copy.as<float>(), in, 16 * n,
-                                                      cudaMemcpyDeviceToDevice, st),
-                                      "cudaMemcpy device to device"), "bench");
+      CKPT_RETURN_IF_ERROR(
+          CudaStatus(cudaMemcpyAsync(copy.as<float>(), in, 16 * n, cudaMemcpyDeviceToDevice, st),
+                     "cudaMemcpy device to device"),
+          "bench");
     }
     CKPT_RETURN_IF_ERROR(CudaStatus(cudaEventRecord(stop.get(), st), "cudaEventRecord"), "bench");
-    CKPT_RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(stop.get()), "cudaEventSynchronize"), "bench");
+    CKPT_RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(stop.get()), "cudaEventSynchronize"),
+                         "bench");
     float ms = 0;
-    CKPT_RETURN_IF_ERROR(CudaStatus(cudaEventElapsedTime(&ms, start.get(), stop.get()), "cudaEventElapsedTime"), "bench");
+    CKPT_RETURN_IF_ERROR(
+        CudaStatus(cudaEventElapsedTime(&ms, start.get(), stop.get()), "cudaEventElapsedTime"),
+        "bench");
     best = std::min(best, ms / 1e3);
     return Status::Ok();
   };

@@ -14,8 +14,8 @@ namespace ckpt::verify {
 struct CiOptions {
   std::string root;
   std::string tag;
-  std::string grad_file;   // next-update gradient for non-engine checkpoints (optional)
-  std::string reference;   // run log; empty: ROOT/trainlog.jsonl
+  std::string grad_file;  // next-update gradient for non-engine checkpoints (optional)
+  std::string reference;  // run log; empty: ROOT/trainlog.jsonl
   std::string bin_dir;
   Device device = Device::kAuto;
 };

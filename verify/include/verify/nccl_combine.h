@@ -22,8 +22,8 @@ class NcclStatsCombiner {
   static Result<std::string> NewUniqueId();
   // Collective: every rank of `world` calls it with the same id. `device` is the CUDA device
   // this rank uses. Internal with NCCL's message on failure.
-  static Result<std::unique_ptr<NcclStatsCombiner>> Create(const std::string& unique_id,
-                                                           int rank, int world, int device);
+  static Result<std::unique_ptr<NcclStatsCombiner>> Create(const std::string& unique_id, int rank,
+                                                           int world, int device);
   virtual ~NcclStatsCombiner() = default;
   // Collective: replaces `stats` by the combination of every rank's.
   virtual Status AllReduce(PassStats& stats) = 0;

@@ -5,11 +5,10 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "ckpt/status.h"
 #include "verify/update_pass.h"
@@ -28,8 +27,8 @@ struct NextUpdateOptions {
 
 struct PathReport {
   double max_abs = 0;
-  double rel_l2 = 0;        // ||w_x - w_full|| / ||w_full||
-  double rel_update = 0;    // ||w_x - w_full|| / ||w_full - w||
+  double rel_l2 = 0;      // ||w_x - w_full|| / ||w_full||
+  double rel_update = 0;  // ||w_x - w_full|| / ||w_full - w||
   double frac_differ = 0;
   uint64_t n_differ = 0;
   double update_norm = 0;       // ||w_x - w||
@@ -47,12 +46,12 @@ struct NextUpdateReport {
   std::string tag_dir;
   std::string tag;
   AdamWHyper hyper;
-  std::string hyper_source;   // where lr/step came from, for the reader of the report
+  std::string hyper_source;  // where lr/step came from, for the reader of the report
   Device device = Device::kCpu;
-  std::string grad_source;    // the file, or "engine_min grad"
+  std::string grad_source;  // the file, or "engine_min grad"
   std::vector<TensorReport> tensors;
   PassStats overall;
-  std::string full_weights_xxh3;   // digest of path (a)'s weights (docs/architecture.md)
+  std::string full_weights_xxh3;  // digest of path (a)'s weights (docs/architecture.md)
   std::string full_exp_avg_xxh3;
   std::string full_exp_avg_sq_xxh3;
   std::optional<bool> matches_reference;  // engine gradient + reference log only

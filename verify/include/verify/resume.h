@@ -6,11 +6,10 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "ckpt/status.h"
 
@@ -24,17 +23,18 @@ Result<std::vector<std::string>> ParseAblate(const std::string& text);
 struct ResumeOptions {
   std::string root;
   std::string tag;
-  int64_t steps = 1;               // K optimizer steps after the checkpoint
-  std::string reference;           // empty: ROOT/trainlog.jsonl
-  std::vector<std::string> ablate; // components to reset, one run each
-  std::string bin_dir;             // empty: EngineBinDir("")
-  std::string scratch;             // empty: a temporary directory, removed afterwards
+  int64_t steps = 1;                // K optimizer steps after the checkpoint
+  std::string reference;            // empty: ROOT/trainlog.jsonl
+  std::vector<std::string> ablate;  // components to reset, one run each
+  std::string bin_dir;              // empty: EngineBinDir("")
+  std::string scratch;              // empty: a temporary directory, removed afterwards
   bool keep_scratch = false;
 };
 
 struct Divergence {
   int64_t step = 0;
-  std::string quantity;  // loss | grad_norm | lr | weights_xxh3 | exp_avg_xxh3 | exp_avg_sq_xxh3 | missing
+  std::string
+      quantity;  // loss | grad_norm | lr | weights_xxh3 | exp_avg_xxh3 | exp_avg_sq_xxh3 | missing
   std::optional<double> gap;  // |difference| for numbers; for digests the max element gap
                               // of that tensor set after the last step, when measurable
   std::string detail;

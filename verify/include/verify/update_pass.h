@@ -43,10 +43,10 @@ struct PassOutputs {
 
 // One restore path compared with the full-state path (a).
 struct PathStats {
-  double max_abs = 0.0;       // max |w_x - w_full|
-  double sum_sq_diff = 0.0;   // sum (w_x - w_full)^2
-  uint64_t n_differ = 0;      // elements with w_x != w_full
-  double sum_sq_update = 0.0; // sum (w_x - w)^2: this path's squared update norm
+  double max_abs = 0.0;        // max |w_x - w_full|
+  double sum_sq_diff = 0.0;    // sum (w_x - w_full)^2
+  uint64_t n_differ = 0;       // elements with w_x != w_full
+  double sum_sq_update = 0.0;  // sum (w_x - w)^2: this path's squared update norm
   void Merge(const PathStats& o);
 };
 
@@ -99,10 +99,10 @@ int CudaDeviceCount(std::string* why = nullptr);
 struct PassBench {
   Device device = Device::kCpu;
   uint64_t elements = 0;
-  uint64_t pass_bytes_moved = 0;    // read w, m, v, g + write w_full, m, v, w_b, w_c
-  uint64_t memcpy_bytes = 0;        // bytes copied by the memcpy (= input bytes)
-  double pass_seconds = 0.0;        // best of `reps`
-  double memcpy_seconds = 0.0;      // best of `reps`
+  uint64_t pass_bytes_moved = 0;  // read w, m, v, g + write w_full, m, v, w_b, w_c
+  uint64_t memcpy_bytes = 0;      // bytes copied by the memcpy (= input bytes)
+  double pass_seconds = 0.0;      // best of `reps`
+  double memcpy_seconds = 0.0;    // best of `reps`
   // memcpy_seconds / pass_seconds: the pass over n elements takes 1/ratio the time of copying
   // its inputs once.
   double ratio() const { return pass_seconds > 0 ? memcpy_seconds / pass_seconds : 0.0; }

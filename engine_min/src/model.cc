@@ -93,7 +93,7 @@ std::vector<float> InitTrainable(const ModelShape& shape, int id, uint64_t seed)
   std::vector<float> w(static_cast<size_t>(TrainableNumel(shape, id)));
   double stddev = 0;
   if (id == kEmbedId) {
-    stddev = 1.0 / std::sqrt(static_cast<double>(shape.d_model));
+    stddev = 0.5 / std::sqrt(static_cast<double>(shape.d_model));
   } else if (id % 2 == 1) {
     stddev = 1.0 / std::sqrt(static_cast<double>(shape.d_model) * std::max(1, shape.layers));
   } else {
@@ -162,6 +162,36 @@ T GeluGrad(T x) {
   return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * T(kGeluC) * (T(1) + T(3 * kGeluA) * x * x);
 }
 
+constexpr double kRmsEps = 1e-5;
+
+// y[n] = x[n] / sqrt(mean(x[n]^2) + eps) per row; inv_r[n] = 1 / sqrt(...).
+template <typename T>
+void RmsNormRows(const T* x, int64_t rows, int64_t d, T* y, T* inv_r) {
+  for (int64_t n = 0; n < rows; ++n) {
+    const T* xr = x + n * d;
+    T ss = T(0);
+    for (int64_t c = 0; c < d; ++c) ss += xr[c] * xr[c];
+    const T inv = T(1) / std::sqrt(ss / T(d) + T(kRmsEps));
+    inv_r[n] = inv;
+    T* yr = y + n * d;
+    for (int64_t c = 0; c < d; ++c) yr[c] = xr[c] * inv;
+  }
+}
+
+// dx[n] += (dy[n] - y[n] * (dy[n] . y[n]) / d) * inv_r[n], the RMS norm's backward.
+template <typename T>
+void AddRmsNormGrad(const T* y, const T* inv_r, const T* dy, int64_t rows, int64_t d, T* dx) {
+  for (int64_t n = 0; n < rows; ++n) {
+    const T* yr = y + n * d;
+    const T* dyr = dy + n * d;
+    T dot = T(0);
+    for (int64_t c = 0; c < d; ++c) dot += dyr[c] * yr[c];
+    const T mean = dot / T(d);
+    T* dxr = dx + n * d;
+    for (int64_t c = 0; c < d; ++c) dxr[c] += (dyr[c] - yr[c] * mean) * inv_r[n];
+  }
+}
+
 template <typename T>
 ckpt::Result<MicroResult> Run(const ModelShape& shape, const T* pos, const TokenBatch& batch,
                               const DropoutMasks& masks, double grad_scale, bool backward,
@@ -179,19 +209,20 @@ ckpt::Result<MicroResult> Run(const ModelShape& shape, const T* pos, const Token
   if (dropout && static_cast<int>(masks.per_layer.size()) != L) {
     return ckpt::Internal("dropout masks do not match the layer count");
   }
+  const size_t nd = static_cast<size_t>(N * d);
 
-  // Activations: h[0..L] (N × d each), pre-activations a[0..L-1].
-  std::vector<std::vector<T>> h(L + 1, std::vector<T>(static_cast<size_t>(N * d), T(0)));
-  std::vector<std::vector<T>> a(L);
+  // Kept for the backward: each block's normalized input and 1/rms, its pre-activation, and
+  // the final normalized state.
+  std::vector<std::vector<T>> normed(L + 1), inv_rms(L + 1), a(L);
+  std::vector<T> h(nd, T(0));
 
   {
     CKPT_ASSIGN_OR_RETURN(const T* embed, params.Acquire(kEmbedId), "embedding");
-    T* h0 = h[0].data();
     for (int64_t n = 0; n < N; ++n) {
       for (int64_t j = 0; j < K; ++j) {
         const T* e = embed + static_cast<int64_t>(batch.ctx[n * K + j]) * d;
         const T* p = pos + j * d;
-        T* out = h0 + n * d;
+        T* out = h.data() + n * d;
         for (int64_t c = 0; c < d; ++c) out[c] += p[c] * e[c];
       }
     }
@@ -201,30 +232,34 @@ ckpt::Result<MicroResult> Run(const ModelShape& shape, const T* pos, const Token
   for (int l = 0; l < L; ++l) {
     CKPT_ASSIGN_OR_RETURN(const T* w, params.Acquire(WeightId(l)), "block weight");
     CKPT_ASSIGN_OR_RETURN(const T* b, params.Acquire(BiasId(l)), "block bias");
-    a[l].assign(static_cast<size_t>(N * d), T(0));
+    normed[l].resize(nd);
+    inv_rms[l].resize(static_cast<size_t>(N));
+    RmsNormRows(h.data(), N, d, normed[l].data(), inv_rms[l].data());
+    a[l].assign(nd, T(0));
     T* al = a[l].data();
     for (int64_t n = 0; n < N; ++n) std::copy(b, b + d, al + n * d);
-    AddRowsTimesMatrix(h[l].data(), N, d, w, d, al);
-    const T* hl = h[l].data();
-    T* hn = h[l + 1].data();
+    AddRowsTimesMatrix(normed[l].data(), N, d, w, d, al);
     const float* mask = dropout ? masks.per_layer[l].data() : nullptr;
-    for (int64_t i = 0; i < N * d; ++i) {
+    for (size_t i = 0; i < nd; ++i) {
       T g = Gelu(al[i]);
       if (mask) g = g * T(mask[i]);
-      hn[i] = hl[i] + g;
+      h[i] = h[i] + g;
     }
     CKPT_RETURN_IF_ERROR(params.Release(BiasId(l)), "block bias");
     CKPT_RETURN_IF_ERROR(params.Release(WeightId(l)), "block weight");
   }
+  normed[L].resize(nd);
+  inv_rms[L].resize(static_cast<size_t>(N));
+  RmsNormRows(h.data(), N, d, normed[L].data(), inv_rms[L].data());
 
   MicroResult result;
   result.tokens = N;
-  std::vector<T> dh(backward ? static_cast<size_t>(N * d) : 0, T(0));
+  std::vector<T> dh(backward ? nd : 0, T(0));
   {
     CKPT_ASSIGN_OR_RETURN(const T* embed, params.Acquire(kEmbedId), "output projection");
     const std::vector<T> embed_t = Transpose(embed, V, d);  // d × V
     std::vector<T> logits(static_cast<size_t>(N * V), T(0));
-    AddRowsTimesMatrix(h[L].data(), N, d, embed_t.data(), V, logits.data());
+    AddRowsTimesMatrix(normed[L].data(), N, d, embed_t.data(), V, logits.data());
     const T scale = T(grad_scale);
     for (int64_t n = 0; n < N; ++n) {
       T* z = logits.data() + n * V;
@@ -243,41 +278,45 @@ ckpt::Result<MicroResult> Run(const ModelShape& shape, const T* pos, const Token
     }
     if (backward) {
       CKPT_ASSIGN_OR_RETURN(T* dembed, params.Grad(kEmbedId), "output projection grad");
-      AddOuterProducts(logits.data(), N, V, h[L].data(), d, dembed);
-      AddRowsTimesMatrix(logits.data(), N, V, embed, d, dh.data());
+      AddOuterProducts(logits.data(), N, V, normed[L].data(), d, dembed);
+      std::vector<T> dnormed(nd, T(0));
+      AddRowsTimesMatrix(logits.data(), N, V, embed, d, dnormed.data());
+      AddRmsNormGrad(normed[L].data(), inv_rms[L].data(), dnormed.data(), N, d, dh.data());
     }
     CKPT_RETURN_IF_ERROR(params.Release(kEmbedId), "output projection");
   }
   if (!backward) return result;
 
-  std::vector<T> da(static_cast<size_t>(N * d));
+  std::vector<T> da(nd), dnormed(nd);
   for (int l = L - 1; l >= 0; --l) {
     CKPT_ASSIGN_OR_RETURN(const T* w, params.Acquire(WeightId(l)), "block weight");
     CKPT_ASSIGN_OR_RETURN(const T* b, params.Acquire(BiasId(l)), "block bias");
     (void)b;
     const T* al = a[l].data();
     const float* mask = dropout ? masks.per_layer[l].data() : nullptr;
-    for (int64_t i = 0; i < N * d; ++i) {
+    for (size_t i = 0; i < nd; ++i) {
       T g = dh[i];
       if (mask) g = g * T(mask[i]);
       da[i] = g * GeluGrad(al[i]);
     }
     CKPT_ASSIGN_OR_RETURN(T* dw, params.Grad(WeightId(l)), "block weight grad");
-    AddOuterProducts(h[l].data(), N, d, da.data(), d, dw);
+    AddOuterProducts(normed[l].data(), N, d, da.data(), d, dw);
     CKPT_ASSIGN_OR_RETURN(T* db, params.Grad(BiasId(l)), "block bias grad");
     for (int64_t n = 0; n < N; ++n) {
       const T* row = da.data() + n * d;
       for (int64_t c = 0; c < d; ++c) db[c] += row[c];
     }
-    // dh_l = dh_{l+1} (residual) + da W^T.
+    // dh_l = dh_{l+1} (residual) + rmsnorm'(da W^T).
     const std::vector<T> w_t = Transpose(w, d, d);
-    AddRowsTimesMatrix(da.data(), N, d, w_t.data(), d, dh.data());
+    std::fill(dnormed.begin(), dnormed.end(), T(0));
+    AddRowsTimesMatrix(da.data(), N, d, w_t.data(), d, dnormed.data());
+    AddRmsNormGrad(normed[l].data(), inv_rms[l].data(), dnormed.data(), N, d, dh.data());
     CKPT_RETURN_IF_ERROR(params.GradDone(WeightId(l)), "block weight grad");
     CKPT_RETURN_IF_ERROR(params.GradDone(BiasId(l)), "block bias grad");
     CKPT_RETURN_IF_ERROR(params.Release(BiasId(l)), "block bias");
     CKPT_RETURN_IF_ERROR(params.Release(WeightId(l)), "block weight");
-    h[l + 1].clear();
-    h[l + 1].shrink_to_fit();
+    std::vector<T>().swap(normed[l + 1]);
+    std::vector<T>().swap(a[l]);
   }
 
   {

@@ -2,9 +2,11 @@
 //
 //   h0[n]   = sum_j pos[j] * embed[ctx[n, j]]        (ctx: the previous `context` bytes, 0-padded;
 //                                                    pos: a fixed, frozen positional table)
-//   a_l     = h_l W_l + b_l                          (W_l stored [d_in, d_out])
+//   a_l     = rms(h_l) W_l + b_l                     (W_l stored [d_in, d_out])
 //   h_{l+1} = h_l + dropout_l(gelu(a_l))
-//   logits  = h_L embed^T                            (output projection tied to the embedding)
+//   logits  = rms(h_L) embed^T                       (output projection tied to the embedding)
+// where rms(x) = x / sqrt(mean(x^2) + 1e-5) per token (parameter-free pre-norm; it keeps the
+// 24-block small preset stable without adding parameters to the table).
 //   loss    = sum_n (logsumexp(logits[n]) - logits[n, target[n]])
 //
 // Trainable parameters, in table (= flat buffer) order: embed.weight, then blocks.l.weight and

@@ -47,7 +47,8 @@ TEST_CASE("every dtype, shape and kind round-trips bitwise", "[io]") {
   c.datasets.push_back(DatasetSpec::Tensor("t/u8", DType::kU8, {999}, u8.data()));
   c.datasets.push_back(DatasetSpec::Tensor("t/scalar", DType::kF64, {}, &scalar));
   c.datasets.push_back(DatasetSpec::Tensor("t/empty", DType::kF32, {0}, nullptr));
-  c.datasets.push_back(DatasetSpec::Blob("rng/gen", "mt19937_64", std::string("\0\1binary\xff", 10)));
+  const std::string blob("\0\1binary\xff", 10);  // must outlive the save (DatasetSpec points at it)
+  c.datasets.push_back(DatasetSpec::Blob("rng/gen", "mt19937_64", blob));
   c.datasets.push_back(DatasetSpec::Json("data_position", R"({"epoch": 3})"));
   std::vector<float> empty_state;
   for (auto s : {"master", "exp_avg", "exp_avg_sq"})

@@ -45,7 +45,7 @@ struct PreparedRank {
 
 Status PrepareRank(const std::string& src_path, const ReshardOptions& opts, Env* env,
                    const Manifest& target, const nlohmann::json& note, bool copy_rng,
-                   int source_ranks, PreparedRank& out) {
+                   int source_ranks, Progress& progress, PreparedRank& out) {
   const int j = out.stats.rank;
   CKPT_ASSIGN_OR_RETURN(auto src, OpenStateSource(src_path, opts.tag, /*stream_verify=*/false, env),
                         "");
@@ -67,6 +67,7 @@ Status PrepareRank(const std::string& src_path, const ReshardOptions& opts, Env*
       CKPT_RETURN_IF_ERROR(src->ReadParamRange(*sp, kExpAvgSq, r.begin, r.end,
                                                out.exp_avg_sq.data() + r.shard_offset), "");
       out.stats.bytes_owned += static_cast<uint64_t>(r.end - r.begin) * 12;
+      progress.Add(static_cast<uint64_t>(r.end - r.begin) * 12);
     }
   }
   auto& ds = out.contents.datasets;
@@ -201,17 +202,23 @@ Result<ReshardReport> Reshard(const std::string& src_path, const std::string& ou
 
   // 3. Prepare every rank (no collectives).
   std::vector<PreparedRank> ranks(static_cast<size_t>(opts.dp));
+  uint64_t total = 0;
+  for (const auto& p : m.params)
+    if (p.trainable()) total += static_cast<uint64_t>(p.numel) * 12;
+  Progress progress("reshard", total, opts.progress);
   {
     std::vector<std::thread> threads;
     for (int j = 0; j < opts.dp; ++j) {
       ranks[static_cast<size_t>(j)].stats.rank = j;
       threads.emplace_back([&, j] {
         PreparedRank& r = ranks[static_cast<size_t>(j)];
-        r.status = PrepareRank(src_path, opts, env, m, note, report.rng_copied, report.source_dp, r);
+        r.status = PrepareRank(src_path, opts, env, m, note, report.rng_copied, report.source_dp,
+                               progress, r);
       });
     }
     for (auto& t : threads) t.join();
   }
+  progress.Finish();
   for (const auto& r : ranks)
     CKPT_RETURN_IF_ERROR(r.status, "new rank " + std::to_string(r.stats.rank));
 

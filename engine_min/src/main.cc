@@ -31,14 +31,16 @@ int Fail(const ckpt::Status& s, bool every_rank = false) {
     std::fprintf(stderr, "engine_min: error: %s\n", s.ToString().c_str());
     std::fflush(stderr);
   }
-  return ckpt::ExitCodeFor(s) == 0 ? 2 : 2;
+  const int code = ckpt::ExitCodeFor(s);
+  return code == 0 ? 2 : code;
 }
 
 [[noreturn]] void AbortJob(const ckpt::Status& s) {
   std::fprintf(stderr, "engine_min: rank %d: fatal: %s\n", rank_for_messages,
                s.ToString().c_str());
   std::fflush(stderr);
-  MpiSession::Abort(2);
+  const int code = ckpt::ExitCodeFor(s);
+  MpiSession::Abort(code == 0 ? 2 : code);
 }
 
 ckpt::Status WriteGradients(const std::string& path, const Engine& engine,
@@ -67,7 +69,6 @@ ckpt::Status WriteGradients(const std::string& path, const Engine& engine,
 int Run(int argc, char** argv) {
   auto session = MpiSession::Init(&argc, &argv);
   if (!session.ok()) return Fail(session.status(), true);
-  int code = 0;
   {
     auto world = MpiComm::Create(MPI_COMM_WORLD);
     if (!world.ok()) return Fail(world.status(), true);
@@ -212,7 +213,7 @@ int Run(int argc, char** argv) {
                   seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0);
     }
   }
-  return code;
+  return 0;
 }
 
 }  // namespace

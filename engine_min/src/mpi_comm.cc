@@ -1,4 +1,5 @@
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 

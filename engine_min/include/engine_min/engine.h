@@ -95,8 +95,8 @@ class Engine {
   // DeepSpeed's managed accumulation: ForwardBackward then Step after every micro-batch; the
   // optimizer update happens inside the Step that closes the accumulation window, which then
   // returns the step's statistics (std::nullopt before the boundary). BeginGlobalBatch must
-  // be called before the window's first micro-batch with the global batch's token count and
-  // the number of micro-batches in the window.
+  // be called before the window's first micro-batch with the global batch's token count (every
+  // token's gradient is scaled by its inverse: the token-weighted mean over the global batch).
   void BeginGlobalBatch(int64_t global_tokens);
   ckpt::Result<MicroResult> ForwardBackward(const TokenBatch& batch);
   ckpt::Result<std::optional<StepStats>> Step(bool digests);

@@ -59,8 +59,11 @@ class Runner:
 
     def json(self, cmd, env=None):
         o, e, secs, rss, rc = self.run(cmd, env=env)
-        last = [line for line in o.splitlines() if line.strip().startswith("{")]
-        return json.loads(last[-1]), secs, rss
+        try:
+            return json.loads(o), secs, rss
+        except ValueError:
+            last = [line for line in o.splitlines() if line.strip().startswith("{")]
+            return json.loads(last[-1]), secs, rss
 
 
 def drop_caches():
@@ -120,6 +123,7 @@ def main():
     ap.add_argument("--ranks", type=int, default=4, help="data-parallel ranks (files, threads)")
     ap.add_argument("--reps", type=int, default=3, help="repetitions per timed phase")
     ap.add_argument("--json", help="write every figure here")
+    ap.add_argument("--markdown", help="also write the tables as Markdown (for docs/performance.md)")
     ap.add_argument("--work", default=None, help="scratch directory (default build-bench/bench-work)")
     ap.add_argument("--compress", default="zstd:3", help="compression for the zstd save phase")
     ap.add_argument("--engine-model", default="small", help="engine_min preset for the zstd study")
@@ -200,11 +204,22 @@ def main():
                    "rss_over_state_kib": j["maxrss_kib"] - j["maxrss_kib_before"],
                    "compress": "none"})
     logical = j["logical_bytes"]
+    pr_root = os.path.join(work, "ckpt_procs")
+    j, _, rss = R.json([ckpt_io, "save", pr_root, "--ranks", str(a.ranks), "--params", str(params),
+                        "--reps", str(a.reps), "--drop-caches", "--procs"])
+    record("save_procs", j["logical_bytes"], [r["seconds"] for r in j["reps"]],
+           j["rank_maxrss_kib"], raw_w_gibs,
+           {"note": "one process per rank (as under mpirun); peak RSS is one rank's"})
+    shutil.rmtree(pr_root, ignore_errors=True)
 
     # --- load with checksum verification -------------------------------------------------
     j, _, rss = R.json([ckpt_io, "load", ck_root, "--reps", str(a.reps), "--drop-caches"])
     record("load_verified", j["logical_bytes"], [r["seconds"] for r in j["reps"]], rss, raw_r_gibs,
            {"rss_over_buffers_kib": j["maxrss_kib"] - j["maxrss_kib_before"]})
+    j, _, rss = R.json([ckpt_io, "load", ck_root, "--reps", str(a.reps), "--drop-caches", "--procs"])
+    record("load_verified_procs", j["logical_bytes"], [r["seconds"] for r in j["reps"]],
+           max(r["rank_maxrss_kib"] for r in j["reps"]), raw_r_gibs,
+           {"note": "one process per rank (as under mpirun); peak RSS is one rank's"})
     j, _, rss = R.json([ckpt_io, "load", ck_root, "--reps", "1", "--drop-caches", "--no-verify"])
     record("load_unverified", j["logical_bytes"], [r["seconds"] for r in j["reps"]], rss, raw_r_gibs)
     drop_caches()
@@ -424,6 +439,10 @@ def main():
     res["elapsed_seconds"] = time.perf_counter() - t_start
     res["machine"]["loadavg_at_end"] = os.getloadavg()
     print_table(res)
+    if a.markdown:
+        with open(a.markdown, "w") as f:
+            f.write(markdown(res))
+        log("wrote %s" % a.markdown)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
@@ -461,9 +480,10 @@ def print_table(res):
         d = ph[name]
         row(name, d["bytes"], d["seconds"], d["bytes"] / GiB / d["seconds"]["median"], None,
             d["maxrss_kib"])
-    order = ["save", "save_no_file_checksum", "save_chunk_16MiB", "save_chunk_1MiB"]
+    order = ["save", "save_procs", "save_no_file_checksum", "save_chunk_16MiB", "save_chunk_1MiB"]
     order += [k for k in ph if k.startswith("save_zstd")]
-    order += ["load_verified", "load_unverified"] + [k for k in ph if k.startswith("load_zstd")]
+    order += ["load_verified", "load_verified_procs", "load_unverified"]
+    order += [k for k in ph if k.startswith("load_zstd")]
     order += ["check_deep", "torch_save", "torch_load"]
     for name in order:
         if name in ph:
@@ -516,6 +536,99 @@ def print_table(res):
     for t in res["targets"]:
         print("  %-4s %-55s %.3f (goal %s)" % (t["status"], t["target"], t["value"], t["goal"]))
     print("elapsed %.0fs" % res["elapsed_seconds"])
+
+
+def markdown(res):
+    ph = res["phases"]
+    m = res["machine"]
+    L = []
+    L.append("Command: `%s` (%s UTC). Machine: %s, %s cores (`nproc`), %s GiB RAM, disk `%s`; "
+             "load average %.1f at start, %.1f at end. Page cache between phases: %s." % (
+                 res["command"], res["when_utc"], m.get("cpu", "?"), m.get("nproc"),
+                 m.get("mem_gib"), " ".join(m.get("disk", "?").split()[:2]),
+                 m["loadavg_at_start"][0], m["loadavg_at_end"][0], res["drop_caches"]))
+    L.append("")
+    L.append("| phase | GiB | seconds, median (min-max) | GiB/s | ratio to floor | peak RSS |")
+    L.append("|---|---:|---:|---:|---:|---:|")
+
+    def row(name, nbytes, secs, gibs, ratio, rss_kib):
+        L.append("| %s | %.2f | %s | %s | %s | %.0f MiB |" % (
+            name, nbytes / GiB, fmt_range(secs), "%.2f" % gibs if gibs else "-",
+            "%.2fx" % ratio if ratio else "-", rss_kib / 1024))
+
+    for name in ["raw_write", "raw_read"]:
+        d = ph[name]
+        row(name.replace("_", " ") + " (floor)", d["bytes"], d["seconds"],
+            d["bytes"] / GiB / d["seconds"]["median"], None, d["maxrss_kib"])
+    order = ["save", "save_procs", "save_no_file_checksum", "save_chunk_16MiB", "save_chunk_1MiB"]
+    order += [k for k in ph if k.startswith("save_zstd")]
+    order += ["load_verified", "load_verified_procs", "load_unverified"]
+    order += [k for k in ph if k.startswith("load_zstd")]
+    order += ["check_deep", "torch_save", "torch_load"]
+    for name in order:
+        if name in ph:
+            d = ph[name]
+            row("`%s`" % name, d["bytes"], d["seconds"], d["gib_per_s"], d.get("ratio"),
+                d["maxrss_kib"])
+    if "export_fp32" in ph:
+        e = ph["export_fp32"]
+        row("`export_fp32` (read + written)", e["bytes_read"] + e["bytes_written"], e["seconds"],
+            e["gib_per_s_read_plus_written"], e["ratio"], e["maxrss_kib"])
+    if "reshard" in ph:
+        r = ph["reshard"]
+        row("`reshard %d->%d` (bytes read by new ranks)" % (r["from"], r["to"]),
+            sum(x["bytes_read"] for x in r["ranks"]), r["seconds"], None, r["ratio"],
+            r["maxrss_kib"])
+    if "torch" in ph:
+        L.append("| torch.save / torch.load | %s | | | | |" % ph["torch"]["status"])
+    L.append("")
+    if "reshard" in ph:
+        L.append("Reshard read accounting: " + "; ".join(
+            "new rank %d read %.1f MiB, owns %.1f MiB (%.4f)" % (
+                x["rank"], x["bytes_read"] / MiB, x["bytes_owned"] / MiB, x["ratio"])
+            for x in ph["reshard"]["ranks"]) + ".")
+        L.append("")
+    if "next_update_cpu" in ph:
+        n = ph["next_update_cpu"]
+        L.append("next-update CPU (%.0f MiB of w, m, v, g; %s): pass %s GB/s, memcpy %s GB/s, "
+                 "ratio %s." % (n["input_bytes"] / MiB, n["timing"], fmt_range(n["pass_gb_per_s"]),
+                                fmt_range(n["memcpy_gb_per_s"]), fmt_range(n["ratio"])))
+        L.append("")
+    if "scaling" in ph:
+        L.append("Scaling, %.0f MiB per rank:" % (ph["scaling"]["shard_bytes_per_rank"] / MiB))
+        L.append("")
+        L.append("| ranks | GiB | save s | raw write s | save GiB/s | raw GiB/s | ratio |")
+        L.append("|---:|---:|---:|---:|---:|---:|---:|")
+        for r in ph["scaling"]["rows"]:
+            L.append("| %d | %.2f | %s | %s | %.2f | %.2f | %.2fx |" % (
+                r["ranks"], r["bytes"] / GiB, fmt_range(r["save_seconds"]),
+                fmt_range(r["raw_write_seconds"]), r["save_gib_per_s"], r["raw_gib_per_s"],
+                r["ratio"]))
+        L.append("")
+    if "zstd_study" in ph:
+        z = ph["zstd_study"]
+        for src in ["engine", "synthetic"]:
+            if src not in z:
+                continue
+            title = ("trained `engine_min --model %s`, %d steps" % (z[src]["model"], z[src]["steps"])
+                     if src == "engine" else "the synthetic checkpoint (uniform random mantissas)")
+            L.append("zstd on %s (one thread, 4 MiB chunks, best of 3 per chunk):" % title)
+            L.append("")
+            L.append("| state | MiB | level | shuffle | ratio | compress MiB/s | decompress MiB/s |")
+            L.append("|---|---:|---:|---|---:|---:|---:|")
+            for state, d in z[src]["states"].items():
+                for r in d["rows"]:
+                    L.append("| %s | %.1f | %d | %s | %.3f | %.0f | %.0f |" % (
+                        state, d["bytes"] / MiB, r["level"], "yes" if r["shuffle"] else "no",
+                        r["ratio"], r["compress_mib_per_s"], r["decompress_mib_per_s"]))
+            L.append("")
+    L.append("| target | measured | goal | status |")
+    L.append("|---|---:|---|---|")
+    for t in res["targets"]:
+        L.append("| %s | %.3f | %s | **%s** |" % (t["target"], t["value"], t["goal"], t["status"]))
+    L.append("")
+    L.append("Elapsed: %.0f s." % res["elapsed_seconds"])
+    return "\n".join(L) + "\n"
 
 
 if __name__ == "__main__":

@@ -1,10 +1,9 @@
 #include "engine_min/config.h"
 
+#include <CLI/CLI.hpp>
 #include <functional>
 #include <optional>
 #include <sstream>
-
-#include <CLI/CLI.hpp>
 
 #include "ckpt/writer.h"
 
@@ -105,13 +104,15 @@ ckpt::Result<CommandLine> ParseCommandLine(int argc, char** argv) {
   CLI::App* train = app.add_subcommand("train", "train the model (launch under mpirun -n N)");
   AddTrainingOptions(*train, train_given);
   train->add_option("--ckpt-dir", cl.ckpt_dir, "checkpoint root")->required();
-  train->add_flag("--resume", cl.resume, "resume from the checkpoint root (latest, or --resume-tag)");
+  train->add_flag("--resume", cl.resume,
+                  "resume from the checkpoint root (latest, or --resume-tag)");
   train->add_option("--resume-tag", cl.resume_tag, "tag to resume from (default: latest)");
   train->add_option("--trainlog", cl.trainlog, "run log (default: <ckpt-dir>/trainlog.jsonl)");
   train->add_flag("--no-final-save", cl.no_final_save, "do not save at the end of the run");
-  train->add_option("--reset-on-resume", reset,
-                    "after loading, reset these to fresh-start values: "
-                    "moments,step,rng,data,scheduler")
+  train
+      ->add_option("--reset-on-resume", reset,
+                   "after loading, reset these to fresh-start values: "
+                   "moments,step,rng,data,scheduler")
       ->delimiter(',');
   train->add_option("--client-state", client_state, "key=value saved in the checkpoint");
   train->add_option("--test-kill-in-save", kill_spec,
@@ -170,7 +171,8 @@ ckpt::Result<CommandLine> ParseCommandLine(int argc, char** argv) {
       cl.kill_rank = std::stoi(kill_spec.substr(0, colon));
       cl.kill_step = std::stoll(kill_spec.substr(colon + 1));
     } catch (const std::exception&) {
-      return ckpt::InvalidArgument("--test-kill-in-save expects RANK:STEP, got '" + kill_spec + "'");
+      return ckpt::InvalidArgument("--test-kill-in-save expects RANK:STEP, got '" + kill_spec +
+                                   "'");
     }
   }
   return cl;
@@ -226,8 +228,10 @@ ckpt::Result<EngineConfig> ResolveConfig(const nlohmann::json& given, const nloh
   }
   c.dp_world_size = world;
 
-  if (!(c.dropout >= 0.0 && c.dropout < 1.0)) return ckpt::InvalidArgument("--dropout must be in [0, 1)");
-  if (c.zero_stage < 0 || c.zero_stage > 3) return ckpt::InvalidArgument("--zero must be 0, 1, 2 or 3");
+  if (!(c.dropout >= 0.0 && c.dropout < 1.0))
+    return ckpt::InvalidArgument("--dropout must be in [0, 1)");
+  if (c.zero_stage < 0 || c.zero_stage > 3)
+    return ckpt::InvalidArgument("--zero must be 0, 1, 2 or 3");
   if (c.steps < 0) return ckpt::InvalidArgument("--steps must be >= 0");
   if (!(c.lr > 0) || !(c.min_lr >= 0) || c.min_lr > c.lr) {
     return ckpt::InvalidArgument("learning rates must satisfy 0 <= --min-lr <= --lr, --lr > 0");
@@ -241,7 +245,8 @@ ckpt::Result<EngineConfig> ResolveConfig(const nlohmann::json& given, const nloh
   }
   if (c.save_every < 0) return ckpt::InvalidArgument("--save-every must be >= 0");
   if (c.keep_last < 0) return ckpt::InvalidArgument("--keep-last must be >= 0");
-  if (c.comm != "mpi" && c.comm != "nccl") return ckpt::InvalidArgument("--comm must be mpi or nccl");
+  if (c.comm != "mpi" && c.comm != "nccl")
+    return ckpt::InvalidArgument("--comm must be mpi or nccl");
   {
     auto parsed = ckpt::Compression::Parse(c.compress);
     if (!parsed.ok()) return parsed.status().WithContext("--compress");
@@ -259,10 +264,10 @@ ckpt::Result<EngineConfig> ResolveConfig(const nlohmann::json& given, const nloh
     return ckpt::InvalidArgument("--micro-batch, --grad-accum and --global-batch must be >= 1");
   }
   auto mismatch = [&](int64_t gb) {
-    return ckpt::InvalidArgument(
-        "inconsistent batch settings: global batch " + std::to_string(gb) +
-        " != micro-batch " + std::to_string(m) + " x grad-accum " + std::to_string(a) + " x " +
-        std::to_string(world) + " data-parallel ranks = " + std::to_string(m * a * world));
+    return ckpt::InvalidArgument("inconsistent batch settings: global batch " + std::to_string(gb) +
+                                 " != micro-batch " + std::to_string(m) + " x grad-accum " +
+                                 std::to_string(a) + " x " + std::to_string(world) +
+                                 " data-parallel ranks = " + std::to_string(m * a * world));
   };
   if (resumed) {
     const int64_t saved_g = base["global_batch"].get<int64_t>();
@@ -287,16 +292,16 @@ ckpt::Result<EngineConfig> ResolveConfig(const nlohmann::json& given, const nloh
   if (m == 0) {
     if (g % (a * world) != 0) {
       return ckpt::InvalidArgument("global batch " + std::to_string(g) +
-                                   " is not divisible by grad-accum " + std::to_string(a) +
-                                   " x " + std::to_string(world) + " data-parallel ranks");
+                                   " is not divisible by grad-accum " + std::to_string(a) + " x " +
+                                   std::to_string(world) + " data-parallel ranks");
     }
     m = g / (a * world);
   }
   if (a == 0) {
     if (g % (m * world) != 0) {
       return ckpt::InvalidArgument("global batch " + std::to_string(g) +
-                                   " is not divisible by micro-batch " + std::to_string(m) +
-                                   " x " + std::to_string(world) + " data-parallel ranks");
+                                   " is not divisible by micro-batch " + std::to_string(m) + " x " +
+                                   std::to_string(world) + " data-parallel ranks");
     }
     a = g / (m * world);
   }

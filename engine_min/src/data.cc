@@ -26,8 +26,7 @@ ckpt::Result<Corpus> Corpus::FromBytes(std::string bytes, int min_len, int max_l
   }
   if (static_cast<int64_t>(bytes.size()) < 2 * static_cast<int64_t>(max_len)) {
     return ckpt::InvalidArgument("corpus has " + std::to_string(bytes.size()) +
-                                 " bytes, too few for samples of up to " +
-                                 std::to_string(max_len));
+                                 " bytes, too few for samples of up to " + std::to_string(max_len));
   }
   Corpus c;
   c.bytes_ = std::move(bytes);
@@ -88,8 +87,7 @@ std::mt19937_64 GlobalOrder::FreshShuffleRng(uint64_t seed) {
   return std::mt19937_64(MixSeed(seed, 0x73687566666c65ULL, 0, 0));
 }
 
-std::mt19937_64 GlobalOrder::ShuffleRngAtEpoch(uint64_t seed, int64_t num_samples,
-                                               int64_t epoch) {
+std::mt19937_64 GlobalOrder::ShuffleRngAtEpoch(uint64_t seed, int64_t num_samples, int64_t epoch) {
   GlobalOrder order(num_samples, FreshShuffleRng(seed), DataPosition{});
   // The move into epoch e happens when its first sample is taken.
   for (int64_t e = 0; e < epoch; ++e) {

@@ -1,7 +1,7 @@
 #include "engine_min/engine.h"
 
-#include <csignal>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -120,8 +120,10 @@ ckpt::Status CheckResumeTopology(const ckpt::Manifest& m, const std::string& whe
   const std::string reshard_hint =
       "; convert it with `ckpt reshard` to this topology first (nothing on disk was changed)";
   if (m.kind != "sharded") {
-    return ckpt::FailedPrecondition(where + " is a '" + m.kind + "' checkpoint, not a sharded "
-                                    "training checkpoint" + reshard_hint);
+    return ckpt::FailedPrecondition(where + " is a '" + m.kind +
+                                    "' checkpoint, not a sharded "
+                                    "training checkpoint" +
+                                    reshard_hint);
   }
   if (m.topology.dp_world_size != world || m.topology.zero_stage != zero_stage ||
       m.topology.tp != 1 || m.topology.pp != 1) {
@@ -136,12 +138,12 @@ ckpt::Status CheckResumeTopology(const ckpt::Manifest& m, const std::string& whe
 }
 
 std::string TrainlogLine(const StepStats& s) {
-  std::string line = "{\"step\": " + std::to_string(s.step) + ", \"loss\": " +
-                     FormatDouble(s.loss) + ", \"grad_norm\": " + FormatDouble(s.grad_norm) +
-                     ", \"lr\": " + FormatDouble(s.lr) + ", \"tokens\": " +
-                     std::to_string(s.tokens);
-  line += ", \"weights_xxh3\": \"" + s.weights_xxh3 + "\", \"exp_avg_xxh3\": \"" +
-          s.exp_avg_xxh3 + "\", \"exp_avg_sq_xxh3\": \"" + s.exp_avg_sq_xxh3 + "\"}";
+  std::string line =
+      "{\"step\": " + std::to_string(s.step) + ", \"loss\": " + FormatDouble(s.loss) +
+      ", \"grad_norm\": " + FormatDouble(s.grad_norm) + ", \"lr\": " + FormatDouble(s.lr) +
+      ", \"tokens\": " + std::to_string(s.tokens);
+  line += ", \"weights_xxh3\": \"" + s.weights_xxh3 + "\", \"exp_avg_xxh3\": \"" + s.exp_avg_xxh3 +
+          "\", \"exp_avg_sq_xxh3\": \"" + s.exp_avg_sq_xxh3 + "\"}";
   return line;
 }
 
@@ -210,8 +212,7 @@ class Engine::PartitionedAccess final : public ParamAccess<float> {
   std::map<int, std::vector<float>> grads_;
 };
 
-Engine::Engine(const EngineConfig& config, const Corpus& corpus, MpiComm& mpi,
-               DataParallelComm& dp)
+Engine::Engine(const EngineConfig& config, const Corpus& corpus, MpiComm& mpi, DataParallelComm& dp)
     : config_(config),
       corpus_(corpus),
       mpi_(mpi),
@@ -238,8 +239,7 @@ ckpt::Result<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
 
 ckpt::Status Engine::BuildLayout() {
   params_ = ParamTable(config_.shape);
-  CKPT_ASSIGN_OR_RETURN(partition_, ckpt::BuildPartition(params_, world_, stage_),
-                        "partition");
+  CKPT_ASSIGN_OR_RETURN(partition_, ckpt::BuildPartition(params_, world_, stage_), "partition");
   const int n_train = config_.shape.num_trainable();
   flat_offset_.assign(n_train, 0);
   numel_.assign(n_train, 0);
@@ -267,8 +267,10 @@ ckpt::Status Engine::BuildLayout() {
   // padded flat buffer (ZeRO-1/2) or, per parameter, the padded parameter (ZeRO-3). Check
   // that BuildPartition's ranges say exactly that.
   auto layout_error = [&](const std::string& what) {
-    return ckpt::Internal("partition (" + partition_.scheme + ") is not the layout the engine "
-                          "expects: " + what);
+    return ckpt::Internal("partition (" + partition_.scheme +
+                          ") is not the layout the engine "
+                          "expects: " +
+                          what);
   };
   if (stage_ == 0) {
     shard_numel_ = flat_numel_;
@@ -350,9 +352,9 @@ ckpt::Status Engine::InitFresh() {
   counters_ = ckpt::Counters{};
   schedule_ = WarmupCosine(config_.lr, config_.min_lr, config_.warmup, config_.DecaySteps());
   dropout_rng_ = FreshDropoutRng(config_.seed, rank_);
-  order_ = std::make_unique<GlobalOrder>(static_cast<int64_t>(corpus_.samples().size()),
-                                         GlobalOrder::FreshShuffleRng(config_.seed),
-                                         DataPosition{});
+  order_ =
+      std::make_unique<GlobalOrder>(static_cast<int64_t>(corpus_.samples().size()),
+                                    GlobalOrder::FreshShuffleRng(config_.seed), DataPosition{});
   return RefreshComputeWeights();
 }
 
@@ -441,9 +443,9 @@ ckpt::Result<double> Engine::ReduceAndClip() {
     for (float x : *g) sumsq += static_cast<double>(x) * x;
   } else {
     if (stage_ == 1) {
-      CKPT_RETURN_IF_ERROR(dp_.ReduceScatterSum(grad_full_.data(), grad_owned_.data(),
-                                                shard_numel_),
-                           "reduce-scatter gradients");
+      CKPT_RETURN_IF_ERROR(
+          dp_.ReduceScatterSum(grad_full_.data(), grad_owned_.data(), shard_numel_),
+          "reduce-scatter gradients");
       std::fill(grad_full_.begin(), grad_full_.end(), 0.0f);
     }
     double mine = 0;
@@ -622,12 +624,12 @@ ckpt::Status Engine::Save(const std::string& root, const nlohmann::json& client_
   }
   ckpt::RankContents mine;
   if (ckpt_len > 0) {
-    mine.datasets.push_back(ckpt::DatasetSpec::Tensor(std::string(ckpt::kMaster),
-                                                      ckpt::DType::kF32, {ckpt_len}, w));
-    mine.datasets.push_back(ckpt::DatasetSpec::Tensor(std::string(ckpt::kExpAvg),
-                                                      ckpt::DType::kF32, {ckpt_len}, m));
-    mine.datasets.push_back(ckpt::DatasetSpec::Tensor(std::string(ckpt::kExpAvgSq),
-                                                      ckpt::DType::kF32, {ckpt_len}, v));
+    mine.datasets.push_back(
+        ckpt::DatasetSpec::Tensor(std::string(ckpt::kMaster), ckpt::DType::kF32, {ckpt_len}, w));
+    mine.datasets.push_back(
+        ckpt::DatasetSpec::Tensor(std::string(ckpt::kExpAvg), ckpt::DType::kF32, {ckpt_len}, m));
+    mine.datasets.push_back(
+        ckpt::DatasetSpec::Tensor(std::string(ckpt::kExpAvgSq), ckpt::DType::kF32, {ckpt_len}, v));
   }
   const std::string dropout_state = SerializeRng(dropout_rng_);
   const std::string shuffle_state = SerializeRng(order_->epoch_start_rng());
@@ -641,9 +643,9 @@ ckpt::Status Engine::Save(const std::string& root, const nlohmann::json& client_
   mine.datasets.push_back(ckpt::DatasetSpec::Json(std::string(ckpt::kDataPosition), position));
   mine.datasets.push_back(ckpt::DatasetSpec::Json(std::string(ckpt::kScheduler), scheduler));
   if (rank_ == 0) {
-    mine.datasets.push_back(ckpt::DatasetSpec::Tensor(
-        std::string(ckpt::kFrozenPrefix) + kPosName, ckpt::DType::kF32,
-        {config_.shape.context, config_.shape.d_model}, pos_.data()));
+    mine.datasets.push_back(
+        ckpt::DatasetSpec::Tensor(std::string(ckpt::kFrozenPrefix) + kPosName, ckpt::DType::kF32,
+                                  {config_.shape.context, config_.shape.d_model}, pos_.data()));
   }
 
   ckpt::SaveOptions options;
@@ -666,10 +668,9 @@ ckpt::Status Engine::Restore(const ckpt::CheckpointReader& reader,
   CKPT_RETURN_IF_ERROR(CheckResumeTopology(m, where, world_, stage_), "resume");
   // Same model: the same table, names, shapes, frozen and tied flags, and the same layout.
   if (m.params.size() != params_.size()) {
-    return ckpt::FailedPrecondition(where + " has " + std::to_string(m.params.size()) +
-                                    " parameters, this model has " +
-                                    std::to_string(params_.size()) +
-                                    " (a different --layers?)" + reshard_hint);
+    return ckpt::FailedPrecondition(
+        where + " has " + std::to_string(m.params.size()) + " parameters, this model has " +
+        std::to_string(params_.size()) + " (a different --layers?)" + reshard_hint);
   }
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto& a = m.params[i];
@@ -710,9 +711,8 @@ ckpt::Status Engine::Restore(const ckpt::CheckpointReader& reader,
     if (stage_ == 0) {
       std::vector<float> buf(static_cast<size_t>(partition_.shard_numel[0]));
       if (rank_ == 0) {
-        CKPT_RETURN_IF_ERROR(
-            reader.ReadDataset(0, name, buf.data(), buf.size() * sizeof(float)),
-            std::string(name));
+        CKPT_RETURN_IF_ERROR(reader.ReadDataset(0, name, buf.data(), buf.size() * sizeof(float)),
+                             std::string(name));
       }
       CKPT_RETURN_IF_ERROR(mpi_.Broadcast(buf.data(), buf.size() * sizeof(float), 0),
                            std::string(name));
@@ -739,9 +739,7 @@ ckpt::Status Engine::Restore(const ckpt::CheckpointReader& reader,
   }
 
   counters_ = m.counters;
-  auto has = [&](int rank, std::string_view name) {
-    return m.FindDataset(rank, name) != nullptr;
-  };
+  auto has = [&](int rank, std::string_view name) { return m.FindDataset(rank, name) != nullptr; };
   // Per-rank generator; a rank file without one gets a deterministic fresh generator.
   if (has(rank_, kRngDropout)) {
     CKPT_ASSIGN_OR_RETURN(std::string blob, reader.ReadBlob(rank_, kRngDropout), "restore");

@@ -36,8 +36,7 @@ int Fail(const ckpt::Status& s, bool every_rank = false) {
 }
 
 [[noreturn]] void AbortJob(const ckpt::Status& s) {
-  std::fprintf(stderr, "engine_min: rank %d: fatal: %s\n", rank_for_messages,
-               s.ToString().c_str());
+  std::fprintf(stderr, "engine_min: rank %d: fatal: %s\n", rank_for_messages, s.ToString().c_str());
   std::fflush(stderr);
   const int code = ckpt::ExitCodeFor(s);
   MpiSession::Abort(code == 0 ? 2 : code);
@@ -158,20 +157,19 @@ int Run(int argc, char** argv) {
     if (mpi.rank() == 0) {
       std::error_code ec;
       std::filesystem::create_directories(cl.ckpt_dir, ec);
-      const std::string path =
-          cl.trainlog.empty() ? cl.ckpt_dir + "/trainlog.jsonl" : cl.trainlog;
+      const std::string path = cl.trainlog.empty() ? cl.ckpt_dir + "/trainlog.jsonl" : cl.trainlog;
       trainlog = std::fopen(path.c_str(), "a");
       if (!trainlog) AbortJob(ckpt::ErrnoError("open run log " + path, errno));
-      std::printf("engine_min: %d ranks, ZeRO-%d, %s (d %d, layers %d, context %d, %lld "
-                  "trainable), global batch %lld = %lld x %lld x %d, from step %lld to %lld\n",
-                  mpi.world_size(), config->zero_stage, config->model.c_str(),
-                  config->shape.d_model, config->shape.layers, config->shape.context,
-                  static_cast<long long>(config->shape.TrainableNumel()),
-                  static_cast<long long>(config->global_batch),
-                  static_cast<long long>(config->micro_batch),
-                  static_cast<long long>(config->grad_accum), mpi.world_size(),
-                  static_cast<long long>(engine.counters().global_step),
-                  static_cast<long long>(config->steps));
+      std::printf(
+          "engine_min: %d ranks, ZeRO-%d, %s (d %d, layers %d, context %d, %lld "
+          "trainable), global batch %lld = %lld x %lld x %d, from step %lld to %lld\n",
+          mpi.world_size(), config->zero_stage, config->model.c_str(), config->shape.d_model,
+          config->shape.layers, config->shape.context,
+          static_cast<long long>(config->shape.TrainableNumel()),
+          static_cast<long long>(config->global_batch), static_cast<long long>(config->micro_batch),
+          static_cast<long long>(config->grad_accum), mpi.world_size(),
+          static_cast<long long>(engine.counters().global_step),
+          static_cast<long long>(config->steps));
       std::fflush(stdout);
     }
     const KillInSave kill{cl.kill_rank, cl.kill_step};
@@ -189,8 +187,8 @@ int Run(int argc, char** argv) {
           AbortJob(ckpt::ErrnoError("write run log", errno));
         }
         std::printf("step %lld loss %.6f grad_norm %.4f lr %.3g tokens %lld\n",
-                    static_cast<long long>(stats->step), stats->loss, stats->grad_norm,
-                    stats->lr, static_cast<long long>(stats->tokens));
+                    static_cast<long long>(stats->step), stats->loss, stats->grad_norm, stats->lr,
+                    static_cast<long long>(stats->tokens));
         std::fflush(stdout);
       }
       if (config->save_every > 0 && stats->step % config->save_every == 0) {

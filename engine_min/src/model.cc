@@ -159,7 +159,8 @@ template <typename T>
 T GeluGrad(T x) {
   const T u = T(kGeluC) * (x + T(kGeluA) * x * x * x);
   const T t = std::tanh(u);
-  return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * T(kGeluC) * (T(1) + T(3 * kGeluA) * x * x);
+  return T(0.5) * (T(1) + t) +
+         T(0.5) * x * (T(1) - t * t) * T(kGeluC) * (T(1) + T(3 * kGeluA) * x * x);
 }
 
 constexpr double kRmsEps = 1e-5;
@@ -277,7 +278,7 @@ ckpt::Result<MicroResult> Run(const ModelShape& shape, const T* pos, const Token
       }
     }
     if (backward) {
-      CKPT_ASSIGN_OR_RETURN(T* dembed, params.Grad(kEmbedId), "output projection grad");
+      CKPT_ASSIGN_OR_RETURN(T * dembed, params.Grad(kEmbedId), "output projection grad");
       AddOuterProducts(logits.data(), N, V, normed[L].data(), d, dembed);
       std::vector<T> dnormed(nd, T(0));
       AddRowsTimesMatrix(logits.data(), N, V, embed, d, dnormed.data());
@@ -299,9 +300,9 @@ ckpt::Result<MicroResult> Run(const ModelShape& shape, const T* pos, const Token
       if (mask) g = g * T(mask[i]);
       da[i] = g * GeluGrad(al[i]);
     }
-    CKPT_ASSIGN_OR_RETURN(T* dw, params.Grad(WeightId(l)), "block weight grad");
+    CKPT_ASSIGN_OR_RETURN(T * dw, params.Grad(WeightId(l)), "block weight grad");
     AddOuterProducts(normed[l].data(), N, d, da.data(), d, dw);
-    CKPT_ASSIGN_OR_RETURN(T* db, params.Grad(BiasId(l)), "block bias grad");
+    CKPT_ASSIGN_OR_RETURN(T * db, params.Grad(BiasId(l)), "block bias grad");
     for (int64_t n = 0; n < N; ++n) {
       const T* row = da.data() + n * d;
       for (int64_t c = 0; c < d; ++c) db[c] += row[c];
@@ -320,7 +321,7 @@ ckpt::Result<MicroResult> Run(const ModelShape& shape, const T* pos, const Token
   }
 
   {
-    CKPT_ASSIGN_OR_RETURN(T* dembed, params.Grad(kEmbedId), "embedding grad");
+    CKPT_ASSIGN_OR_RETURN(T * dembed, params.Grad(kEmbedId), "embedding grad");
     for (int64_t n = 0; n < N; ++n) {
       const T* g = dh.data() + n * d;
       for (int64_t j = 0; j < K; ++j) {

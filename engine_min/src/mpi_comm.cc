@@ -15,10 +15,10 @@ ckpt::Status MpiStatus(int rc, std::string_view what) {
   return ckpt::IOError(std::string(what) + ": " + std::string(text, static_cast<size_t>(len)));
 }
 
-#define ENGINE_MPI(call, what)                      \
-  do {                                              \
+#define ENGINE_MPI(call, what)                            \
+  do {                                                    \
     ::ckpt::Status engine_mpi_ = MpiStatus((call), what); \
-    if (!engine_mpi_.ok()) return engine_mpi_;      \
+    if (!engine_mpi_.ok()) return engine_mpi_;            \
   } while (0)
 
 namespace {
@@ -103,8 +103,7 @@ ckpt::Status MpiComm::AllReduceSum(float* data, size_t count) {
   std::memcpy(padded.data(), data, count * sizeof(float));
   std::vector<float> mine(chunk);
   CKPT_RETURN_IF_ERROR(ReduceScatterSum(padded.data(), mine.data(), chunk), "all-reduce");
-  CKPT_RETURN_IF_ERROR(AllGather(mine.data(), padded.data(), chunk * sizeof(float)),
-                       "all-reduce");
+  CKPT_RETURN_IF_ERROR(AllGather(mine.data(), padded.data(), chunk * sizeof(float)), "all-reduce");
   std::memcpy(data, padded.data(), count * sizeof(float));
   return ckpt::Status::Ok();
 }
@@ -148,8 +147,8 @@ ckpt::Result<std::vector<std::string>> MpiComm::GatherBytes(std::string_view min
     if (auto s = CheckCount(static_cast<size_t>(total), "gather"); !s.ok()) return s;
     all.resize(static_cast<size_t>(total));
   }
-  ENGINE_MPI(MPI_Gatherv(mine.data(), my_size, MPI_BYTE, all.data(), sizes.data(),
-                         displs.data(), MPI_BYTE, 0, comm_),
+  ENGINE_MPI(MPI_Gatherv(mine.data(), my_size, MPI_BYTE, all.data(), sizes.data(), displs.data(),
+                         MPI_BYTE, 0, comm_),
              "MPI_Gatherv");
   std::vector<std::string> out;
   if (rank_ == 0) {

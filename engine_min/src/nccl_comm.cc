@@ -72,15 +72,13 @@ class NcclComm final : public DataParallelComm {
                                                                 int world, int device) {
     std::unique_ptr<NcclComm> c(new NcclComm(rank, world, device));
     CKPT_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device), "cudaSetDevice"), "NCCL comm");
-    CKPT_RETURN_IF_ERROR(
-        CudaStatus(cudaStreamCreateWithFlags(&c->stream_, cudaStreamNonBlocking),
-                   "cudaStreamCreate"),
-        "NCCL comm");
+    CKPT_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&c->stream_, cudaStreamNonBlocking),
+                                    "cudaStreamCreate"),
+                         "NCCL comm");
     ncclUniqueId uid;
     std::memcpy(&uid, id.bytes.data(), sizeof(uid));
-    CKPT_RETURN_IF_ERROR(NcclStatus(ncclCommInitRank(&c->comm_, world, uid, rank),
-                                    "ncclCommInitRank"),
-                         "NCCL comm");
+    CKPT_RETURN_IF_ERROR(
+        NcclStatus(ncclCommInitRank(&c->comm_, world, uid, rank), "ncclCommInitRank"), "NCCL comm");
     return std::unique_ptr<DataParallelComm>(std::move(c));
   }
 
@@ -97,21 +95,20 @@ class NcclComm final : public DataParallelComm {
     const size_t in_bytes = count * world_ * sizeof(float);
     CKPT_RETURN_IF_ERROR(Prepare(in_bytes, count * sizeof(float)), "reduce-scatter");
     CKPT_RETURN_IF_ERROR(Upload(in, in_bytes), "reduce-scatter");
-    CKPT_RETURN_IF_ERROR(
-        NcclStatus(ncclReduceScatter(send_.get(), recv_.get(), count, ncclFloat, ncclSum, comm_,
-                                     stream_),
-                   "ncclReduceScatter"),
-        "reduce-scatter");
+    CKPT_RETURN_IF_ERROR(NcclStatus(ncclReduceScatter(send_.get(), recv_.get(), count, ncclFloat,
+                                                      ncclSum, comm_, stream_),
+                                    "ncclReduceScatter"),
+                         "reduce-scatter");
     return Download(out, recv_.get(), count * sizeof(float)).WithContext("reduce-scatter");
   }
 
   ckpt::Status AllGather(const void* in, void* out, size_t bytes) override {
     CKPT_RETURN_IF_ERROR(Prepare(bytes, bytes * world_), "all-gather");
     CKPT_RETURN_IF_ERROR(Upload(in, bytes), "all-gather");
-    CKPT_RETURN_IF_ERROR(NcclStatus(ncclAllGather(send_.get(), recv_.get(), bytes, ncclUint8,
-                                                  comm_, stream_),
-                                    "ncclAllGather"),
-                         "all-gather");
+    CKPT_RETURN_IF_ERROR(
+        NcclStatus(ncclAllGather(send_.get(), recv_.get(), bytes, ncclUint8, comm_, stream_),
+                   "ncclAllGather"),
+        "all-gather");
     return Download(out, recv_.get(), bytes * world_).WithContext("all-gather");
   }
 
@@ -129,10 +126,10 @@ class NcclComm final : public DataParallelComm {
   ckpt::Status Broadcast(void* data, size_t bytes, int root) override {
     CKPT_RETURN_IF_ERROR(Prepare(bytes, 0), "broadcast");
     if (rank_ == root) CKPT_RETURN_IF_ERROR(Upload(data, bytes), "broadcast");
-    CKPT_RETURN_IF_ERROR(NcclStatus(ncclBroadcast(send_.get(), send_.get(), bytes, ncclUint8,
-                                                  root, comm_, stream_),
-                                    "ncclBroadcast"),
-                         "broadcast");
+    CKPT_RETURN_IF_ERROR(
+        NcclStatus(ncclBroadcast(send_.get(), send_.get(), bytes, ncclUint8, root, comm_, stream_),
+                   "ncclBroadcast"),
+        "broadcast");
     return Download(data, send_.get(), bytes).WithContext("broadcast");
   }
 
@@ -201,7 +198,10 @@ ckpt::Result<std::unique_ptr<DataParallelComm>> CreateNcclCommOverMpi(MpiComm& m
   ckpt::Status made = ckpt::Status::Ok();
   if (mpi.rank() == 0) {
     auto r = NcclNewUniqueId();
-    if (r.ok()) id = *r; else made = r.status();
+    if (r.ok())
+      id = *r;
+    else
+      made = r.status();
   }
   int failed = made.ok() ? 0 : 1;
   CKPT_RETURN_IF_ERROR(mpi.Broadcast(&failed, sizeof(failed), 0), "NCCL id");

@@ -16,7 +16,7 @@ double WarmupCosine::LrAt(int64_t step) const {
 }
 
 nlohmann::json WarmupCosine::ToJson() const {
-  return {{"type", "warmup_cosine"}, {"step", step_},       {"warmup_steps", warmup_},
+  return {{"type", "warmup_cosine"},     {"step", step_},       {"warmup_steps", warmup_},
           {"decay_steps", decay_steps_}, {"base_lr", base_lr_}, {"min_lr", min_lr_},
           {"next_lr", CurrentLr()}};
 }

@@ -2,13 +2,11 @@
 // ZeRO 0-3 × DP 1, 2, 4 × grad-accum 1, 4; the RNG (and every other component) being restored;
 // a rank dying mid-save; refusals that leave the disk alone; `grad`; and the loss falling.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "ckpt/reader.h"
 #include "ckpt/root.h"
@@ -38,7 +36,8 @@ std::string Slurp(const std::string& path) {
 }
 
 // Runs engine_min with n ranks; returns the exit code, output in *log.
-int Engine(int n, const std::string& args, const std::string& log_path, std::string* log = nullptr) {
+int Engine(int n, const std::string& args, const std::string& log_path,
+           std::string* log = nullptr) {
   const int rc = RunShell(Mpirun(n) + args + " > " + log_path + " 2>&1");
   if (log) *log = Slurp(log_path);
   return rc;
@@ -61,8 +60,8 @@ std::vector<std::string> CompareCheckpoints(const std::string& a, const std::str
   std::vector<std::string> diffs;
   auto ra = ckpt::CheckpointReader::Open(a);
   auto rb = ckpt::CheckpointReader::Open(b);
-  if (!ra.ok() || !rb.ok()) return {"cannot open: " + ra.status().ToString() + " / " +
-                                    rb.status().ToString()};
+  if (!ra.ok() || !rb.ok())
+    return {"cannot open: " + ra.status().ToString() + " / " + rb.status().ToString()};
   const ckpt::Manifest& ma = ra->manifest();
   const ckpt::Manifest& mb = rb->manifest();
   if (ma.tag != mb.tag) diffs.push_back("tag " + ma.tag + " vs " + mb.tag);
@@ -114,8 +113,8 @@ void StraightVsResume(int zero, int dp, int accum) {
   const auto diffs = CompareCheckpoints(a, b);
   for (const auto& d : diffs) FAIL_CHECK("final checkpoints differ: " << d);
   if (HaveCkptCli()) {
-    CHECK(RunShell(BinDir() + "/ckpt diff " + a + " " + b + " > " + (dir / "diff.log") +
-                   " 2>&1") == 0);
+    CHECK(RunShell(BinDir() + "/ckpt diff " + a + " " + b + " > " + (dir / "diff.log") + " 2>&1") ==
+          0);
   }
 }
 
@@ -146,8 +145,9 @@ TEST_CASE("a run repeats bit for bit, and ZeRO stages agree when they sum alike"
   std::vector<std::vector<std::string>> logs;
   for (int zero : {0, 1, 2, 3}) {
     const std::string d = dir / ("z" + std::to_string(zero));
-    REQUIRE(Engine(2, "train " + common + " --zero " + std::to_string(zero) +
-                          " --no-final-save --ckpt-dir " + d,
+    REQUIRE(Engine(2,
+                   "train " + common + " --zero " + std::to_string(zero) +
+                       " --no-final-save --ckpt-dir " + d,
                    dir / "log") == 0);
     logs.push_back(Lines(d + "/trainlog.jsonl"));
     REQUIRE(logs.back().size() == 3);
@@ -173,12 +173,16 @@ TEST_CASE("the same global batch over other DP x grad-accum gives the same loss"
   // What a reshard relies on: the samples of a step do not depend on the topology.
   ScratchDir dir("engine-dp");
   const std::string common = kModel + " --dropout 0 --global-batch 8 --steps 3 --no-final-save";
-  struct Topo { int dp; int micro; } topos[] = {{1, 2}, {2, 1}, {4, 2}};
+  struct Topo {
+    int dp;
+    int micro;
+  } topos[] = {{1, 2}, {2, 1}, {4, 2}};
   std::vector<std::vector<std::string>> logs;
   for (const auto& t : topos) {
     const std::string d = dir / ("dp" + std::to_string(t.dp));
-    REQUIRE(Engine(t.dp, "train " + common + " --zero 1 --micro-batch " + std::to_string(t.micro) +
-                             " --ckpt-dir " + d,
+    REQUIRE(Engine(t.dp,
+                   "train " + common + " --zero 1 --micro-batch " + std::to_string(t.micro) +
+                       " --ckpt-dir " + d,
                    dir / "log") == 0);
     logs.push_back(Lines(d + "/trainlog.jsonl"));
     REQUIRE(logs.back().size() == 3);
@@ -208,9 +212,10 @@ TEST_CASE("resuming without restoring a component diverges", "[mpi]") {
   // Control: a faithful resume reproduces step 3 exactly.
   {
     const std::string log = dir / "faithful.jsonl";
-    REQUIRE(Engine(2, "train --resume --steps 3 --no-final-save --ckpt-dir " + base +
-                          " --trainlog " + log,
-                   dir / "log") == 0);
+    REQUIRE(
+        Engine(2,
+               "train --resume --steps 3 --no-final-save --ckpt-dir " + base + " --trainlog " + log,
+               dir / "log") == 0);
     const auto l = Lines(log);
     REQUIRE(l.size() == 1);
     CHECK(l[0] == ref[2]);
@@ -218,8 +223,9 @@ TEST_CASE("resuming without restoring a component diverges", "[mpi]") {
   for (std::string component : {"rng", "moments", "data", "scheduler", "step"}) {
     INFO("--reset-on-resume " << component);
     const std::string log = dir / (component + ".jsonl");
-    REQUIRE(Engine(2, "train --resume --steps 3 --no-final-save --reset-on-resume " + component +
-                          " --ckpt-dir " + base + " --trainlog " + log,
+    REQUIRE(Engine(2,
+                   "train --resume --steps 3 --no-final-save --reset-on-resume " + component +
+                       " --ckpt-dir " + base + " --trainlog " + log,
                    dir / "log") == 0);
     const auto l = Lines(log);
     REQUIRE(!l.empty());
@@ -240,8 +246,8 @@ TEST_CASE("a rank killed mid-save leaves the previous checkpoint as latest", "[m
   const std::string root = dir / "run";
   const std::string args = "train " + kModel + " --zero 1 --micro-batch 1 --save-every 2 --steps 4";
   std::string log;
-  const int rc = Engine(2, args + " --ckpt-dir " + root + " --test-kill-in-save 1:4",
-                        dir / "kill.log", &log);
+  const int rc =
+      Engine(2, args + " --ckpt-dir " + root + " --test-kill-in-save 1:4", dir / "kill.log", &log);
   INFO(log);
   CHECK(rc != 0);
   CHECK(log.find("killing this rank inside the save") != std::string::npos);
@@ -269,8 +275,10 @@ TEST_CASE("inconsistent batch settings are rejected with a clear message", "[mpi
   ScratchDir dir("engine-batch");
   std::string log;
   const int rc = Engine(2,
-                        "train " + kModel + " --micro-batch 2 --grad-accum 2 --global-batch 6 "
-                        "--ckpt-dir " + (dir / "run"),
+                        "train " + kModel +
+                            " --micro-batch 2 --grad-accum 2 --global-batch 6 "
+                            "--ckpt-dir " +
+                            (dir / "run"),
                         dir / "log", &log);
   INFO(log);
   CHECK(rc == 2);
@@ -295,7 +303,11 @@ TEST_CASE("a topology or model mismatch on resume is refused and changes nothing
   };
   const auto before = listing();
   const std::string trainlog = Slurp(root + "/trainlog.jsonl");
-  struct Case { int n; std::string flags; std::string expect; } cases[] = {
+  struct Case {
+    int n;
+    std::string flags;
+    std::string expect;
+  } cases[] = {
       {1, "", "ckpt reshard"},
       {4, "", "ckpt reshard"},
       {2, " --zero 3", "ZeRO-1"},
@@ -318,8 +330,11 @@ TEST_CASE("`engine_min grad` writes the clipped gradient the next step applies",
   ScratchDir dir("engine-grad");
   const std::string root = dir / "run";
   // A small clip so that clipping is active.
-  REQUIRE(Engine(2, "train " + kModel + " --zero 3 --micro-batch 1 --grad-accum 2 --grad-clip "
-                 "0.05 --save-every 2 --steps 3 --ckpt-dir " + root,
+  REQUIRE(Engine(2,
+                 "train " + kModel +
+                     " --zero 3 --micro-batch 1 --grad-accum 2 --grad-clip "
+                     "0.05 --save-every 2 --steps 3 --ckpt-dir " +
+                     root,
                  dir / "log") == 0);
   const auto lines = Lines(root + "/trainlog.jsonl");
   REQUIRE(lines.size() == 3);
@@ -362,8 +377,11 @@ TEST_CASE("`engine_min grad` writes the clipped gradient the next step applies",
 TEST_CASE("client state and engine config are saved; settings come back on resume", "[mpi]") {
   ScratchDir dir("engine-state");
   const std::string root = dir / "run";
-  REQUIRE(Engine(2, "train " + kModel + " --zero 2 --micro-batch 2 --lr 0.002 --steps 2 "
-                 "--client-state run=alpha --client-state note=x --ckpt-dir " + root,
+  REQUIRE(Engine(2,
+                 "train " + kModel +
+                     " --zero 2 --micro-batch 2 --lr 0.002 --steps 2 "
+                     "--client-state run=alpha --client-state note=x --ckpt-dir " +
+                     root,
                  dir / "log") == 0);
   auto r = ckpt::CheckpointReader::Open(root);
   REQUIRE(r.ok());
@@ -383,8 +401,10 @@ TEST_CASE("client state and engine config are saved; settings come back on resum
   REQUIRE(pos.ok());
   CHECK((*pos)["sample_offset"] == 8);
   // Resume with grad-accum 2 (same global batch): allowed; the client state carries over.
-  REQUIRE(Engine(2, "train --resume --micro-batch 1 --grad-accum 2 --steps 3 --client-state "
-                 "note=y --ckpt-dir " + root,
+  REQUIRE(Engine(2,
+                 "train --resume --micro-batch 1 --grad-accum 2 --steps 3 --client-state "
+                 "note=y --ckpt-dir " +
+                     root,
                  dir / "log") == 0);
   auto r2 = ckpt::CheckpointReader::Open(root);
   REQUIRE(r2.ok());
@@ -398,8 +418,10 @@ TEST_CASE("training the tiny model for a few hundred steps lowers the loss", "[m
   ScratchDir dir("engine-loss");
   const std::string root = dir / "run";
   std::string log;
-  REQUIRE(Engine(2, "train --model tiny --zero 2 --micro-batch 2 --steps 200 --lr 3e-3 "
-                 "--warmup 20 --no-final-save --ckpt-dir " + root,
+  REQUIRE(Engine(2,
+                 "train --model tiny --zero 2 --micro-batch 2 --steps 200 --lr 3e-3 "
+                 "--warmup 20 --no-final-save --ckpt-dir " +
+                     root,
                  dir / "log", &log) == 0);
   const auto lines = Lines(root + "/trainlog.jsonl");
   REQUIRE(lines.size() == 200);

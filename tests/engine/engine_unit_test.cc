@@ -2,7 +2,6 @@
 // against an fp64 reference and torch.optim.AdamW, the global data order, batch settings,
 // the LR schedule and RNG serialization.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -153,8 +152,8 @@ TEST_CASE("float and double forward agree and the float backward is deterministi
 namespace {
 
 // torch.optim.AdamW's documented algorithm in fp64.
-void AdamWReference(double lr, double b1, double b2, double eps, double wd, int64_t step,
-                    double& w, double& m, double& v, double g) {
+void AdamWReference(double lr, double b1, double b2, double eps, double wd, int64_t step, double& w,
+                    double& m, double& v, double g) {
   const double t = static_cast<double>(step + 1);
   w *= 1 - lr * wd;
   m = b1 * m + (1 - b1) * g;
@@ -213,12 +212,11 @@ TEST_CASE("engine AdamW step matches an fp64 reference to 1e-6 relative", "[unit
   std::vector<float> w = c.w0, m = c.m0, v = c.v0;
   std::vector<double> wd(w.begin(), w.end()), md(m.begin(), m.end()), vd(v.begin(), v.end());
   for (size_t s = 0; s < c.lrs.size(); ++s) {
-    ApplyAdamW(c.config, c.lrs[s], c.step0 + static_cast<int64_t>(s), w.data(), m.data(),
-               v.data(), c.grads[s].data(), w.size());
+    ApplyAdamW(c.config, c.lrs[s], c.step0 + static_cast<int64_t>(s), w.data(), m.data(), v.data(),
+               c.grads[s].data(), w.size());
     for (size_t i = 0; i < w.size(); ++i) {
-      AdamWReference(c.lrs[s], c.config.beta1, c.config.beta2, c.config.eps,
-                     c.config.weight_decay, c.step0 + static_cast<int64_t>(s), wd[i], md[i],
-                     vd[i], c.grads[s][i]);
+      AdamWReference(c.lrs[s], c.config.beta1, c.config.beta2, c.config.eps, c.config.weight_decay,
+                     c.step0 + static_cast<int64_t>(s), wd[i], md[i], vd[i], c.grads[s][i]);
     }
   }
   CHECK(MaxRel(w, wd) <= 1e-6);
@@ -269,8 +267,8 @@ TEST_CASE("engine AdamW step matches torch.optim.AdamW to 1e-6 relative", "[unit
   }
   std::string lrs;
   for (double lr : c.lrs) lrs += (lrs.empty() ? "" : ",") + std::to_string(lr);
-  REQUIRE(ckpt::testing::RunShell("/usr/bin/python3 " + (dir / "adamw.py") + " " + dir.str() +
-                                  " " + lrs) == 0);
+  REQUIRE(ckpt::testing::RunShell("/usr/bin/python3 " + (dir / "adamw.py") + " " + dir.str() + " " +
+                                  lrs) == 0);
   auto read = [&](const std::string& name) {
     std::ifstream in(dir / name, std::ios::binary);
     std::vector<float> x(c.w0.size());
@@ -366,8 +364,8 @@ TEST_CASE("batch settings: derived, checked, and kept on resume", "[unit]") {
   REQUIRE(c.ok());
   CHECK(c->micro_batch == 2);
 
-  auto bad = ResolveConfig(json{{"global_batch", 6}, {"micro_batch", 2}, {"grad_accum", 2}},
-                           json(), 2);
+  auto bad =
+      ResolveConfig(json{{"global_batch", 6}, {"micro_batch", 2}, {"grad_accum", 2}}, json(), 2);
   REQUIRE(!bad.ok());
   CHECK(bad.status().code() == ckpt::StatusCode::kInvalidArgument);
   CHECK(bad.status().message().find("inconsistent batch settings") != std::string::npos);

@@ -1,11 +1,10 @@
 // The NCCL backend against a CPU reference: one communicator rank per visible GPU, each on its
 // own thread (NCCL's init is collective). Skipped, with a message, without NCCL or a GPU.
-#include <catch2/catch.hpp>
+#include "engine_min/nccl_comm.h"
 
+#include <catch2/catch.hpp>
 #include <thread>
 #include <vector>
-
-#include "engine_min/nccl_comm.h"
 
 using namespace engine_min;
 

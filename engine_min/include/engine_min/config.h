@@ -5,11 +5,10 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "ckpt/status.h"
 #include "engine_min/model.h"
@@ -51,16 +50,16 @@ struct EngineConfig {
 
 // What the command line asked for, before defaults and the checkpoint are merged in.
 struct CommandLine {
-  std::string command;          // "train" | "grad"
+  std::string command;                              // "train" | "grad"
   nlohmann::json given = nlohmann::json::object();  // only the settings present on the line
   std::string ckpt_dir;
   bool resume = false;
   std::string resume_tag;
-  std::string trainlog;         // empty: <ckpt-dir>/trainlog.jsonl
+  std::string trainlog;  // empty: <ckpt-dir>/trainlog.jsonl
   bool no_final_save = false;
   std::set<std::string> reset_on_resume;  // moments, step, rng, data, scheduler
   nlohmann::json client_state = nlohmann::json::object();
-  std::string grad_out;         // grad: output safetensors path
+  std::string grad_out;  // grad: output safetensors path
   // Test-only: rank kill_rank raises SIGKILL in the middle of the save at global_step
   // kill_step (after its rank file is written, before the commit). -1: off.
   int kill_rank = -1;

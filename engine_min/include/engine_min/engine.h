@@ -23,13 +23,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 #include <set>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "ckpt/manifest.h"
 #include "ckpt/reader.h"
@@ -44,11 +43,11 @@
 namespace engine_min {
 
 struct StepStats {
-  int64_t step = 0;       // global_step after the update
-  double loss = 0;        // token-weighted mean over the global batch
-  double grad_norm = 0;   // global L2 norm before clipping
-  double lr = 0;          // rate used by this update
-  int64_t tokens = 0;     // tokens in the global batch
+  int64_t step = 0;      // global_step after the update
+  double loss = 0;       // token-weighted mean over the global batch
+  double grad_norm = 0;  // global L2 norm before clipping
+  double lr = 0;         // rate used by this update
+  int64_t tokens = 0;    // tokens in the global batch
   // XXH3 of the full fp32 master weights / moments after the update (rank 0 only; empty
   // elsewhere or when digests are off).
   std::string weights_xxh3, exp_avg_xxh3, exp_avg_sq_xxh3;
@@ -146,19 +145,19 @@ class Engine {
 
   std::vector<ckpt::ParamEntry> params_;  // manifest table, with ranges
   ckpt::Partition partition_;
-  std::vector<int64_t> flat_offset_;  // per trainable id, unpadded flat offset
-  std::vector<int64_t> numel_;        // per trainable id
-  int64_t flat_numel_ = 0;            // unpadded
-  int64_t shard_numel_ = 0;           // this rank's state length (ZeRO-0: flat_numel_)
-  std::vector<int64_t> share_numel_;  // ZeRO-3: per-parameter share (every rank the same)
-  std::vector<int64_t> share_offset_; // ZeRO-3: offset of that share in a rank's shard
+  std::vector<int64_t> flat_offset_;   // per trainable id, unpadded flat offset
+  std::vector<int64_t> numel_;         // per trainable id
+  int64_t flat_numel_ = 0;             // unpadded
+  int64_t shard_numel_ = 0;            // this rank's state length (ZeRO-0: flat_numel_)
+  std::vector<int64_t> share_numel_;   // ZeRO-3: per-parameter share (every rank the same)
+  std::vector<int64_t> share_offset_;  // ZeRO-3: offset of that share in a rank's shard
 
   std::vector<float> master_, exp_avg_, exp_avg_sq_;
-  std::vector<float> grad_owned_;     // ZeRO-1..3: reduced gradient of the owned shard
-  std::vector<float> grad_full_;      // ZeRO-0..2: this rank's unreduced full gradient
-  std::vector<float> compute_full_;   // ZeRO-0..2: bf16-rounded weights as float
+  std::vector<float> grad_owned_;        // ZeRO-1..3: reduced gradient of the owned shard
+  std::vector<float> grad_full_;         // ZeRO-0..2: this rank's unreduced full gradient
+  std::vector<float> compute_full_;      // ZeRO-0..2: bf16-rounded weights as float
   std::vector<uint16_t> compute_shard_;  // ZeRO-3: bf16 compute shard
-  std::vector<float> pos_;            // frozen
+  std::vector<float> pos_;               // frozen
 
   ckpt::Counters counters_;
   WarmupCosine schedule_;

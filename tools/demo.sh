@@ -10,7 +10,7 @@ source "$(dirname "$0")/lib.sh"
 cd "$CKPT_ROOT"
 
 ckpt_install_packages
-ckpt_build build
+ckpt_build build ckpt_cli engine_min ckpt_h5zstd
 
 DEMO="${CKPT_DEMO_DIR:-/tmp/ckpt-demo}"
 BIN="$CKPT_ROOT/build/bin"

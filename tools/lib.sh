@@ -25,18 +25,32 @@ ckpt_install_packages() {
   $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
-# ckpt_build BUILD_DIR [cmake args...]
-ckpt_build() {
+# ckpt_configure BUILD_DIR [cmake args...]: configures once (Ninja, RelWithDebInfo by default).
+ckpt_configure() {
   local dir="$1"
   shift
   if [ ! -f "$dir/build.ninja" ]; then
     ckpt_log "configuring $dir"
     cmake -S "$CKPT_ROOT" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
   fi
-  ckpt_log "building $dir"
+}
+
+# ckpt_build BUILD_DIR [-DCMAKE_ARG...] [TARGET...]: configures once with the -D arguments,
+# then builds the targets (default: all), quietly.
+ckpt_build() {
+  local dir="$1"
+  shift
+  local config=() names=()
+  for a in "$@"; do
+    case "$a" in -D*) config+=("$a") ;; *) names+=("$a") ;; esac
+  done
+  ckpt_configure "$dir" "${config[@]}"
+  local targets=()
+  [ ${#names[@]} -gt 0 ] && targets=(--target "${names[@]}")
+  ckpt_log "building $dir${names[*]:+ (${names[*]})}"
   # Progress lines are noise in CI logs; errors and warnings still show.
   local rc=0
-  cmake --build "$dir" -j "$(nproc)" 2>&1 |
+  cmake --build "$dir" -j "$(nproc)" "${targets[@]}" 2>&1 |
     { grep -vE '^\[[0-9]+/[0-9]+\] |^ninja: (Entering|Leaving)' || true; } || rc=$?
   return "$rc"
 }

@@ -14,15 +14,10 @@ ctest --test-dir build --output-on-failure -j 2 --timeout 1500
 if [ "${CKPT_SKIP_SANITIZE:-0}" != "1" ]; then
   # Only the suites labelled `sanitize` (the format library and its reliability tests) are
   # built and run here; MPI and python-driven suites stay in the plain build.
-  if [ ! -f build-asan/build.ninja ]; then
-    cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCKPT_SANITIZE=ON \
-      -DCKPT_CUDA=OFF >/dev/null
-  fi
+  ckpt_configure build-asan -DCMAKE_BUILD_TYPE=Debug -DCKPT_SANITIZE=ON -DCKPT_CUDA=OFF
   mapfile -t asan_targets < <(ctest --test-dir build-asan -N -L sanitize |
                               sed -n 's/^ *Test *#[0-9]*: *//p')
-  ckpt_log "building ${#asan_targets[@]} suites with ASan + UBSan (build-asan/)"
-  cmake --build build-asan -j "$(nproc)" --target ckpt_cli "${asan_targets[@]}" 2>&1 |
-    { grep -vE '^\[[0-9]+/[0-9]+\] |^ninja: (Entering|Leaving)' || true; }
+  ckpt_build build-asan ckpt_cli "${asan_targets[@]}"
   ckpt_log "running them under ASan + UBSan"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     LSAN_OPTIONS=suppressions="$CKPT_ROOT/tests/lsan.supp":fast_unwind_on_malloc=0 \

@@ -238,6 +238,7 @@ TEST_CASE("bad inputs: clear messages and documented exit codes", "[io]") {
     auto short_log = Cli(dir, "verify-resume " + eng / "ckpt" + " --steps 3");
     CHECK(short_log.rc == 2);
     CHECK(short_log.err.find("no entry for step 9") != std::string::npos);
+    CHECK(short_log.err.find("choose --steps <= 1") != std::string::npos);
     auto bad_ablate = Cli(dir, "verify-resume " + eng / "ckpt" + " --steps 1 --ablate weights");
     CHECK(bad_ablate.rc == 2);
     CHECK(bad_ablate.err.find("unknown component 'weights'") != std::string::npos);

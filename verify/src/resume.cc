@@ -203,10 +203,13 @@ Result<ResumeReport> RunVerifyResume(const ResumeOptions& o) {
   for (int64_t s = rep.from_step + 1; s <= rep.from_step + o.steps; ++s) {
     if (!ref_log.count(s)) {
       int64_t last = ref_log.empty() ? -1 : ref_log.rbegin()->first;
-      return FailedPrecondition(
-          "reference run log " + rep.reference + " has no entry for step " + std::to_string(s) +
-          " (it ends at step " + std::to_string(last) +
-          "); choose --steps <= " + std::to_string(std::max<int64_t>(0, last - rep.from_step)));
+      const std::string advice =
+          last > rep.from_step
+              ? "choose --steps <= " + std::to_string(last - rep.from_step)
+              : "the original run did not continue past this checkpoint; pick an earlier --tag";
+      return FailedPrecondition("reference run log " + rep.reference + " has no entry for step " +
+                                std::to_string(s) + " (it ends at step " + std::to_string(last) +
+                                "): " + advice);
     }
   }
   const std::string bin_dir = EngineBinDir(o.bin_dir);

@@ -425,7 +425,7 @@ TEST_CASE("training the tiny model for a few hundred steps lowers the loss", "[m
                  dir / "log", &log) == 0);
   const auto lines = Lines(root + "/trainlog.jsonl");
   REQUIRE(lines.size() == 200);
-  // Step 1 is at the untrained ~ln(256) = 5.55 nats per byte; the mean of the last 20 steps
+  // Step 1 is near the untrained ~ln(256) = 5.55 nats per byte; the mean of the last 20 steps
   // must be at least 35% lower (it reaches ~3.2).
   const double first = J(lines[0])["loss"].get<double>();
   double last = 0;

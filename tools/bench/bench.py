@@ -121,13 +121,16 @@ def main():
     ap.add_argument("--size", type=parse_size, default=parse_size("2GiB"),
                     help="checkpoint bytes (master + exp_avg + exp_avg_sq), default 2GiB")
     ap.add_argument("--ranks", type=int, default=4, help="data-parallel ranks (files, threads)")
-    ap.add_argument("--reps", type=int, default=3, help="repetitions per timed phase")
+    ap.add_argument("--reps", type=int, default=3,
+                    help="repetitions of the phases with a target (raw floor, save, load, export)")
+    ap.add_argument("--reps2", type=int, default=1,
+                    help="repetitions of the other phases (variants, zstd, reshard, scaling)")
     ap.add_argument("--json", help="write every figure here")
     ap.add_argument("--markdown", help="also write the tables as Markdown (for docs/performance.md)")
     ap.add_argument("--work", default=None, help="scratch directory (default build-bench/bench-work)")
     ap.add_argument("--compress", default="zstd:3", help="compression for the zstd save phase")
-    ap.add_argument("--engine-model", default="small", help="engine_min preset for the zstd study")
-    ap.add_argument("--engine-steps", type=int, default=30, help="training steps for the zstd study")
+    ap.add_argument("--engine-model", default="tiny", help="engine_min preset for the zstd study")
+    ap.add_argument("--engine-steps", type=int, default=200, help="training steps for the zstd study")
     ap.add_argument("--skip", default="", help="comma list of phases to skip: torch,scaling,zstd,"
                     "variants,reshard,export,nextupdate")
     ap.add_argument("--bin", default=None, help=argparse.SUPPRESS)
@@ -136,7 +139,7 @@ def main():
     bin_dir = a.bin or os.path.join(root_dir, "build-bench", "bin")
     work = a.work or os.path.join(root_dir, "build-bench", "bench-work")
     skip = set(x for x in a.skip.split(",") if x)
-    if a.ranks < 1 or a.reps < 1:
+    if a.ranks < 1 or a.reps < 1 or a.reps2 < 1:
         ap.error("--ranks and --reps must be positive")
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
@@ -147,7 +150,7 @@ def main():
     t_start = time.perf_counter()
     res = {"when_utc": datetime.datetime.utcnow().strftime("%Y-%m-%dT%H:%M:%SZ"),
            "command": " ".join(["tools/bench.sh"] + sys.argv[1:]),
-           "size_bytes": a.size, "ranks": a.ranks, "reps": a.reps,
+           "size_bytes": a.size, "ranks": a.ranks, "reps": a.reps, "reps2": a.reps2,
            "machine": machine_info(work), "phases": {}, "targets": [], "notes": []}
     ph = res["phases"]
     res["drop_caches"] = drop_caches()
@@ -235,7 +238,7 @@ def main():
                             ("save_chunk_1MiB", ["--chunk-bytes", str(1 << 20)])]:
             shutil.rmtree(var_root, ignore_errors=True)
             j, _, rss = R.json([ckpt_io, "save", var_root, "--ranks", str(a.ranks), "--params",
-                                str(params), "--reps", str(max(1, a.reps - 1)), "--drop-caches"]
+                                str(params), "--reps", str(a.reps2), "--drop-caches"]
                                + extra)
             record(name, j["logical_bytes"], [r["seconds"] for r in j["reps"]], rss, raw_w_gibs)
         shutil.rmtree(var_root, ignore_errors=True)
@@ -243,15 +246,19 @@ def main():
     # --- zstd save -----------------------------------------------------------------------
     z_root = os.path.join(work, "ckpt_zstd")
     j, _, rss = R.json([ckpt_io, "save", z_root, "--ranks", str(a.ranks), "--params", str(params),
-                        "--reps", str(max(1, a.reps - 1)), "--drop-caches", "--compress", a.compress])
+                        "--reps", str(a.reps2), "--drop-caches", "--compress", a.compress])
     record("save_" + a.compress.replace(":", "").replace("+", "_"), j["logical_bytes"],
            [r["seconds"] for r in j["reps"]], rss, raw_w_gibs,
            {"file_bytes": j["reps"][-1]["file_bytes"],
             "compression_ratio": j["logical_bytes"] / j["reps"][-1]["file_bytes"],
             "compress": j["compress"]})
-    j, _, rss = R.json([ckpt_io, "load", z_root, "--reps", "1", "--drop-caches"])
-    record("load_" + a.compress.replace(":", "").replace("+", "_"), j["logical_bytes"],
-           [r["seconds"] for r in j["reps"]], rss, raw_r_gibs)
+    zname = a.compress.replace(":", "").replace("+", "_")
+    j, _, rss = R.json([ckpt_io, "load", z_root, "--reps", str(a.reps2), "--drop-caches"])
+    record("load_" + zname, j["logical_bytes"], [r["seconds"] for r in j["reps"]], rss, raw_r_gibs)
+    j, _, rss = R.json([ckpt_io, "load", z_root, "--reps", str(a.reps2), "--drop-caches", "--procs"])
+    record("load_" + zname + "_procs", j["logical_bytes"], [r["seconds"] for r in j["reps"]],
+           max(r["rank_maxrss_kib"] for r in j["reps"]), raw_r_gibs,
+           {"note": "one process per rank: decompression outside a shared HDF5 lock"})
     shutil.rmtree(z_root, ignore_errors=True)
 
     # --- export-fp32 ---------------------------------------------------------------------
@@ -284,7 +291,7 @@ def main():
         dp = a.ranks // 2
         out = os.path.join(work, "reshard")
         secs, rsss = [], []
-        for _ in range(max(1, a.reps - 1)):
+        for _ in range(a.reps2):
             shutil.rmtree(out, ignore_errors=True)
             drop_caches()
             o, _, t, rss, _ = R.run([ckpt, "reshard", ck_root, out, "--dp", str(dp), "--json"])
@@ -353,7 +360,7 @@ def main():
             n *= 2
         if counts[-1] != a.ranks:
             counts.append(a.ranks)
-        sreps = max(1, a.reps - 1)
+        sreps = a.reps2
         for n in counts:
             sd = os.path.join(work, "scale")
             os.makedirs(sd, exist_ok=True)
@@ -407,13 +414,19 @@ def main():
         ph["zstd_study"] = study
         # End to end on the trained checkpoint's sizes is small; the write-path cost of shuffle
         # on the big synthetic save:
-        zs_root = os.path.join(work, "ckpt_zstd_shuffle")
-        j, _, rss = R.json([ckpt_io, "save", zs_root, "--ranks", str(a.ranks), "--params",
-                            str(params), "--reps", "1", "--drop-caches", "--compress",
-                            "zstd:1+shuffle"])
-        record("save_zstd1_shuffle", j["logical_bytes"], [r["seconds"] for r in j["reps"]], rss,
-               raw_w_gibs, {"file_bytes": j["reps"][-1]["file_bytes"],
-                            "compression_ratio": j["logical_bytes"] / j["reps"][-1]["file_bytes"]})
+        zs_root = os.path.join(work, "ckpt_zstd_study")
+        for comp in ["zstd:1", "zstd:1+shuffle", "zstd:3+shuffle"]:
+            if comp == a.compress:
+                continue
+            shutil.rmtree(zs_root, ignore_errors=True)
+            j, _, rss = R.json([ckpt_io, "save", zs_root, "--ranks", str(a.ranks), "--params",
+                                str(params), "--reps", str(a.reps2), "--drop-caches", "--compress",
+                                comp])
+            record("save_" + comp.replace(":", "").replace("+", "_"), j["logical_bytes"],
+                   [r["seconds"] for r in j["reps"]], rss, raw_w_gibs,
+                   {"file_bytes": j["reps"][-1]["file_bytes"],
+                    "compression_ratio": j["logical_bytes"] / j["reps"][-1]["file_bytes"],
+                    "compress": comp})
         shutil.rmtree(zs_root, ignore_errors=True)
 
     # --- targets -------------------------------------------------------------------------
@@ -466,13 +479,13 @@ def print_table(res):
            "%.1f" % m["loadavg_at_start"][0], "%.1f" % m["loadavg_at_end"][0]))
     print("page cache: %s" % res["drop_caches"])
     print()
-    hdr = "%-26s %10s %24s %9s %7s %10s" % ("phase", "GiB", "seconds median (min-max)",
+    hdr = "%-34s %8s %24s %7s %7s %10s" % ("phase", "GiB", "seconds median (min-max)",
                                              "GiB/s", "ratio", "peak RSS")
     print(hdr)
     print("-" * len(hdr))
 
     def row(name, nbytes, secs, gibs, ratio, rss_kib):
-        print("%-26s %10.2f %24s %9s %7s %9.0fM" % (
+        print("%-34s %8.2f %24s %7s %7s %9.0fM" % (
             name, nbytes / GiB, fmt_range(secs), "%.2f" % gibs if gibs else "-",
             "%.2fx" % ratio if ratio else "-", rss_kib / 1024))
 
@@ -488,7 +501,8 @@ def print_table(res):
     for name in order:
         if name in ph:
             d = ph[name]
-            row(name, d["bytes"], d["seconds"], d["gib_per_s"], d.get("ratio"), d["maxrss_kib"])
+            label = name + (" [%.3f:1]" % d["compression_ratio"] if "compression_ratio" in d else "")
+            row(label, d["bytes"], d["seconds"], d["gib_per_s"], d.get("ratio"), d["maxrss_kib"])
     if "export_fp32" in ph:
         e = ph["export_fp32"]
         row("export_fp32 (read+write)", e["bytes_read"] + e["bytes_written"], e["seconds"],
@@ -568,8 +582,9 @@ def markdown(res):
     for name in order:
         if name in ph:
             d = ph[name]
-            row("`%s`" % name, d["bytes"], d["seconds"], d["gib_per_s"], d.get("ratio"),
-                d["maxrss_kib"])
+            label = "`%s`" % name + (" (file %.3f:1)" % d["compression_ratio"]
+                                     if "compression_ratio" in d else "")
+            row(label, d["bytes"], d["seconds"], d["gib_per_s"], d.get("ratio"), d["maxrss_kib"])
     if "export_fp32" in ph:
         e = ph["export_fp32"]
         row("`export_fp32` (read + written)", e["bytes_read"] + e["bytes_written"], e["seconds"],

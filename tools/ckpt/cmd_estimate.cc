@@ -1,6 +1,6 @@
 // ckpt estimate zero2|zero3|states|train|infer|checkpoint: memory and checkpoint-size
 // estimates (docs/estimate.md). Pure arithmetic except the live counts (--from-checkpoint,
-// --from-safetensors), which read manifests and safetensors headers only.
+// --from-safetensors, --param-table), which read manifests, safetensors headers and JSON only.
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -78,8 +78,8 @@ Result<std::optional<est::ParamTable>> LoadTable(const SizeFlags& f) {
   return std::optional<est::ParamTable>();
 }
 
-// Total and largest-layer counts: from files when asked, flags override nothing then
-// (mixing the two is refused so a report never silently combines sources).
+// Total and largest-layer counts, from flags or from files; mixing the two is refused so a
+// report never silently combines sources.
 struct Sizes {
   int64_t total = 0;
   std::optional<int64_t> largest;
@@ -113,7 +113,6 @@ Result<Sizes> ResolveSizes(const SizeFlags& f, bool need_largest) {
   }
   return s;
 }
-
 
 struct ZeroFlags {
   SizeFlags size;

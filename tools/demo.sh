@@ -96,17 +96,20 @@ ckpt_log "7. resume on 2 ranks (grad-accum 4 keeps the global batch of 32) to st
 show_losses "$DEMO/run2/trainlog.jsonl" 101 103
 note "resume on 2 ranks, 100 -> 110" "loss $(first_loss "$DEMO/run2/trainlog.jsonl") -> $(last_loss "$DEMO/run2/trainlog.jsonl")"
 
-ckpt_log "8. next AdamW update: full state vs weights-only vs moments dropped"
-"$CKPT" next-update "$RUN"
-ckpt_log "9. resume parity and ablations (3 steps from the latest checkpoint)"
+# Verification needs the original run to have continued past the checkpoint: global_step80
+# (kept by --keep-last 3) is followed by 20 logged steps.
+VTAG=global_step80
+ckpt_log "8. next AdamW update from $VTAG: full state vs weights-only vs moments dropped"
+"$CKPT" next-update "$RUN" --tag "$VTAG" --out "$DEMO/next-update"
+ckpt_log "9. resume parity and ablations (3 steps from $VTAG)"
 set +e
-"$CKPT" verify-resume "$RUN" --steps 3 --ablate all
+"$CKPT" verify-resume "$RUN" --tag "$VTAG" --steps 3 --ablate all
 rc=$?
 set -e
 note "verify-resume (plain)" "$([ $rc -eq 0 ] && echo bitwise || echo "DIVERGED (exit $rc)")"
 ckpt_log "10. the CI gate: ckpt verify"
 set +e
-"$CKPT" verify "$RUN" --junit "$DEMO/verify-junit.xml"
+"$CKPT" verify "$RUN" --tag "$VTAG" --junit "$DEMO/verify-junit.xml"
 vrc=$?
 set -e
 note "ckpt verify (CI gate)" "exit $vrc, JUnit in $DEMO/verify-junit.xml"

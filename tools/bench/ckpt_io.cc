@@ -19,6 +19,7 @@
 //   chunk-bytes (what the writer compresses one at a time); per chunk the best of three timings.
 //
 // Prints one JSON object. Exit 2 on usage or any error.
+#include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -89,6 +90,7 @@ struct Args {
   std::string compress = "none";
   uint64_t chunk_bytes = 4u << 20;
   bool file_checksum = true, drop = false, verify = true, procs = false;
+  std::string paired_raw;  // directory for the paired raw write / read of the same bytes
   std::vector<int> levels = {1, 3, 9};
   int64_t max_mib = 64;
 };
@@ -116,6 +118,7 @@ Args Parse(int argc, char** argv) {
     else if (k == "--drop-caches") a.drop = true;
     else if (k == "--no-verify") a.verify = false;
     else if (k == "--procs") a.procs = true;
+    else if (k == "--paired-raw") a.paired_raw = val();
     else if (k == "--levels") {
       a.levels.clear();
       std::string s = val();
@@ -133,6 +136,44 @@ Args Parse(int argc, char** argv) {
 
 // ---------------------------------------------------------------------------------------------
 // save
+
+// The paired floor (--paired-raw DIR): before each timed ckpt repetition, the very same
+// in-memory bytes are written (write(2) in 4 MiB blocks, fsync, fsync of DIR) or read back,
+// one thread per rank and one file per rank, with the page cache dropped in between. Pairing
+// each ckpt run with a floor run taken seconds before it cancels most of a shared machine's
+// drift; the ratio is reported per repetition.
+using Pieces = std::vector<std::pair<uint8_t*, size_t>>;
+
+double RawPass(const std::string& dir, const std::vector<Pieces>& ranks, bool write_pass) {
+  std::vector<std::string> errors(ranks.size());
+  const auto t0 = Clock::now();
+  std::vector<std::thread> threads;
+  for (size_t r = 0; r < ranks.size(); ++r)
+    threads.emplace_back([&, r] {
+      const std::string path = dir + "/raw_" + std::to_string(r) + ".bin";
+      const int fd = write_pass ? open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)
+                                : open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) { errors[r] = "open " + path; return; }
+      for (const auto& [ptr, len] : ranks[r])
+        for (size_t done = 0; done < len;) {
+          const size_t n = std::min<size_t>(4u << 20, len - done);
+          const ssize_t got = write_pass ? write(fd, ptr + done, n) : read(fd, ptr + done, n);
+          if (got <= 0) { errors[r] = "I/O on " + path; close(fd); return; }
+          done += static_cast<size_t>(got);
+        }
+      if (write_pass && fsync(fd) != 0) errors[r] = "fsync " + path;
+      close(fd);
+    });
+  for (auto& t : threads) t.join();
+  if (write_pass) {
+    const int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) { fsync(dfd); close(dfd); }
+  }
+  const double secs = Since(t0);
+  for (auto& e : errors)
+    if (!e.empty()) Die("paired raw pass: " + e);
+  return secs;
+}
 
 struct RankState {
   std::vector<float> state[3];
@@ -290,8 +331,22 @@ int Save(const Args& a) {
     gen_secs = Since(tg);
     for (auto& rs : ranks) logical += LogicalBytes(rs);
     rss_before = MaxRssKiB();
+    std::vector<Pieces> pieces(ranks.size());
+    for (size_t r = 0; r < ranks.size(); ++r)
+      for (const auto& d : ranks[r].contents.datasets) {
+        uint64_t n = ckpt::DTypeSize(d.dtype);
+        for (auto x : d.shape) n *= static_cast<uint64_t>(x);
+        pieces[r].push_back({static_cast<uint8_t*>(const_cast<void*>(d.data)), n});
+      }
     for (int rep = 0; rep < a.reps; ++rep) {
       between_reps(rep);
+      double raw_secs = -1;
+      if (!a.paired_raw.empty()) {
+        std::filesystem::create_directories(a.paired_raw);
+        raw_secs = RawPass(a.paired_raw, pieces, true);
+        std::filesystem::remove_all(a.paired_raw);
+        if (a.drop) DropCaches();
+      }
       meta.tag = prev_tag;
       ckpt::ThreadGroup group(a.ranks);
       std::vector<ckpt::Status> results(static_cast<size_t>(a.ranks));
@@ -306,6 +361,7 @@ int Save(const Args& a) {
       const double secs = Since(t0);
       if (!results[0].ok()) Die("save: " + results[0].ToString());
       reps.push_back({{"seconds", secs}, {"file_bytes", DirBytes(a.root + "/" + meta.tag)}});
+      if (raw_secs >= 0) reps.back()["raw_seconds"] = raw_secs;
     }
   } else {
     // One process per rank, as under mpirun (no HDF5 library lock shared between ranks). The
@@ -419,8 +475,21 @@ int Load(const Args& a) {
   const long rss_before = MaxRssKiB();
   json reps = json::array();
   std::string drop_status = a.drop ? "" : "not requested";
+  std::vector<Pieces> pieces(static_cast<size_t>(world));
+  const bool paired = !a.paired_raw.empty() && !a.procs;
+  if (paired) {
+    for (int r = 0; r < world; ++r)
+      for (auto& b : bufs[static_cast<size_t>(r)]) pieces[static_cast<size_t>(r)].push_back({b.data(), b.size()});
+    std::filesystem::create_directories(a.paired_raw);
+    RawPass(a.paired_raw, pieces, true);  // the floor's files: the same bytes, untimed
+  }
   for (int rep = 0; rep < a.reps; ++rep) {
     if (a.drop) drop_status = DropCaches();
+    double raw_secs = -1;
+    if (paired) {
+      raw_secs = RawPass(a.paired_raw, pieces, false);
+      if (a.drop) DropCaches();
+    }
     std::vector<ckpt::Status> results(static_cast<size_t>(world));
     auto rank_load = [&](int r) -> ckpt::Status {
       ckpt::OpenOptions oo;
@@ -487,7 +556,9 @@ int Load(const Args& a) {
     for (auto& s : results)
       if (!s.ok()) Die("load: " + s.ToString());
     reps.push_back({{"seconds", secs}, {"rank_maxrss_kib", child_rss}});
+    if (raw_secs >= 0) reps.back()["raw_seconds"] = raw_secs;
   }
+  if (paired) std::filesystem::remove_all(a.paired_raw);
   json out = {{"op", "load"},       {"ranks", world},         {"verify", a.verify}, {"procs", a.procs},
               {"logical_bytes", logical}, {"file_bytes", DirBytes(probe->dir())},
               {"reps", reps},       {"drop_caches", drop_status},

@@ -251,9 +251,10 @@ def main():
                             ("save_chunk_1MiB", ["--chunk-bytes", str(1 << 20)])]:
             shutil.rmtree(var_root, ignore_errors=True)
             j, _, rss = R.json([ckpt_io, "save", var_root, "--ranks", str(a.ranks), "--params",
-                                str(params), "--reps", str(a.reps2), "--drop-caches"]
-                               + extra)
-            record(name, j["logical_bytes"], [r["seconds"] for r in j["reps"]], rss, raw_w_gibs)
+                                str(params), "--reps", str(a.reps2), "--drop-caches",
+                                "--paired-raw", paired_dir] + extra)
+            record(name, j["logical_bytes"], [r["seconds"] for r in j["reps"]], rss, raw_w_gibs,
+                   {"paired": paired(j)})
         shutil.rmtree(var_root, ignore_errors=True)
 
     # --- zstd save -----------------------------------------------------------------------
@@ -518,7 +519,8 @@ def print_table(res):
             d = ph[name]
             label = name + (" [%.3f:1]" % d["compression_ratio"] if "compression_ratio" in d else "")
             row(label, d["bytes"], d["seconds"], d["gib_per_s"], d.get("ratio"), d["maxrss_kib"])
-    for name in ["save", "load_verified"]:
+    for name in ["save", "save_no_file_checksum", "save_chunk_16MiB", "save_chunk_1MiB",
+                 "load_verified"]:
         if "paired" in ph.get(name, {}):
             p = ph[name]["paired"]
             print("  %s vs the paired raw pass of the same bytes: floor %s GiB/s, ratio %s" % (
@@ -617,12 +619,13 @@ def markdown(res):
     if "torch" in ph:
         L.append("| torch.save / torch.load | %s | | | | |" % ph["torch"]["status"])
     L.append("")
-    for name in ["save", "load_verified"]:
+    for name in ["save", "save_no_file_checksum", "save_chunk_16MiB", "save_chunk_1MiB",
+                 "load_verified"]:
         if "paired" in ph.get(name, {}):
             p = ph[name]["paired"]
             L.append("`%s` against the paired raw %s of the same bytes (taken just before each "
                      "repetition): floor %s GiB/s, ratio %s." % (
-                         name, "write" if name == "save" else "read",
+                         name, "read" if name.startswith("load") else "write",
                          fmt_range(p["raw_gib_per_s"]), fmt_range(p["ratio"])))
             L.append("")
     if "reshard" in ph:

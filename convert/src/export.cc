@@ -17,7 +17,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-
 #include <nlohmann/json.hpp>
 
 #include "ckpt/progress.h"
@@ -83,7 +82,9 @@ Result<std::vector<uint8_t>> EncodeFrozen(const ParamEntry& p, std::vector<uint8
     const uint8_t* q = raw.data() + static_cast<size_t>(i) * es;
     float f = 0;
     switch (p.dtype) {
-      case DType::kF32: std::memcpy(&f, q, 4); break;
+      case DType::kF32:
+        std::memcpy(&f, q, 4);
+        break;
       case DType::kF64: {
         double d;
         std::memcpy(&d, q, 8);
@@ -184,7 +185,8 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
   std::vector<uint8_t> enc;
   for (const auto& file : files) {
     std::vector<SafetensorsTensorSpec> specs;
-    for (const auto& t : file.tensors) specs.push_back({t.param->name, t.out_dtype, t.param->shape});
+    for (const auto& t : file.tensors)
+      specs.push_back({t.param->name, t.out_dtype, t.param->shape});
     const std::string path = staged.staging() + "/" + file.name;
     CKPT_ASSIGN_OR_RETURN(auto writer, SafetensorsWriter::Create(path, specs, metadata, env), "");
     ExportedFile done;

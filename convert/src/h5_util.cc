@@ -32,28 +32,40 @@ Status Handle::Close(const std::string& what) {
 
 hid_t FileType(DType t) {
   switch (t) {
-    case DType::kF32: return H5T_IEEE_F32LE;
-    case DType::kF64: return H5T_IEEE_F64LE;
+    case DType::kF32:
+      return H5T_IEEE_F32LE;
+    case DType::kF64:
+      return H5T_IEEE_F64LE;
     case DType::kBF16:
     case DType::kF16:
-    case DType::kU16: return H5T_STD_U16LE;
-    case DType::kI64: return H5T_STD_I64LE;
-    case DType::kI32: return H5T_STD_I32LE;
-    case DType::kU8: return H5T_STD_U8LE;
+    case DType::kU16:
+      return H5T_STD_U16LE;
+    case DType::kI64:
+      return H5T_STD_I64LE;
+    case DType::kI32:
+      return H5T_STD_I32LE;
+    case DType::kU8:
+      return H5T_STD_U8LE;
   }
   return H5T_STD_U8LE;
 }
 
 hid_t MemType(DType t) {
   switch (t) {
-    case DType::kF32: return H5T_NATIVE_FLOAT;
-    case DType::kF64: return H5T_NATIVE_DOUBLE;
+    case DType::kF32:
+      return H5T_NATIVE_FLOAT;
+    case DType::kF64:
+      return H5T_NATIVE_DOUBLE;
     case DType::kBF16:
     case DType::kF16:
-    case DType::kU16: return H5T_NATIVE_UINT16;
-    case DType::kI64: return H5T_NATIVE_INT64;
-    case DType::kI32: return H5T_NATIVE_INT32;
-    case DType::kU8: return H5T_NATIVE_UINT8;
+    case DType::kU16:
+      return H5T_NATIVE_UINT16;
+    case DType::kI64:
+      return H5T_NATIVE_INT64;
+    case DType::kI32:
+      return H5T_NATIVE_INT32;
+    case DType::kU8:
+      return H5T_NATIVE_UINT8;
   }
   return H5T_NATIVE_UINT8;
 }
@@ -73,8 +85,7 @@ Status WriteStringAttr(hid_t obj, const char* name, const std::string& value) {
 
 Status WriteIntAttr(hid_t obj, const char* name, int64_t value) {
   Handle space = Space(H5Screate(H5S_SCALAR));
-  Handle attr =
-      Attr(H5Acreate2(obj, name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT));
+  Handle attr = Attr(H5Acreate2(obj, name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT));
   if (!attr.valid() || H5Awrite(attr.get(), H5T_NATIVE_INT64, &value) < 0)
     return IOError(std::string("attribute ") + name + ": " + ErrorText());
   return Status::Ok();
@@ -112,8 +123,7 @@ Handle SpaceFor(const std::vector<int64_t>& shape) {
   return Space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr));
 }
 
-Status SelectFlatRange(hid_t space, const std::vector<int64_t>& shape, int64_t begin,
-                       int64_t end) {
+Status SelectFlatRange(hid_t space, const std::vector<int64_t>& shape, int64_t begin, int64_t end) {
   const size_t nd = shape.size();
   if (nd == 0) {
     if (!(begin == 0 && end == 1)) return Internal("scalar range must be [0, 1)");

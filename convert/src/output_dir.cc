@@ -29,9 +29,9 @@ Result<StagedOutput> StagedOutput::Begin(const std::string& out_arg, Env* env) {
     if (ec) return IOError("create " + parent.string() + ": " + ec.message());
   }
   std::random_device rd;
-  const std::string staging = (parent / (std::string(kTempPrefix) + p.filename().string() + "-" +
-                                         std::to_string(rd())))
-                                  .string();
+  const std::string staging =
+      (parent / (std::string(kTempPrefix) + p.filename().string() + "-" + std::to_string(rd())))
+          .string();
   CKPT_RETURN_IF_ERROR(env->CreateDir(staging), "create staging directory");
   Status s = env->SyncDir(parent.string());
   if (!s.ok()) {
@@ -42,8 +42,11 @@ Result<StagedOutput> StagedOutput::Begin(const std::string& out_arg, Env* env) {
 }
 
 StagedOutput::StagedOutput(StagedOutput&& o) noexcept
-    : env_(o.env_), out_(std::move(o.out_)), parent_(std::move(o.parent_)),
-      staging_(std::move(o.staging_)), committed_(o.committed_) {
+    : env_(o.env_),
+      out_(std::move(o.out_)),
+      parent_(std::move(o.parent_)),
+      staging_(std::move(o.staging_)),
+      committed_(o.committed_) {
   o.committed_ = true;  // the moved-from object owns nothing
 }
 

@@ -33,8 +33,7 @@ class StagedOutput {
 
  private:
   StagedOutput(Env* env, std::string out, std::string parent, std::string staging)
-      : env_(env), out_(std::move(out)), parent_(std::move(parent)),
-        staging_(std::move(staging)) {}
+      : env_(env), out_(std::move(out)), parent_(std::move(parent)), staging_(std::move(staging)) {}
   Env* env_;
   std::string out_;
   std::string parent_;

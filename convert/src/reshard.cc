@@ -18,9 +18,8 @@
 #include "convert/reshard.h"
 
 #include <algorithm>
-#include <thread>
-
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "ckpt/collective.h"
 #include "ckpt/manifest.h"
@@ -60,12 +59,15 @@ Status PrepareRank(const std::string& src_path, const ReshardOptions& opts, Env*
     if (!sp) return Internal("parameter '" + p.name + "' vanished from the source");
     for (const auto& r : p.ranges) {
       if (r.rank != j) continue;
-      CKPT_RETURN_IF_ERROR(src->ReadParamRange(*sp, kMaster, r.begin, r.end,
-                                               out.master.data() + r.shard_offset), "");
-      CKPT_RETURN_IF_ERROR(src->ReadParamRange(*sp, kExpAvg, r.begin, r.end,
-                                               out.exp_avg.data() + r.shard_offset), "");
+      CKPT_RETURN_IF_ERROR(
+          src->ReadParamRange(*sp, kMaster, r.begin, r.end, out.master.data() + r.shard_offset),
+          "");
+      CKPT_RETURN_IF_ERROR(
+          src->ReadParamRange(*sp, kExpAvg, r.begin, r.end, out.exp_avg.data() + r.shard_offset),
+          "");
       CKPT_RETURN_IF_ERROR(src->ReadParamRange(*sp, kExpAvgSq, r.begin, r.end,
-                                               out.exp_avg_sq.data() + r.shard_offset), "");
+                                               out.exp_avg_sq.data() + r.shard_offset),
+                           "");
       out.stats.bytes_owned += static_cast<uint64_t>(r.end - r.begin) * 12;
       progress.Add(static_cast<uint64_t>(r.end - r.begin) * 12);
     }
@@ -94,7 +96,8 @@ Status PrepareRank(const std::string& src_path, const ReshardOptions& opts, Env*
   // Per-rank state: the same rank's when the world size is unchanged, else rank 0's
   // (engine_min keeps data_position and the scheduler global); RNG only when unchanged.
   const int from = copy_rng ? j : 0;
-  std::vector<RankExtra> extras = from < source_ranks ? src->RankExtras(from) : std::vector<RankExtra>{};
+  std::vector<RankExtra> extras =
+      from < source_ranks ? src->RankExtras(from) : std::vector<RankExtra>{};
   out.texts.reserve(extras.size() + 1);
   for (const auto& ex : extras) {
     if (ex.name == kReshardDataset) continue;  // replaced by this reshard's record
@@ -147,8 +150,8 @@ Result<ReshardReport> Reshard(const std::string& src_path, const std::string& ou
 
   // 1. Verify the source once.
   if (opts.verify_source) {
-    CKPT_RETURN_IF_ERROR(src->FinishVerification({std::string(kMaster), std::string(kExpAvg),
-                                                  std::string(kExpAvgSq)}),
+    CKPT_RETURN_IF_ERROR(src->FinishVerification(
+                             {std::string(kMaster), std::string(kExpAvg), std::string(kExpAvgSq)}),
                          src->dir());
     report.verify_bytes = src->bytes_read();
   }
@@ -158,9 +161,9 @@ Result<ReshardReport> Reshard(const std::string& src_path, const std::string& ou
   m.kind = "sharded";
   m.files.clear();
   for (auto& p : m.params) p.ranges.clear();
-  CKPT_ASSIGN_OR_RETURN(m.partition,
-                        BuildPartition(m.params, opts.dp, report.zero_stage, sm.partition.alignment),
-                        "partition");
+  CKPT_ASSIGN_OR_RETURN(
+      m.partition, BuildPartition(m.params, opts.dp, report.zero_stage, sm.partition.alignment),
+      "partition");
   m.topology.dp_world_size = opts.dp;
   m.topology.zero_stage = report.zero_stage;
   if (m.engine_config.is_object()) {

@@ -10,10 +10,9 @@
 #include <cerrno>
 #include <cstring>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <set>
-
-#include <nlohmann/json.hpp>
 
 #include "ckpt/manifest.h"
 
@@ -135,8 +134,7 @@ Result<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path) {
   CKPT_RETURN_IF_ERROR(PreadFull(fd.get(), path, 8, text.data(), header_len), "safetensors");
 
   nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object())
-    return DataLoss(path + ": header is not a JSON object");
+  if (j.is_discarded() || !j.is_object()) return DataLoss(path + ": header is not a JSON object");
 
   SafetensorsHeader h;
   h.data_start = 8 + header_len;
@@ -174,8 +172,8 @@ Result<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path) {
       t.shape.push_back(d.get<int64_t>());
     }
     for (int k = 0; k < 2; ++k) {
-      if (!(*off)[k].is_number_unsigned() && !((*off)[k].is_number_integer() &&
-                                                (*off)[k].get<int64_t>() >= 0))
+      if (!(*off)[k].is_number_unsigned() &&
+          !((*off)[k].is_number_integer() && (*off)[k].get<int64_t>() >= 0))
         return DataLoss(where + ": data_offsets must be non-negative integers");
     }
     t.begin = (*off)[0].get<uint64_t>();
@@ -300,7 +298,7 @@ struct SafetensorsWriter::Impl {
   std::unique_ptr<WritableFile> file;
   std::vector<SafetensorsTensorSpec> tensors;
   std::vector<uint64_t> sizes;
-  size_t index = 0;           // tensor being written
+  size_t index = 0;  // tensor being written
   uint64_t written_in_tensor = 0;
   uint64_t total = 0;
   bool finished = false;
@@ -360,15 +358,13 @@ Status SafetensorsWriter::Append(const void* data, uint64_t bytes) {
   Impl& w = *impl_;
   if (w.finished) return FailedPrecondition(w.path + ": writer already finished");
   if (bytes == 0) return Status::Ok();
-  if (w.index >= w.tensors.size())
-    return InvalidArgument(w.path + ": append past the last tensor");
+  if (w.index >= w.tensors.size()) return InvalidArgument(w.path + ": append past the last tensor");
   if (bytes > w.sizes[w.index] - w.written_in_tensor)
     return InvalidArgument(w.path + ": " + std::to_string(bytes) + " bytes overrun tensor '" +
                            w.tensors[w.index].name + "' (" +
                            std::to_string(w.sizes[w.index] - w.written_in_tensor) + " left)");
-  CKPT_RETURN_IF_ERROR(
-      w.file->Append(std::string_view(static_cast<const char*>(data), bytes)),
-      "write " + w.path + " tensor '" + w.tensors[w.index].name + "'");
+  CKPT_RETURN_IF_ERROR(w.file->Append(std::string_view(static_cast<const char*>(data), bytes)),
+                       "write " + w.path + " tensor '" + w.tensors[w.index].name + "'");
   w.written_in_tensor += bytes;
   w.SkipEmpty();
   return Status::Ok();
@@ -399,8 +395,8 @@ Status WriteSafetensors(const std::string& path, const std::vector<SafetensorsTe
   std::vector<SafetensorsTensorSpec> specs;
   specs.reserve(tensors.size());
   for (const auto& t : tensors) specs.push_back(t.spec);
-  CKPT_ASSIGN_OR_RETURN(auto writer, SafetensorsWriter::Create(path, std::move(specs), metadata, env),
-                        "");
+  CKPT_ASSIGN_OR_RETURN(auto writer,
+                        SafetensorsWriter::Create(path, std::move(specs), metadata, env), "");
   for (const auto& t : tensors) {
     const uint64_t len = *ByteLength(t.spec.shape, t.spec.dtype);
     if (len > 0 && t.data == nullptr)

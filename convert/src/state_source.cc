@@ -27,7 +27,9 @@ Status ConvertToF32(const std::vector<uint8_t>& raw, DType dtype, int64_t first,
   const uint8_t* p = raw.data() + static_cast<size_t>(first) * es;
   for (int64_t i = 0; i < count; ++i, p += es) {
     switch (dtype) {
-      case DType::kF32: std::memcpy(&out[i], p, 4); break;
+      case DType::kF32:
+        std::memcpy(&out[i], p, 4);
+        break;
       case DType::kF64: {
         double d;
         std::memcpy(&d, p, 8);
@@ -42,8 +44,7 @@ Status ConvertToF32(const std::vector<uint8_t>& raw, DType dtype, int64_t first,
         break;
       }
       default:
-        return InvalidArgument("dtype " + std::string(DTypeName(dtype)) +
-                               " is not floating point");
+        return InvalidArgument("dtype " + std::string(DTypeName(dtype)) + " is not floating point");
     }
   }
   return Status::Ok();
@@ -63,8 +64,8 @@ Status CheckDigest(const std::string& label, const DatasetRecord& rec, const Xxh
   if (rec.xxh3.empty()) return Status::Ok();
   const std::string got = h.HexDigest();
   if (got != rec.xxh3)
-    return DataLoss(label + ": dataset /" + rec.name + ": checksum mismatch (manifest " +
-                    rec.xxh3 + ", data " + got + ")");
+    return DataLoss(label + ": dataset /" + rec.name + ": checksum mismatch (manifest " + rec.xxh3 +
+                    ", data " + got + ")");
   return Status::Ok();
 }
 
@@ -81,8 +82,8 @@ class ShardedSource final : public StateSource {
   int source_ranks() const override { return manifest().topology.dp_world_size; }
   uint64_t bytes_read() const override { return reader_.bytes_read(); }
 
-  Status ReadParamRange(const ParamEntry& p_in, std::string_view state, int64_t begin,
-                        int64_t end, float* out) override {
+  Status ReadParamRange(const ParamEntry& p_in, std::string_view state, int64_t begin, int64_t end,
+                        float* out) override {
     const ParamEntry* p = Owner(manifest(), p_in);
     if (!p) return DataLoss("parameter '" + p_in.name + "' is tied to a missing parameter");
     if (begin < 0 || end > p->numel || begin > end)
@@ -216,8 +217,8 @@ class UniversalSource final : public StateSource {
   int source_ranks() const override { return reader_.source_ranks(); }
   uint64_t bytes_read() const override { return reader_.bytes_read(); }
 
-  Status ReadParamRange(const ParamEntry& p_in, std::string_view state, int64_t begin,
-                        int64_t end, float* out) override {
+  Status ReadParamRange(const ParamEntry& p_in, std::string_view state, int64_t begin, int64_t end,
+                        float* out) override {
     const ParamEntry* p = Owner(manifest(), p_in);
     if (!p) return DataLoss("parameter '" + p_in.name + "' is tied to a missing parameter");
     if (!verify_ || p->frozen) return reader_.ReadParamRange(p->name, state, begin, end, out);
@@ -279,9 +280,8 @@ class UniversalSource final : public StateSource {
     while (s.cursor < target) {
       const int64_t n = std::min(kGapChunk, target - s.cursor);
       gap_.resize(static_cast<size_t>(n));
-      CKPT_RETURN_IF_ERROR(reader_.ReadParamRange(p.name, state, s.cursor, s.cursor + n,
-                                                  gap_.data()),
-                           "");
+      CKPT_RETURN_IF_ERROR(
+          reader_.ReadParamRange(p.name, state, s.cursor, s.cursor + n, gap_.data()), "");
       s.hash.Update(gap_.data(), static_cast<size_t>(n) * 4);
       s.cursor += n;
     }

@@ -23,8 +23,8 @@ namespace ckpt::convert {
 
 // A blob or json dataset of one source rank (RNG state, data position, scheduler, ...).
 struct RankExtra {
-  std::string name;       // name in the rank file, e.g. "rng/dropout", "data_position"
-  DatasetRecord record;   // as listed in the manifest (record.name is the source path)
+  std::string name;      // name in the rank file, e.g. "rng/dropout", "data_position"
+  DatasetRecord record;  // as listed in the manifest (record.name is the source path)
 };
 
 class StateSource {

@@ -51,9 +51,12 @@ std::string UtcNow(int64_t* unix_out) {
 std::string UniversalParamGroup(std::string_view param) {
   std::string out = "params/";
   for (char c : param) {
-    if (c == '%') out += "%25";
-    else if (c == '/') out += "%2F";
-    else out += c;
+    if (c == '%')
+      out += "%25";
+    else if (c == '/')
+      out += "%2F";
+    else
+      out += c;
   }
   return out;
 }
@@ -176,8 +179,7 @@ Result<UniversalReader> UniversalReader::Open(const std::string& dir_arg, Env* e
   if (!format.ok() || *format != kUniversalFormat)
     return DataLoss(impl->file_path + ": root attribute format is not '" +
                     std::string(kUniversalFormat) + "'");
-  CKPT_ASSIGN_OR_RETURN(std::string version,
-                        h5::ReadStringAttr(impl->file.get(), "format_version"),
+  CKPT_ASSIGN_OR_RETURN(std::string version, h5::ReadStringAttr(impl->file.get(), "format_version"),
                         impl->file_path);
   int major = 0, minor = 0;
   if (std::sscanf(version.c_str(), "%d.%d", &major, &minor) != 2)
@@ -199,7 +201,8 @@ Status UniversalReader::ReadParamRange(std::string_view param, std::string_view 
   const ParamEntry* p = m.FindParam(param);
   if (!p) return NotFound(impl_->dir + ": no parameter '" + std::string(param) + "'");
   if (!p->tied_to.empty()) p = m.FindParam(p->tied_to);
-  if (!p) return DataLoss(impl_->dir + ": '" + std::string(param) + "' is tied to a missing parameter");
+  if (!p)
+    return DataLoss(impl_->dir + ": '" + std::string(param) + "' is tied to a missing parameter");
   if (state != kMaster && state != kExpAvg && state != kExpAvgSq)
     return InvalidArgument("unknown state '" + std::string(state) + "'");
   if (p->frozen && state != kMaster)
@@ -209,8 +212,7 @@ Status UniversalReader::ReadParamRange(std::string_view param, std::string_view 
                            ") outside parameter '" + p->name + "'");
   const std::string name = UniversalParamGroup(p->name) + "/" + std::string(state);
   const DType stored = p->frozen ? p->dtype : DType::kF32;
-  if (stored == DType::kF32)
-    return impl_->ReadRange(name, p->shape, stored, begin, end, out);
+  if (stored == DType::kF32) return impl_->ReadRange(name, p->shape, stored, begin, end, out);
   std::vector<uint8_t> raw(static_cast<size_t>(end - begin) * DTypeSize(stored));
   CKPT_RETURN_IF_ERROR(impl_->ReadRange(name, p->shape, stored, begin, end, raw.data()), "");
   for (int64_t i = 0; i < end - begin; ++i) {
@@ -254,8 +256,7 @@ Status UniversalReader::VerifyDataset(std::string_view name) const {
   for (int64_t b = 0; b < n; b += step) {
     const int64_t e = std::min(n, b + step);
     buf.resize(static_cast<size_t>(e - b) * es);
-    CKPT_RETURN_IF_ERROR(impl_->ReadRange(rec->name, rec->shape, rec->dtype, b, e, buf.data()),
-                         "");
+    CKPT_RETURN_IF_ERROR(impl_->ReadRange(rec->name, rec->shape, rec->dtype, b, e, buf.data()), "");
     h.Update(buf.data(), buf.size());
   }
   if (!rec->xxh3.empty() && h.HexDigest() != rec->xxh3)
@@ -280,7 +281,8 @@ class UniversalWriter {
   }
 
   Result<h5::Handle> CreateGroup(const std::string& name) {
-    h5::Handle g = h5::Group(H5Gcreate2(file_, name.c_str(), lcpl_.get(), gcpl_.get(), H5P_DEFAULT));
+    h5::Handle g =
+        h5::Group(H5Gcreate2(file_, name.c_str(), lcpl_.get(), gcpl_.get(), H5P_DEFAULT));
     if (!g.valid()) return IOError("create group /" + name + ": " + h5::ErrorText());
     return g;
   }
@@ -318,7 +320,8 @@ class UniversalWriter {
                     const std::string& kind, const std::string& blob_kind,
                     const std::vector<uint8_t>& bytes) {
     CKPT_ASSIGN_OR_RETURN(h5::Handle d, CreateDataset(name, dtype, shape, kind, blob_kind), "");
-    CKPT_RETURN_IF_ERROR(WriteRange(d.get(), name, shape, dtype, 0, Numel(shape), bytes.data()), "");
+    CKPT_RETURN_IF_ERROR(WriteRange(d.get(), name, shape, dtype, 0, Numel(shape), bytes.data()),
+                         "");
     CKPT_RETURN_IF_ERROR(d.Close("close /" + name), "");
     AddRecord(name, dtype, shape, kind, blob_kind, DigestHex(Xxh3(bytes.data(), bytes.size())));
     return Status::Ok();
@@ -355,10 +358,10 @@ Status WriteUniversalFile(StateSource& src, const std::string& path, ToUniversal
   if (!file.valid()) return IOError("create " + path + ": " + h5::ErrorText());
   const hid_t f = file.get();
   CKPT_RETURN_IF_ERROR(h5::WriteStringAttr(f, "format", std::string(kUniversalFormat)), path);
-  CKPT_RETURN_IF_ERROR(h5::WriteStringAttr(f, "format_version",
-                                           std::to_string(kUniversalMajor) + "." +
-                                               std::to_string(kUniversalMinor)),
-                       path);
+  CKPT_RETURN_IF_ERROR(
+      h5::WriteStringAttr(f, "format_version",
+                          std::to_string(kUniversalMajor) + "." + std::to_string(kUniversalMinor)),
+      path);
   CKPT_RETURN_IF_ERROR(h5::WriteStringAttr(f, "tag", m.tag), path);
   CKPT_RETURN_IF_ERROR(h5::WriteIntAttr(f, "source_dp_world_size", src.source_ranks()), path);
   CKPT_RETURN_IF_ERROR(h5::WriteIntAttr(f, "source_zero_stage", m.topology.zero_stage), path);
@@ -424,10 +427,10 @@ Status WriteUniversalFile(StateSource& src, const std::string& path, ToUniversal
     for (const auto& ex : src.RankExtras(r)) {
       CKPT_ASSIGN_OR_RETURN(auto bytes, src.ReadRankExtra(r, ex),
                             "source rank " + std::to_string(r));
-      CKPT_RETURN_IF_ERROR(w.WriteWhole(UniversalSourceGroup(r) + "/" + ex.name, ex.record.dtype,
-                                        ex.record.shape, ex.record.kind, ex.record.blob_kind,
-                                        bytes),
-                           path);
+      CKPT_RETURN_IF_ERROR(
+          w.WriteWhole(UniversalSourceGroup(r) + "/" + ex.name, ex.record.dtype, ex.record.shape,
+                       ex.record.kind, ex.record.blob_kind, bytes),
+          path);
     }
   }
   CKPT_RETURN_IF_ERROR(file.Close("close " + path), "");

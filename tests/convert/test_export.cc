@@ -2,7 +2,6 @@
 // agrees bitwise with the export and the universal file; bad inputs give clear errors, the
 // documented exit codes and nothing in OUT; injected file-system faults publish nothing.
 #include <catch2/catch.hpp>
-
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -21,7 +20,9 @@ using ckpt::testing::RunShell;
 namespace {
 
 std::string Ckpt() { return ckpt::testing::BinDir() + "/ckpt"; }
-std::string Python() { return "/usr/bin/python3 " + std::string(CKPT_SOURCE_DIR) + "/tests/convert/check_export.py"; }
+std::string Python() {
+  return "/usr/bin/python3 " + std::string(CKPT_SOURCE_DIR) + "/tests/convert/check_export.py";
+}
 
 std::string Slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -42,20 +43,26 @@ TEST_CASE("export equals an independent h5py reconstruction, bitwise", "[io]") {
     REQUIRE(testing::MakeSynthetic(src, 3, zero, 300000, 70001).ok());
     const std::string tag = src + "/global_step100";
     const std::string s = std::to_string(zero);
-    REQUIRE(RunShell(Ckpt() + " export-fp32 " + src + " " + dir / ("e32_" + s) + " --json >/dev/null") == 0);
+    REQUIRE(RunShell(Ckpt() + " export-fp32 " + src + " " + dir / ("e32_" + s) +
+                     " --json >/dev/null") == 0);
     REQUIRE(RunShell(Ckpt() + " export-fp32 " + src + " " + dir / ("ebf_" + s) +
                      " --dtype bf16 --max-shard-size 200KB --json >/dev/null") == 0);
     REQUIRE(RunShell(Ckpt() + " export-fp32 " + src + " " + dir / ("ef16_" + s) +
                      " --dtype fp16 --exclude-frozen --json >/dev/null") == 0);
-    REQUIRE(RunShell(Ckpt() + " to-universal " + src + " " + dir / ("u_" + s) + " --json >/dev/null") == 0);
-    CHECK(RunShell(Python() + " " + tag + " " + dir / ("e32_" + s) + " --universal " + dir / ("u_" + s)) == 0);
+    REQUIRE(RunShell(Ckpt() + " to-universal " + src + " " + dir / ("u_" + s) +
+                     " --json >/dev/null") == 0);
+    CHECK(RunShell(Python() + " " + tag + " " + dir / ("e32_" + s) + " --universal " +
+                   dir / ("u_" + s)) == 0);
     CHECK(RunShell(Python() + " " + tag + " " + dir / ("ebf_" + s) + " --dtype bf16") == 0);
-    CHECK(RunShell(Python() + " " + tag + " " + dir / ("ef16_" + s) + " --dtype fp16 --exclude-frozen") == 0);
+    CHECK(RunShell(Python() + " " + tag + " " + dir / ("ef16_" + s) +
+                   " --dtype fp16 --exclude-frozen") == 0);
     CHECK(std::filesystem::exists(dir / ("ebf_" + s) + "/model.safetensors.index.json"));
     CHECK(std::filesystem::exists(dir / ("ebf_" + s) + "/model-00001-of-00004.safetensors"));
     // Export from the universal checkpoint gives the same file.
-    REQUIRE(RunShell(Ckpt() + " export-fp32 " + dir / ("u_" + s) + " " + dir / ("eu_" + s) + " --json >/dev/null") == 0);
-    CHECK(Slurp(dir / ("eu_" + s) + "/model.safetensors") == Slurp(dir / ("e32_" + s) + "/model.safetensors"));
+    REQUIRE(RunShell(Ckpt() + " export-fp32 " + dir / ("u_" + s) + " " + dir / ("eu_" + s) +
+                     " --json >/dev/null") == 0);
+    CHECK(Slurp(dir / ("eu_" + s) + "/model.safetensors") ==
+          Slurp(dir / ("e32_" + s) + "/model.safetensors"));
   }
   // The checker can fail: flip one data byte of an export.
   const std::string victim = dir / "e32_1/model.safetensors";
@@ -64,7 +71,8 @@ TEST_CASE("export equals an independent h5py reconstruction, bitwise", "[io]") {
   std::filesystem::permissions(victim, std::filesystem::perms::owner_write,
                                std::filesystem::perm_options::add);
   std::ofstream(victim, std::ios::binary | std::ios::trunc) << bytes;
-  CHECK(RunShell(Python() + " " + dir / "src1/global_step100" + " " + dir / "e32_1 2>/dev/null") == 1);
+  CHECK(RunShell(Python() + " " + dir / "src1/global_step100" + " " + dir / "e32_1 2>/dev/null") ==
+        1);
 }
 
 TEST_CASE("export: names, shapes, tied metadata, frozen handling, no moments read", "[io]") {
@@ -219,9 +227,9 @@ TEST_CASE("a failed file-system step never publishes OUT", "[io]") {
   testing::ScratchDir dir("fault");
   const std::string src = dir / "src";
   REQUIRE(testing::MakeSynthetic(src, 2, 3, 20000, 4000).ok());
-  for (FaultInjectionEnv::Op op : {FaultInjectionEnv::Op::kWrite, FaultInjectionEnv::Op::kSync,
-                                   FaultInjectionEnv::Op::kRename,
-                                   FaultInjectionEnv::Op::kSyncDir}) {
+  for (FaultInjectionEnv::Op op :
+       {FaultInjectionEnv::Op::kWrite, FaultInjectionEnv::Op::kSync, FaultInjectionEnv::Op::kRename,
+        FaultInjectionEnv::Op::kSyncDir}) {
     for (int n = 1; n <= 3; ++n) {
       FaultInjectionEnv env(Env::Default());
       env.FailAt(op, n);

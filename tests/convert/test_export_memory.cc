@@ -1,13 +1,12 @@
 // Peak resident memory of `ckpt export-fp32` (and `ckpt to-universal`) on a synthetic
 // checkpoint with many tensors whose master weights alone exceed the bound: the bound
 // 2 × largest tensor + 64 MiB can only hold if the export streams.
-#include <catch2/catch.hpp>
-
+#include <fcntl.h>
 #include <spawn.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
-#include <fcntl.h>
 
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <vector>
 

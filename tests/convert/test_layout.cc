@@ -1,7 +1,6 @@
 // The universal layout on awkward parameter tables: 3-D and scalar shapes (flat ranges become
 // unions of hyperslabs), names with '/' and '%', an fp16 frozen table, ZeRO-0.
 #include <catch2/catch.hpp>
-
 #include <cstring>
 #include <thread>
 
@@ -20,7 +19,9 @@ using namespace ckpt::convert;
 namespace {
 
 float Value(size_t param, int state, int64_t e) {
-  return static_cast<float>(param * 1000 + e) * (state == 0 ? 1.0f : state == 1 ? 0.5f : 0.25f) +
+  return static_cast<float>(param * 1000 + e) * (state == 0   ? 1.0f
+                                                 : state == 1 ? 0.5f
+                                                              : 0.25f) +
          0.125f;
 }
 
@@ -61,7 +62,8 @@ Status WriteCheckpoint(const std::string& root, int world, int zero) {
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       const size_t n = static_cast<size_t>(meta.partition.shard_numel[static_cast<size_t>(r)]);
-      std::vector<float> s[3] = {std::vector<float>(n), std::vector<float>(n), std::vector<float>(n)};
+      std::vector<float> s[3] = {std::vector<float>(n), std::vector<float>(n),
+                                 std::vector<float>(n)};
       for (size_t pi = 0; pi < meta.params.size(); ++pi)
         for (const auto& rg : meta.params[pi].ranges)
           if (rg.rank == r)
@@ -74,7 +76,8 @@ Status WriteCheckpoint(const std::string& root, int world, int zero) {
       c.datasets.push_back(DatasetSpec::Tensor("exp_avg", DType::kF32, shape, s[1].data()));
       c.datasets.push_back(DatasetSpec::Tensor("exp_avg_sq", DType::kF32, shape, s[2].data()));
       if (r == 0)
-        c.datasets.push_back(DatasetSpec::Tensor("frozen/rope/table", DType::kF16, {6, 4}, frozen.data()));
+        c.datasets.push_back(
+            DatasetSpec::Tensor("frozen/rope/table", DType::kF16, {6, 4}, frozen.data()));
       const std::string pos = R"({"epoch": 0, "sample_offset": 40})";
       c.datasets.push_back(DatasetSpec::Json("data_position", pos));
       c.datasets.push_back(DatasetSpec::Json("scheduler", R"({"step": 5})"));

@@ -5,12 +5,10 @@
 // RNG states are carried through the universal checkpoint, so even with dropout the resumed
 // run repeats the original bit for bit.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
-
 #include <nlohmann/json.hpp>
 
 #include "test_util.h"
@@ -58,17 +56,21 @@ TEST_CASE("engine_min resumes from a 4 -> 2 reshard with the original loss", "[m
   }
   ckpt::testing::ScratchDir dir("resume");
   const std::string a = dir / "a";
-  REQUIRE(RunShell(Engine(4, "--zero 2 --dropout 0 --steps 6 --save-every 3 --micro-batch 2 "
-                             "--grad-accum 1 --ckpt-dir " + a)) == 0);
+  REQUIRE(RunShell(Engine(4,
+                          "--zero 2 --dropout 0 --steps 6 --save-every 3 --micro-batch 2 "
+                          "--grad-accum 1 --ckpt-dir " +
+                              a)) == 0);
   const auto original = ReadLog(a + "/trainlog.jsonl");
   REQUIRE(original.size() == 6);
 
-  REQUIRE(RunShell(Ckpt("reshard " + a + " " + dir / "direct" + " --dp 2 --tag global_step3")) == 0);
+  REQUIRE(RunShell(Ckpt("reshard " + a + " " + dir / "direct" + " --dp 2 --tag global_step3")) ==
+          0);
   REQUIRE(RunShell(Ckpt("to-universal " + a + " " + dir / "uni" + " --tag global_step3")) == 0);
   REQUIRE(RunShell(Ckpt("reshard " + dir / "uni" + " " + dir / "via_uni" + " --dp 2")) == 0);
   // Without a reshard the engine refuses the other world size.
-  CHECK(RunShell(Engine(2, "--resume --ckpt-dir " + a + " --resume-tag global_step3 "
-                           "--grad-accum 2 --steps 4 --no-final-save")) == 2);
+  CHECK(RunShell(Engine(2, "--resume --ckpt-dir " + a +
+                               " --resume-tag global_step3 "
+                               "--grad-accum 2 --steps 4 --no-final-save")) == 2);
 
   for (const std::string name : {"direct", "via_uni"}) {
     INFO(name);
@@ -99,13 +101,15 @@ TEST_CASE("same world size through universal keeps RNG: a dropout run repeats bi
   }
   ckpt::testing::ScratchDir dir("resume");
   const std::string a = dir / "a";
-  REQUIRE(RunShell(Engine(2, "--zero 3 --dropout 0.1 --steps 4 --save-every 2 --micro-batch 2 "
-                             "--grad-accum 2 --ckpt-dir " + a)) == 0);
+  REQUIRE(RunShell(Engine(2,
+                          "--zero 3 --dropout 0.1 --steps 4 --save-every 2 --micro-batch 2 "
+                          "--grad-accum 2 --ckpt-dir " +
+                              a)) == 0);
   const auto original = ReadLog(a + "/trainlog.jsonl");
   REQUIRE(RunShell(Ckpt("to-universal " + a + " " + dir / "uni" + " --tag global_step2")) == 0);
   REQUIRE(RunShell(Ckpt("reshard " + dir / "uni" + " " + dir / "back" + " --dp 2")) == 0);
-  REQUIRE(RunShell(Engine(2, "--resume --ckpt-dir " + dir / "back" +
-                                 " --steps 4 --no-final-save")) == 0);
+  REQUIRE(RunShell(Engine(
+              2, "--resume --ckpt-dir " + dir / "back" + " --steps 4 --no-final-save")) == 0);
   const auto resumed = ReadLog(dir / "back/trainlog.jsonl");
   for (int64_t s = 3; s <= 4; ++s) {
     REQUIRE(resumed.count(s) == 1);

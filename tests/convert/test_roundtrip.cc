@@ -1,9 +1,8 @@
 // Round trips N -> universal -> M -> universal -> N are bitwise identical, the universal
 // checkpoint holds exactly the values the synthetic generator wrote, and each resharded rank
 // reads only what it owns.
-#include <catch2/catch.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstring>
 
@@ -136,7 +135,8 @@ TEST_CASE("universal holds the generator's exact values with shapes", "[io]") {
       if (p.shape.size() == 2 && p.numel > 200) {
         std::vector<float> part(150);
         REQUIRE(u->ReadParamRange(p.name, "exp_avg", 37, 187, part.data()).ok());
-        for (int64_t e = 37; e < 187; ++e) CHECK(part[e - 37] == SynthValue(7, 100, pi, "exp_avg", e));
+        for (int64_t e = 37; e < 187; ++e)
+          CHECK(part[e - 37] == SynthValue(7, 100, pi, "exp_avg", e));
       }
     }
     CHECK(saw_frozen);
@@ -248,8 +248,8 @@ TEST_CASE("reshard updates an engine_min engine_config", "[io]") {
   auto text = Env::Default()->ReadFileToString(mpath);
   REQUIRE(text.ok());
   auto j = nlohmann::json::parse(*text);
-  j["engine_config"] = {{"zero", 2}, {"dp_world_size", 4}, {"micro_batch", 2},
-                        {"grad_accum", 1}, {"global_batch", 8}, {"seed", 5}};
+  j["engine_config"] = {{"zero", 2},       {"dp_world_size", 4}, {"micro_batch", 2},
+                        {"grad_accum", 1}, {"global_batch", 8},  {"seed", 5}};
   REQUIRE(WriteFileAtomic(Env::Default(), mpath, j.dump(2)).ok());
   ReshardOptions o;
   o.dp = 2;

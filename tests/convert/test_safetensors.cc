@@ -1,6 +1,5 @@
 // safetensors writer/reader: format details, round trips and malformed files.
 #include <catch2/catch.hpp>
-
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -82,21 +81,18 @@ TEST_CASE("safetensors round trip keeps bytes, shapes, dtypes and metadata", "[u
   auto rc = ReadSafetensorsTensor(path, *h, "ints");
   REQUIRE(rc.ok());
   CHECK(std::memcmp(rc->data(), c.data(), 16) == 0);
-  CHECK(ReadSafetensorsTensorF32(path, *h, "ints").status().code() ==
-        StatusCode::kInvalidArgument);
+  CHECK(ReadSafetensorsTensorF32(path, *h, "ints").status().code() == StatusCode::kInvalidArgument);
   CHECK(ReadSafetensorsTensor(path, *h, "nope").status().code() == StatusCode::kNotFound);
 }
 
-TEST_CASE("streaming writer appends tensors in pieces and publishes only on Finish",
-          "[unit][io]") {
+TEST_CASE("streaming writer appends tensors in pieces and publishes only on Finish", "[unit][io]") {
   testing::ScratchDir dir("st");
   const std::string path = dir / "s.safetensors";
   std::vector<float> big(1000);
   for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i) * 0.5f;
   {
-    auto w = SafetensorsWriter::Create(path, {{"big", DType::kF32, {10, 100}},
-                                              {"small", DType::kF32, {2}}},
-                                       {});
+    auto w = SafetensorsWriter::Create(
+        path, {{"big", DType::kF32, {10, 100}}, {"small", DType::kF32, {2}}}, {});
     REQUIRE(w.ok());
     CHECK(w->current()->name == "big");
     REQUIRE(w->Append(big.data(), 1000).ok());
@@ -143,9 +139,8 @@ TEST_CASE("writer rejects bad tensor lists", "[unit]") {
         StatusCode::kInvalidArgument);
   CHECK(BuildSafetensorsHeader({{"a", DType::kF32, {-1}}}, {}).status().code() ==
         StatusCode::kInvalidArgument);
-  CHECK(BuildSafetensorsHeader({{"a", DType::kF32, {1ll << 40, 1ll << 40}}}, {})
-            .status()
-            .code() == StatusCode::kInvalidArgument);
+  CHECK(BuildSafetensorsHeader({{"a", DType::kF32, {1ll << 40, 1ll << 40}}}, {}).status().code() ==
+        StatusCode::kInvalidArgument);
   auto h = BuildSafetensorsHeader({{"a", DType::kF32, {3}}}, {});
   REQUIRE(h.ok());
   CHECK(h->size() % 8 == 0);
@@ -162,8 +157,7 @@ TEST_CASE("reader rejects malformed files with DataLoss naming the file", "[unit
     CHECK(h.status().code() == StatusCode::kDataLoss);
     CHECK(h.status().message().find(p) != std::string::npos);
   };
-  const std::string ok_hdr =
-      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+  const std::string ok_hdr = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
   Spit(p, RawFile(ok_hdr, std::string(8, '\0')));
   REQUIRE(ReadSafetensorsHeader(p).ok());
 
@@ -174,12 +168,12 @@ TEST_CASE("reader rejects malformed files with DataLoss naming the file", "[unit
   huge[4] = 1;  // 2^32 bytes of header
   expect_dataloss(huge + "{}", "header length cap");
   expect_dataloss(RawFile("{not json", ""), "bad json");
-  expect_dataloss(RawFile(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})",
-                          std::string(8, '\0')),
-                  "dtype x shape mismatch");
-  expect_dataloss(RawFile(R"({"a":{"dtype":"Q7","shape":[2],"data_offsets":[0,8]}})",
-                          std::string(8, '\0')),
-                  "unknown dtype");
+  expect_dataloss(
+      RawFile(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", std::string(8, '\0')),
+      "dtype x shape mismatch");
+  expect_dataloss(
+      RawFile(R"({"a":{"dtype":"Q7","shape":[2],"data_offsets":[0,8]}})", std::string(8, '\0')),
+      "unknown dtype");
   expect_dataloss(RawFile(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
                           R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
                           std::string(12, '\0')),
@@ -188,9 +182,9 @@ TEST_CASE("reader rejects malformed files with DataLoss naming the file", "[unit
                           R"("b":{"dtype":"F32","shape":[1],"data_offsets":[12,16]}})",
                           std::string(16, '\0')),
                   "gap");
-  expect_dataloss(RawFile(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})",
-                          std::string(8, '\0')),
-                  "negative dim");
+  expect_dataloss(
+      RawFile(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", std::string(8, '\0')),
+      "negative dim");
   expect_dataloss(RawFile(R"({"__metadata__":{"k":3}})", ""), "metadata not string");
   CHECK(ReadSafetensorsHeader(dir / "missing.safetensors").status().code() ==
         StatusCode::kNotFound);

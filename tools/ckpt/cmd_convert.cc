@@ -40,9 +40,9 @@ std::function<int()> SetupExport(CLI::App& sub) {
     o.tag = a->tag;
     auto dt = DTypeFromName(a->dtype);
     if (!dt || (*dt != DType::kF32 && *dt != DType::kBF16 && *dt != DType::kF16))
-      return ReportError("export-fp32",
-                         InvalidArgument("--dtype must be fp32, bf16 or fp16, not '" + a->dtype + "'"),
-                         a->json);
+      return ReportError(
+          "export-fp32",
+          InvalidArgument("--dtype must be fp32, bf16 or fp16, not '" + a->dtype + "'"), a->json);
     o.dtype = *dt;
     auto shard = ParseByteSize(a->max_shard);
     if (!shard.ok())
@@ -142,7 +142,8 @@ std::function<int()> SetupReshard(CLI::App& sub) {
   sub.add_option("--dp", a->dp, "new data-parallel world size (>= 1)")->required();
   sub.add_option("--zero", a->zero, "ZeRO stage of the output (default: the source's)");
   sub.add_option("--tag", a->tag, "tag inside SRC (default: latest)");
-  sub.add_option("--compress", a->compress, "none | zstd[:LEVEL][+shuffle] (default: the source's)");
+  sub.add_option("--compress", a->compress,
+                 "none | zstd[:LEVEL][+shuffle] (default: the source's)");
   sub.add_flag("--no-verify", a->no_verify,
                "skip the up-front XXH3 pass over the source's optimizer state");
   sub.add_flag("--json", a->json, "machine-readable output");

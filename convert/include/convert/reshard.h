@@ -23,8 +23,8 @@ struct ReshardOptions {
 
 struct RankReadStats {
   int rank = 0;
-  uint64_t bytes_read = 0;    // source data bytes this new rank read
-  uint64_t bytes_owned = 0;   // bytes of source state it holds (no padding)
+  uint64_t bytes_read = 0;   // source data bytes this new rank read
+  uint64_t bytes_owned = 0;  // bytes of source state it holds (no padding)
   double ratio() const { return bytes_owned ? double(bytes_read) / double(bytes_owned) : 1.0; }
 };
 

@@ -12,11 +12,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "ckpt/env.h"
 #include "ckpt/manifest.h"
@@ -35,19 +34,19 @@ std::string UniversalParamGroup(std::string_view param);
 std::string UniversalSourceGroup(int rank);
 
 struct ToUniversalOptions {
-  std::string tag;           // empty: what `latest` names (or the directory itself)
-  Env* env = nullptr;        // nullptr: Env::Default()
-  bool progress = false;     // progress bar on a TTY
+  std::string tag;        // empty: what `latest` names (or the directory itself)
+  Env* env = nullptr;     // nullptr: Env::Default()
+  bool progress = false;  // progress bar on a TTY
 };
 
 struct ToUniversalReport {
-  std::string source_dir;    // the tag directory read
+  std::string source_dir;  // the tag directory read
   std::string out;
   std::string tag;
   int source_ranks = 0;
-  int64_t params_written = 0;     // parameter groups
-  uint64_t bytes_read = 0;        // data bytes read from the source
-  uint64_t file_bytes = 0;        // size of universal.h5
+  int64_t params_written = 0;        // parameter groups
+  uint64_t bytes_read = 0;           // data bytes read from the source
+  uint64_t file_bytes = 0;           // size of universal.h5
   std::vector<std::string> skipped;  // source datasets not carried over (e.g. compute copies)
 };
 
@@ -78,8 +77,8 @@ class UniversalReader {
   // Elements [begin, end) (row-major) of `param`'s `state` (master, exp_avg, exp_avg_sq) as
   // fp32 by hyperslab reads. Aliases read their owner; frozen parameters have only master
   // (converted from the stored dtype). No checksum (partial read).
-  Status ReadParamRange(std::string_view param, std::string_view state, int64_t begin,
-                        int64_t end, float* out) const;
+  Status ReadParamRange(std::string_view param, std::string_view state, int64_t begin, int64_t end,
+                        float* out) const;
   // A whole dataset's logical bytes, its XXH3 checked against the manifest. `name` as listed in
   // the manifest, e.g. "scheduler", "params/w/master", "source/rank_00000/rng/dropout".
   Result<std::vector<uint8_t>> ReadDatasetBytes(std::string_view name) const;

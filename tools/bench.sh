@@ -2,7 +2,7 @@
 # Benchmarks (issue 7): ckpt save / load / export / reshard / next-update side by side with the
 # raw I/O floor and torch.save, measured in one invocation on the same bytes.
 #
-#   tools/bench.sh [--size 2GiB] [--ranks 4] [--reps 3] [--json FILE] [--skip PHASES] ...
+#   tools/bench.sh [--size 1GiB] [--ranks 4] [--reps 3] [--json FILE] [--skip PHASES] ...
 #
 # Builds Release into build-bench/ (Debian packages installed first, as tools/test.sh does),
 # compiles the two measurement helpers under tools/bench/ against the built libckpt.a, then

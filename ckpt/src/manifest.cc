@@ -6,6 +6,8 @@
 #include <map>
 #include <set>
 
+#include "ckpt/hash.h"
+
 namespace ckpt {
 
 using nlohmann::json;
@@ -107,6 +109,10 @@ json ManifestToJson(const Manifest& m) {
   j["files"] = files;
   j["client_state"] = m.client_state;
   j["engine_config"] = m.engine_config;
+  // Self-checksum: XXH3 of the compact dump of every other field (keys sorted), so an edit or
+  // a bit flip that still parses is caught.
+  const std::string text = j.dump();
+  j["manifest_xxh3"] = DigestHex(Xxh3(text.data(), text.size()));
   return j;
 }
 
@@ -223,6 +229,17 @@ Result<Manifest> ManifestFromJson(const json& j, std::string_view source) {
     }
     m.version_major = major;
     m.version_minor = minor;
+    // The self-checksum (see ManifestToJson) is checked once the version is known to be ours.
+    if (j.contains("manifest_xxh3")) {
+      json rest = j;
+      rest.erase("manifest_xxh3");
+      const std::string text = rest.dump();
+      const std::string want = j["manifest_xxh3"].is_string() ? j["manifest_xxh3"].get<std::string>() : "";
+      const std::string got = DigestHex(Xxh3(text.data(), text.size()));
+      if (want != got)
+        return DataLoss(src + ": manifest checksum mismatch (recorded " + want + ", content " + got +
+                        "): the manifest was edited or corrupted");
+    }
     m.writer = Str(j, "writer", "manifest");
     m.kind = Str(j, "kind", "manifest");
     m.tag = Str(j, "tag", "manifest");

@@ -3,6 +3,8 @@
 #include <zstd.h>
 
 #include <algorithm>
+#include <optional>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -62,6 +64,29 @@ Status WriteIntAttr(hid_t obj, const char* name, int64_t value) {
   if (!attr.valid() || H5Awrite(attr.get(), H5T_NATIVE_INT64, &value) < 0)
     return IOError(std::string("attribute ") + name + ": " + h5::ErrorText());
   return Status::Ok();
+}
+
+// Reads a string attribute of any HDF5 string type; empty optional when absent or not a string.
+std::optional<std::string> ReadStringAttr(hid_t obj, const char* name) {
+  if (H5Aexists(obj, name) <= 0) return std::nullopt;
+  h5::Handle attr = h5::Attr(H5Aopen(obj, name, H5P_DEFAULT));
+  if (!attr.valid()) return std::nullopt;
+  h5::Handle type = h5::Type(H5Aget_type(attr.get()));
+  if (H5Tget_class(type.get()) != H5T_STRING) return std::nullopt;
+  if (H5Tis_variable_str(type.get()) > 0) {
+    char* value = nullptr;
+    h5::Handle mem = h5::Type(H5Tcopy(H5T_C_S1));
+    H5Tset_size(mem.get(), H5T_VARIABLE);
+    if (H5Aread(attr.get(), mem.get(), &value) < 0 || value == nullptr) return std::nullopt;
+    std::string out(value);
+    H5free_memory(value);
+    return out;
+  }
+  const size_t size = H5Tget_size(type.get());
+  std::string out(size, '\0');
+  if (H5Aread(attr.get(), type.get(), out.data()) < 0) return std::nullopt;
+  out.resize(std::strlen(out.c_str()));
+  return out;
 }
 
 void ByteShuffle(const uint8_t* in, uint8_t* out, size_t nbytes, size_t elem) {
@@ -251,6 +276,23 @@ Result<std::unique_ptr<RankFile>> RankFile::Open(const std::string& path, std::s
     return DataLoss(rf->impl_->label + ": cannot open as HDF5 (" + h5::ErrorText() + ")");
   }
   rf->impl_->file = h5::File(fid);
+  // The file says what it is: refuse foreign files and newer major versions before reading.
+  const auto format = ReadStringAttr(fid, "format");
+  if (!format || *format != kFormatName) {
+    H5Eclear2(H5E_DEFAULT);
+    return DataLoss(rf->impl_->label + ": not a ckpt rank file (attribute 'format' is " +
+                    (format ? "'" + *format + "'" : std::string("missing")) + ")");
+  }
+  const auto version = ReadStringAttr(fid, "format_version");
+  int major = -1, minor = -1;
+  if (!version || std::sscanf(version->c_str(), "%d.%d", &major, &minor) != 2 || major < 0) {
+    return DataLoss(rf->impl_->label + ": missing or malformed attribute 'format_version'");
+  }
+  if (major > kFormatMajor) {
+    return Unimplemented(rf->impl_->label + ": written by format version " + *version +
+                         ", this reader supports " + std::to_string(kFormatMajor) +
+                         ".x; upgrade ckpt to read it");
+  }
   rf->impl_->dapl = h5::Plist(H5Pcreate(H5P_DATASET_ACCESS));
   // A chunk cache big enough for a few 4 MiB chunks, so neighbouring hyperslab reads do not
   // decompress the same chunk again.

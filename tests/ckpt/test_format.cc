@@ -190,6 +190,14 @@ TEST_CASE("ranges that do not tile a tensor are rejected", "[unit]") {
 TEST_CASE("manifest parsing refuses bad input with a clear message", "[unit]") {
   Manifest m = SmallModel("t", 1, 1);
   nlohmann::json j = ManifestToJson(m);
+  SECTION("any edited value breaks the manifest's self-checksum") {
+    j["counters"]["global_step"] = 13;
+    auto r = ManifestFromJson(j, "m.json");
+    CHECK(r.status().code() == StatusCode::kDataLoss);
+    CHECK_THAT(r.status().message(), Catch::Contains("checksum"));
+  }
+  // The sections below edit fields on purpose, as a writer without the checksum would.
+  j.erase("manifest_xxh3");
   j["files"] = nlohmann::json::array();
   j["kind"] = "universal";  // files not required for this unit check
   REQUIRE(ManifestFromJson(j, "m.json").ok());
@@ -285,12 +293,37 @@ TEST_CASE("corruption is detected and named", "[io]") {
     fs::remove(rank1);
     ExpectDetected(tag, "rank_00001.h5");
   }
-  SECTION("an edited manifest: checksum") {
+  SECTION("an edited manifest: a recorded checksum") {
     std::string text = Slurp(tag + "/manifest.json");
     auto j = nlohmann::json::parse(text);
     j["files"][0]["datasets"][0]["xxh3"] = "0000000000000000";
     Spit(tag + "/manifest.json", j.dump());
+    ExpectDetected(tag, "manifest.json");  // the manifest's own checksum
+    j.erase("manifest_xxh3");  // a writer without the self-checksum: the data check names it
+    Spit(tag + "/manifest.json", j.dump());
     ExpectDetected(tag, "rank_00000.h5", j["files"][0]["datasets"][0]["name"]);
+  }
+  SECTION("an edited manifest: a counter") {
+    auto j = nlohmann::json::parse(Slurp(tag + "/manifest.json"));
+    j["counters"]["global_step"] = 13;
+    Spit(tag + "/manifest.json", j.dump());
+    ExpectDetected(tag, "manifest.json");
+  }
+  SECTION("a rank file from a newer format version is refused") {
+    const std::string cmd = "/usr/bin/python3 -c \"import h5py,sys; f=h5py.File(sys.argv[1],'r+'); "
+                            "f.attrs['format_version']=b'2.0'\" " + rank1;
+    REQUIRE(RunShell(cmd) == 0);
+    // Keep the manifest consistent with the rewritten file, as a newer writer would.
+    auto j = nlohmann::json::parse(Slurp(tag + "/manifest.json"));
+    j["files"][1]["bytes"] = fs::file_size(rank1);
+    j.erase("manifest_xxh3");
+    Spit(tag + "/manifest.json", j.dump());
+    auto r = CheckpointReader::Open(tag);
+    REQUIRE(r.ok());
+    std::vector<float> buf(static_cast<size_t>(m.partition.shard_numel[1]));
+    auto s = r->ReadDataset(1, "master", buf.data(), buf.size() * 4);
+    CHECK(s.code() == StatusCode::kUnimplemented);
+    CHECK_THAT(s.message(), Catch::Contains("rank_00001.h5") && Catch::Contains("2.0"));
   }
   SECTION("an edited manifest: shape") {
     auto j = nlohmann::json::parse(Slurp(tag + "/manifest.json"));

@@ -18,7 +18,7 @@
 #      dataset checksum), and for engine trials the next trial resumes from it;
 #   3. `ckpt gc ROOT` exits 0 and afterwards `ckpt ls --json` reports no temporary directory.
 # Prints one line per failure and a summary; exit 0 when no trial failed, 1 otherwise, 2 when
-# it cannot run. CI runs 50 trials (tests/reliability); the documented long run is
+# it cannot run. The default is 50 trials; CI runs 40 (ctest reliability_crash_soak); the long run is
 # `tools/crash-soak.sh --trials 1000`.
 set -uo pipefail
 

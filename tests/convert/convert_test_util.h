@@ -37,6 +37,15 @@ inline int CountTemp(const std::string& dir) {
   return n;
 }
 
+// Rewrites a manifest after a test edited its JSON: drops the stale self-checksum, validates,
+// and writes it back with a fresh one (ckpt::ManifestToJson).
+inline Status RewriteManifest(const std::string& path, nlohmann::json j) {
+  j.erase("manifest_xxh3");
+  auto m = ManifestFromJson(j, path);
+  if (!m.ok()) return m.status();
+  return WriteFileAtomic(Env::Default(), path, ManifestToJson(*m).dump(2) + "\n");
+}
+
 inline bool EmptyOrMissing(const std::string& dir) {
   std::error_code ec;
   return !std::filesystem::exists(dir, ec) || std::filesystem::is_empty(dir, ec);

@@ -216,7 +216,7 @@ TEST_CASE("bad inputs: clear errors, documented exit codes, nothing in OUT", "[i
     const std::string mpath = dir / "uni/manifest.json";
     auto j = nlohmann::json::parse(Slurp(mpath));
     j["files"][0]["bytes"] = std::filesystem::file_size(dir / "uni/universal.h5");
-    std::ofstream(mpath, std::ios::trunc) << j.dump(2);
+    REQUIRE(testing::RewriteManifest(mpath, j).ok());
     CHECK(RunCapture(Ckpt() + " reshard " + dir / "uni" + " " + outs + "/r --dp 2", err) == 2);
     CHECK(Slurp(err).find("universal layout 9.0") != std::string::npos);
     nothing_left(outs + "/r");

@@ -250,7 +250,7 @@ TEST_CASE("reshard updates an engine_min engine_config", "[io]") {
   auto j = nlohmann::json::parse(*text);
   j["engine_config"] = {{"zero", 2},       {"dp_world_size", 4}, {"micro_batch", 2},
                         {"grad_accum", 1}, {"global_batch", 8},  {"seed", 5}};
-  REQUIRE(WriteFileAtomic(Env::Default(), mpath, j.dump(2)).ok());
+  REQUIRE(testing::RewriteManifest(mpath, j).ok());
   ReshardOptions o;
   o.dp = 2;
   REQUIRE(Reshard(src, dir / "out", o).ok());

@@ -3,6 +3,7 @@
 #include <zstd.h>
 
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <cstdio>
 #include <cstring>
@@ -261,6 +262,10 @@ struct RankFile::Impl {
   std::string label;
   h5::Handle file;
   h5::Handle dapl;
+  // Datasets stay open so their chunk cache survives between hyperslab reads (reading
+  // neighbouring slices of a compressed chunk decompresses it once, not once per slice).
+  std::map<std::string, h5::Handle> open;
+  Result<hid_t> Dataset(const DatasetRecord& rec);
 };
 
 RankFile::~RankFile() = default;
@@ -294,30 +299,28 @@ Result<std::unique_ptr<RankFile>> RankFile::Open(const std::string& path, std::s
                          ".x; upgrade ckpt to read it");
   }
   rf->impl_->dapl = h5::Plist(H5Pcreate(H5P_DATASET_ACCESS));
-  // A chunk cache big enough for a few 4 MiB chunks, so neighbouring hyperslab reads do not
-  // decompress the same chunk again.
-  H5Pset_chunk_cache(rf->impl_->dapl.get(), 521, 16u << 20, 1.0);
+  // A chunk cache of two default (4 MiB) chunks per open dataset, so neighbouring hyperslab
+  // reads do not decompress the same chunk again; fully read chunks are evicted first (w0 = 1).
+  H5Pset_chunk_cache(rf->impl_->dapl.get(), 521, 8u << 20, 1.0);
   return rf;
 }
 
-namespace {
-Result<h5::Handle> OpenDataset(hid_t file, hid_t dapl, const DatasetRecord& rec,
-                               const std::string& label) {
-  if (H5Lexists(file, rec.name.c_str(), H5P_DEFAULT) <= 0) {
-    // H5Lexists needs every intermediate group; check them one at a time.
-    H5Eclear2(H5E_DEFAULT);
+Result<hid_t> RankFile::Impl::Dataset(const DatasetRecord& rec) {
+  auto it = open.find(rec.name);
+  if (it != open.end()) return it->second.get();
+  if (H5Lexists(file.get(), rec.name.c_str(), H5P_DEFAULT) <= 0) {
+    H5Eclear2(H5E_DEFAULT);  // a missing intermediate group is an error, not just "false"
     return DataLoss(label + ": dataset /" + rec.name + " is missing");
   }
-  hid_t d = H5Dopen2(file, rec.name.c_str(), dapl);
+  hid_t d = H5Dopen2(file.get(), rec.name.c_str(), dapl.get());
   if (d < 0) return DataLoss(label + ": dataset /" + rec.name + ": " + h5::ErrorText());
-  return h5::Dataset(d);
+  open.emplace(rec.name, h5::Dataset(d));
+  return d;
 }
-}  // namespace
 
 Status RankFile::CheckShape(const DatasetRecord& rec) const {
-  CKPT_ASSIGN_OR_RETURN(h5::Handle d,
-                        OpenDataset(impl_->file.get(), impl_->dapl.get(), rec, impl_->label), "");
-  h5::Handle space = h5::Space(H5Dget_space(d.get()));
+  CKPT_ASSIGN_OR_RETURN(hid_t d, impl_->Dataset(rec), "");
+  h5::Handle space = h5::Space(H5Dget_space(d));
   int nd = H5Sget_simple_extent_ndims(space.get());
   if (nd < 0) return DataLoss(impl_->label + ": dataset /" + rec.name + ": bad dataspace");
   std::vector<hsize_t> dims(static_cast<size_t>(nd));
@@ -325,7 +328,7 @@ Status RankFile::CheckShape(const DatasetRecord& rec) const {
   std::vector<int64_t> got(dims.begin(), dims.end());
   if (got != rec.shape)
     return DataLoss(impl_->label + ": dataset /" + rec.name + ": stored shape differs from manifest");
-  h5::Handle type = h5::Type(H5Dget_type(d.get()));
+  h5::Handle type = h5::Type(H5Dget_type(d));
   if (H5Tequal(type.get(), FileTypeFor(rec.dtype)) <= 0 &&
       H5Tget_size(type.get()) != DTypeSize(rec.dtype))
     return DataLoss(impl_->label + ": dataset /" + rec.name + ": stored type differs from manifest");
@@ -335,9 +338,8 @@ Status RankFile::CheckShape(const DatasetRecord& rec) const {
 Status RankFile::ReadAll(const DatasetRecord& rec, void* out) const {
   CKPT_RETURN_IF_ERROR(CheckShape(rec), "");
   if (rec.bytes == 0) return Status::Ok();
-  CKPT_ASSIGN_OR_RETURN(h5::Handle d,
-                        OpenDataset(impl_->file.get(), impl_->dapl.get(), rec, impl_->label), "");
-  if (H5Dread(d.get(), MemTypeFor(rec.dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0)
+  CKPT_ASSIGN_OR_RETURN(hid_t d, impl_->Dataset(rec), "");
+  if (H5Dread(d, MemTypeFor(rec.dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0)
     return DataLoss(impl_->label + ": dataset /" + rec.name + ": read failed (" +
                     h5::ErrorText() + ")");
   return Status::Ok();
@@ -352,9 +354,8 @@ Status RankFile::ReadSlice(const DatasetRecord& rec, int64_t offset, int64_t cou
                            std::to_string(offset) + ", " + std::to_string(offset + count) +
                            ") outside length " + std::to_string(rec.shape[0]));
   if (count == 0) return Status::Ok();
-  CKPT_ASSIGN_OR_RETURN(h5::Handle d,
-                        OpenDataset(impl_->file.get(), impl_->dapl.get(), rec, impl_->label), "");
-  h5::Handle fspace = h5::Space(H5Dget_space(d.get()));
+  CKPT_ASSIGN_OR_RETURN(hid_t d, impl_->Dataset(rec), "");
+  h5::Handle fspace = h5::Space(H5Dget_space(d));
   if (H5Sget_simple_extent_ndims(fspace.get()) != 1)
     return DataLoss(impl_->label + ": dataset /" + rec.name + ": stored rank differs from manifest");
   hsize_t len = 0;
@@ -364,7 +365,7 @@ Status RankFile::ReadSlice(const DatasetRecord& rec, int64_t offset, int64_t cou
   hsize_t start = static_cast<hsize_t>(offset), cnt = static_cast<hsize_t>(count);
   H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, &start, nullptr, &cnt, nullptr);
   h5::Handle mspace = h5::Space(H5Screate_simple(1, &cnt, nullptr));
-  if (H5Dread(d.get(), MemTypeFor(rec.dtype), mspace.get(), fspace.get(), H5P_DEFAULT, out) < 0)
+  if (H5Dread(d, MemTypeFor(rec.dtype), mspace.get(), fspace.get(), H5P_DEFAULT, out) < 0)
     return DataLoss(impl_->label + ": dataset /" + rec.name + ": read failed (" +
                     h5::ErrorText() + ")");
   return Status::Ok();

@@ -44,10 +44,14 @@ class Handle {
   // Closes now and reports failure (e.g. H5Fclose flushing to a full disk).
   Status Close(std::string_view what) {
     if (id_ < 0) return Status::Ok();
-    herr_t rc = closer_(id_);
-    id_ = H5I_INVALID_HID;
-    if (rc < 0) return IOError(std::string(what) + ": " + ErrorText());
-    return Status::Ok();
+    const hid_t id = std::exchange(id_, H5I_INVALID_HID);
+    if (closer_(id) >= 0) return Status::Ok();
+    const std::string error = ErrorText();
+    // A close that failed to flush (a full disk) leaves the id open inside HDF5, whose exit
+    // cleanup would then flush it again and crash: drop our reference explicitly.
+    for (int i = 0; i < 4 && H5Iis_valid(id) > 0; ++i) H5Idec_ref(id);
+    H5Eclear2(H5E_DEFAULT);
+    return IOError(std::string(what) + ": " + error);
   }
 
  private:

@@ -261,11 +261,13 @@ Result<std::vector<DatasetRecord>> WriteRankFile(const std::string& path,
 struct RankFile::Impl {
   std::string label;
   h5::Handle file;
-  h5::Handle dapl;
+  h5::Handle dapl;          // slices: a chunk cache
+  h5::Handle dapl_whole;    // whole-dataset reads: no cache, chunks go straight to the caller
   // Datasets stay open so their chunk cache survives between hyperslab reads (reading
   // neighbouring slices of a compressed chunk decompresses it once, not once per slice).
   std::map<std::string, h5::Handle> open;
-  Result<hid_t> Dataset(const DatasetRecord& rec);
+  std::map<std::string, h5::Handle> open_whole;
+  Result<hid_t> Dataset(const DatasetRecord& rec, bool whole = false);
 };
 
 RankFile::~RankFile() = default;
@@ -302,19 +304,24 @@ Result<std::unique_ptr<RankFile>> RankFile::Open(const std::string& path, std::s
   // A chunk cache of two default (4 MiB) chunks per open dataset, so neighbouring hyperslab
   // reads do not decompress the same chunk again; fully read chunks are evicted first (w0 = 1).
   H5Pset_chunk_cache(rf->impl_->dapl.get(), 521, 8u << 20, 1.0);
+  // Whole-dataset reads bypass the cache: HDF5 then reads (and decompresses) each chunk
+  // directly into the caller's buffer instead of staging it in the cache and copying.
+  rf->impl_->dapl_whole = h5::Plist(H5Pcreate(H5P_DATASET_ACCESS));
+  H5Pset_chunk_cache(rf->impl_->dapl_whole.get(), 0, 0, 1.0);
   return rf;
 }
 
-Result<hid_t> RankFile::Impl::Dataset(const DatasetRecord& rec) {
-  auto it = open.find(rec.name);
-  if (it != open.end()) return it->second.get();
+Result<hid_t> RankFile::Impl::Dataset(const DatasetRecord& rec, bool whole) {
+  auto& handles = whole ? open_whole : open;
+  auto it = handles.find(rec.name);
+  if (it != handles.end()) return it->second.get();
   if (H5Lexists(file.get(), rec.name.c_str(), H5P_DEFAULT) <= 0) {
     H5Eclear2(H5E_DEFAULT);  // a missing intermediate group is an error, not just "false"
     return DataLoss(label + ": dataset /" + rec.name + " is missing");
   }
-  hid_t d = H5Dopen2(file.get(), rec.name.c_str(), dapl.get());
+  hid_t d = H5Dopen2(file.get(), rec.name.c_str(), whole ? dapl_whole.get() : dapl.get());
   if (d < 0) return DataLoss(label + ": dataset /" + rec.name + ": " + h5::ErrorText());
-  open.emplace(rec.name, h5::Dataset(d));
+  handles.emplace(rec.name, h5::Dataset(d));
   return d;
 }
 
@@ -338,15 +345,15 @@ Status RankFile::CheckShape(const DatasetRecord& rec) const {
 Status RankFile::ReadAll(const DatasetRecord& rec, void* out) const {
   CKPT_RETURN_IF_ERROR(CheckShape(rec), "");
   if (rec.bytes == 0) return Status::Ok();
-  CKPT_ASSIGN_OR_RETURN(hid_t d, impl_->Dataset(rec), "");
+  CKPT_ASSIGN_OR_RETURN(hid_t d, impl_->Dataset(rec, /*whole=*/true), "");
   if (H5Dread(d, MemTypeFor(rec.dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0)
     return DataLoss(impl_->label + ": dataset /" + rec.name + ": read failed (" +
                     h5::ErrorText() + ")");
   return Status::Ok();
 }
 
-Status RankFile::ReadSlice(const DatasetRecord& rec, int64_t offset, int64_t count,
-                           void* out) const {
+Status RankFile::ReadSlice(const DatasetRecord& rec, int64_t offset, int64_t count, void* out,
+                           bool sequential) const {
   if (rec.shape.size() != 1)
     return InvalidArgument(impl_->label + ": dataset /" + rec.name + " is not 1-D");
   if (offset < 0 || count < 0 || offset + count > rec.shape[0])
@@ -354,7 +361,7 @@ Status RankFile::ReadSlice(const DatasetRecord& rec, int64_t offset, int64_t cou
                            std::to_string(offset) + ", " + std::to_string(offset + count) +
                            ") outside length " + std::to_string(rec.shape[0]));
   if (count == 0) return Status::Ok();
-  CKPT_ASSIGN_OR_RETURN(hid_t d, impl_->Dataset(rec), "");
+  CKPT_ASSIGN_OR_RETURN(hid_t d, impl_->Dataset(rec, sequential), "");
   h5::Handle fspace = h5::Space(H5Dget_space(d));
   if (H5Sget_simple_extent_ndims(fspace.get()) != 1)
     return DataLoss(impl_->label + ": dataset /" + rec.name + ": stored rank differs from manifest");

@@ -33,8 +33,10 @@ class RankFile {
   // Checks the stored dtype and shape against the record (DataLoss when they differ).
   Status CheckShape(const DatasetRecord& rec) const;
   Status ReadAll(const DatasetRecord& rec, void* out) const;
-  // Elements [offset, offset + count) of a 1-D dataset.
-  Status ReadSlice(const DatasetRecord& rec, int64_t offset, int64_t count, void* out) const;
+  // Elements [offset, offset + count) of a 1-D dataset. `sequential`: the caller streams the
+  // dataset in chunk-aligned blocks, so the chunk cache is bypassed.
+  Status ReadSlice(const DatasetRecord& rec, int64_t offset, int64_t count, void* out,
+                   bool sequential = false) const;
 
  private:
   RankFile() = default;

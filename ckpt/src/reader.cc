@@ -143,7 +143,7 @@ Status CheckpointReader::VerifyDataset(int rank, std::string_view name) const {
     Xxh3Stream h;
     for (int64_t off = 0; off < rec->shape[0]; off += block) {
       const int64_t n = std::min(block, rec->shape[0] - off);
-      CKPT_RETURN_IF_ERROR(f->ReadSlice(*rec, off, n, buf.data()), "");
+      CKPT_RETURN_IF_ERROR(f->ReadSlice(*rec, off, n, buf.data(), /*sequential=*/true), "");
       h.Update(buf.data(), static_cast<size_t>(n) * elem);
     }
     got = h.HexDigest();

@@ -233,7 +233,7 @@ Result<std::vector<float>> ReadSafetensorsTensorF32(const std::string& path,
   std::vector<float> out(n);
   switch (t->dtype) {
     case DType::kF32:
-      std::memcpy(out.data(), raw.data(), raw.size());
+      if (!raw.empty()) std::memcpy(out.data(), raw.data(), raw.size());
       break;
     case DType::kF64:
       for (size_t i = 0; i < n; ++i) {

@@ -3,10 +3,12 @@
 #include <cstdio>
 #include <iostream>
 
+#include "ckpt/hash.h"
 #include "ckpt/reader.h"
 #include "ckpt/root.h"
 #include "ckpt/units.h"
 #include "command.h"
+#include "convert/universal.h"
 
 namespace ckpt::cli {
 namespace {
@@ -166,6 +168,41 @@ std::function<int()> SetupInspect(CLI::App& sub) {
   };
 }
 
+// A universal checkpoint (ckpt to-universal): its manifest, file size and, with deep, the file
+// and every dataset checksum.
+std::vector<Problem> CheckUniversal(const std::string& dir, bool deep) {
+  std::vector<Problem> problems;
+  auto reader = convert::UniversalReader::Open(dir);
+  if (!reader.ok()) {
+    problems.push_back({std::string(kManifestFile), "", reader.status().message()});
+    return problems;
+  }
+  for (const auto& f : reader->manifest().files) {
+    const std::string path = dir + "/" + f.path;
+    auto size = Env::Default()->FileSize(path);
+    if (!size.ok() || *size != f.bytes) {
+      problems.push_back({f.path, "", size.ok() ? "size " + std::to_string(*size) +
+                                                      " bytes, manifest records " +
+                                                      std::to_string(f.bytes)
+                                                : size.status().message()});
+      continue;
+    }
+    if (!deep) continue;
+    if (!f.xxh3.empty()) {
+      auto h = Xxh3FileHex(path);
+      if (!h.ok() || *h != f.xxh3)
+        problems.push_back({f.path, "", h.ok() ? "file checksum mismatch (manifest " + f.xxh3 +
+                                                     ", file " + *h + ")"
+                                               : h.status().message()});
+    }
+    for (const auto& d : f.datasets) {
+      Status s = reader->VerifyDataset(d.name);
+      if (!s.ok()) problems.push_back({f.path, d.name, s.message()});
+    }
+  }
+  return problems;
+}
+
 struct CheckArgs {
   std::string root;
   std::string tag;
@@ -187,6 +224,8 @@ std::function<int()> SetupCheck(CLI::App& sub) {
       if (dir.status().code() != StatusCode::kDataLoss)
         return ReportError("check", dir.status(), a->json);
       problems.push_back({std::string(kLatestFile), "", dir.status().message()});
+    } else if (convert::IsUniversal(*dir)) {
+      problems = CheckUniversal(*dir, a->deep);
     } else {
       auto found = CheckCheckpoint(*dir, a->deep);
       if (!found.ok()) return ReportError("check", found.status(), a->json);

@@ -261,12 +261,13 @@ Result<std::vector<DatasetRecord>> WriteRankFile(const std::string& path,
 struct RankFile::Impl {
   std::string label;
   h5::Handle file;
-  h5::Handle dapl;          // slices: a chunk cache
+  h5::Handle dapl;          // slices: a one-chunk cache
   h5::Handle dapl_whole;    // whole-dataset reads: no cache, chunks go straight to the caller
-  // Datasets stay open so their chunk cache survives between hyperslab reads (reading
-  // neighbouring slices of a compressed chunk decompresses it once, not once per slice).
+  // The dataset of the last slice read stays open, so consecutive slices of one compressed
+  // chunk decompress it once; only one is kept per file, which bounds the cache memory to
+  // one chunk per rank file however many datasets a converter walks through.
   std::map<std::string, h5::Handle> open;
-  std::map<std::string, h5::Handle> open_whole;
+  std::map<std::string, h5::Handle> open_whole;  // cacheless handles cost no buffer memory
   Result<hid_t> Dataset(const DatasetRecord& rec, bool whole = false);
 };
 
@@ -301,9 +302,8 @@ Result<std::unique_ptr<RankFile>> RankFile::Open(const std::string& path, std::s
                          ".x; upgrade ckpt to read it");
   }
   rf->impl_->dapl = h5::Plist(H5Pcreate(H5P_DATASET_ACCESS));
-  // A chunk cache of two default (4 MiB) chunks per open dataset, so neighbouring hyperslab
-  // reads do not decompress the same chunk again; fully read chunks are evicted first (w0 = 1).
-  H5Pset_chunk_cache(rf->impl_->dapl.get(), 521, 8u << 20, 1.0);
+  // A chunk cache that holds one default (4 MiB) chunk; fully read chunks are evicted first.
+  H5Pset_chunk_cache(rf->impl_->dapl.get(), 521, (4u << 20) + (64u << 10), 1.0);
   // Whole-dataset reads bypass the cache: HDF5 then reads (and decompresses) each chunk
   // directly into the caller's buffer instead of staging it in the cache and copying.
   rf->impl_->dapl_whole = h5::Plist(H5Pcreate(H5P_DATASET_ACCESS));
@@ -321,6 +321,7 @@ Result<hid_t> RankFile::Impl::Dataset(const DatasetRecord& rec, bool whole) {
   }
   hid_t d = H5Dopen2(file.get(), rec.name.c_str(), whole ? dapl_whole.get() : dapl.get());
   if (d < 0) return DataLoss(label + ": dataset /" + rec.name + ": " + h5::ErrorText());
+  if (!whole) handles.clear();
   handles.emplace(rec.name, h5::Dataset(d));
   return d;
 }

@@ -112,4 +112,30 @@ float Fp16ToFloat(uint16_t h) {
   return f;
 }
 
+bool FloatsToF32(DType t, const void* raw, size_t n, float* out) {
+  const auto* bytes = static_cast<const uint8_t*>(raw);
+  switch (t) {
+    case DType::kF32:
+      if (n) std::memcpy(out, bytes, n * 4);
+      return true;
+    case DType::kF64:
+      for (size_t i = 0; i < n; ++i) {
+        double d;
+        std::memcpy(&d, bytes + 8 * i, 8);
+        out[i] = static_cast<float>(d);
+      }
+      return true;
+    case DType::kBF16:
+    case DType::kF16:
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, bytes + 2 * i, 2);
+        out[i] = t == DType::kBF16 ? Bf16ToFloat(h) : Fp16ToFloat(h);
+      }
+      return true;
+    default:
+      return false;
+  }
+}
+
 }  // namespace ckpt

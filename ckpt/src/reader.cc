@@ -195,28 +195,9 @@ Result<std::vector<float>> CheckpointReader::ReadParamFull(std::string_view para
     return InvalidArgument("parameter '" + p->name + "' is frozen: it has no optimizer state");
   const std::string name = std::string(kFrozenPrefix) + p->name;
   CKPT_ASSIGN_OR_RETURN(std::vector<uint8_t> raw, ReadDatasetBytes(0, name), "");
-  const size_t n = out.size();
-  switch (p->dtype) {
-    case DType::kF32: std::memcpy(out.data(), raw.data(), n * 4); break;
-    case DType::kF64:
-      for (size_t i = 0; i < n; ++i) {
-        double d;
-        std::memcpy(&d, raw.data() + 8 * i, 8);
-        out[i] = static_cast<float>(d);
-      }
-      break;
-    case DType::kBF16:
-    case DType::kF16:
-      for (size_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, raw.data() + 2 * i, 2);
-        out[i] = p->dtype == DType::kBF16 ? Bf16ToFloat(h) : Fp16ToFloat(h);
-      }
-      break;
-    default:
-      return InvalidArgument("parameter '" + p->name + "': dtype " +
-                             std::string(DTypeName(p->dtype)) + " is not a float type");
-  }
+  if (!FloatsToF32(p->dtype, raw.data(), out.size(), out.data()))
+    return InvalidArgument("parameter '" + p->name + "': dtype " +
+                           std::string(DTypeName(p->dtype)) + " is not a float type");
   return out;
 }
 

@@ -231,28 +231,7 @@ Result<std::vector<float>> ReadSafetensorsTensorF32(const std::string& path,
   CKPT_ASSIGN_OR_RETURN(auto raw, ReadSafetensorsTensor(path, header, name), "");
   const size_t n = raw.size() / DTypeSize(t->dtype);
   std::vector<float> out(n);
-  switch (t->dtype) {
-    case DType::kF32:
-      if (!raw.empty()) std::memcpy(out.data(), raw.data(), raw.size());
-      break;
-    case DType::kF64:
-      for (size_t i = 0; i < n; ++i) {
-        double d;
-        std::memcpy(&d, raw.data() + 8 * i, 8);
-        out[i] = static_cast<float>(d);
-      }
-      break;
-    case DType::kBF16:
-    case DType::kF16:
-      for (size_t i = 0; i < n; ++i) {
-        uint16_t b;
-        std::memcpy(&b, raw.data() + 2 * i, 2);
-        out[i] = t->dtype == DType::kBF16 ? Bf16ToFloat(b) : Fp16ToFloat(b);
-      }
-      break;
-    default:
-      break;
-  }
+  FloatsToF32(t->dtype, raw.data(), n, out.data());  // a float dtype, checked above
   return out;
 }
 

@@ -1,6 +1,7 @@
 // Element types stored in checkpoints, their on-disk names, and bf16/fp16 conversions.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string_view>
@@ -24,5 +25,9 @@ float Bf16ToFloat(uint16_t h);
 // IEEE binary16, round-to-nearest-even, overflow to inf.
 uint16_t FloatToFp16(float f);
 float Fp16ToFloat(uint16_t h);
+
+// Converts n little-endian elements of a floating-point dtype (fp32, fp64, bf16, fp16) to fp32.
+// Returns false (and writes nothing) for a non-float dtype.
+bool FloatsToF32(DType t, const void* raw, size_t n, float* out);
 
 }  // namespace ckpt

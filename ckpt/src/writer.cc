@@ -161,9 +161,6 @@ struct Prepared {
 // Step 1 on rank 0.
 Result<Prepared> Prepare(const std::string& root, const Manifest& meta, Env* env) {
   CKPT_RETURN_IF_ERROR(ValidateManifest(meta), "manifest for tag '" + meta.tag + "'");
-  std::error_code ec;
-  std::filesystem::create_directories(root, ec);
-  if (ec) return IOError("create checkpoint root " + root + ": " + ec.message());
   const std::string target = root + "/" + meta.tag;
   if (env->Exists(target))
     return AlreadyExists(target + " already exists; a committed tag is never overwritten");

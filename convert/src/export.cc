@@ -17,7 +17,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "ckpt/progress.h"
 #include "convert/safetensors.h"
@@ -244,6 +246,205 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
   // 6. Publish.
   CKPT_RETURN_IF_ERROR(staged.Commit(), "");
   return report;
+}
+
+// ---- CheckExport ---------------------------------------------------------------------------
+
+namespace {
+
+constexpr const char* kIndexFile = "model.safetensors.index.json";
+constexpr const char* kSingleFile = "model.safetensors";
+
+bool IsShardName(const std::string& name) {
+  return name.rfind("model-", 0) == 0 && name.find("-of-") != std::string::npos &&
+         name.size() > 12 && name.compare(name.size() - 12, 12, ".safetensors") == 0;
+}
+
+// The metadata every file of one export shares.
+struct ExportIdentity {
+  std::string file;
+  std::map<std::string, std::string> values;
+};
+
+std::map<std::string, std::string> IdentityOf(const SafetensorsHeader& h) {
+  std::map<std::string, std::string> v;
+  for (const char* key : {"ckpt_tag", "ckpt_global_step", "ckpt_dtype", "tied_weights"}) {
+    auto it = h.metadata.find(key);
+    v[key] = it == h.metadata.end() ? std::string("(absent)") : it->second;
+  }
+  return v;
+}
+
+}  // namespace
+
+bool IsSafetensorsExport(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(path, ec))
+    return path.size() > 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0;
+  if (!std::filesystem::is_directory(path, ec)) return false;
+  for (const auto& e : std::filesystem::directory_iterator(path, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name == kSingleFile || name == kIndexFile || IsShardName(name)) return true;
+  }
+  return false;
+}
+
+Result<ExportCheck> CheckExport(const std::string& path, const CheckExportOptions& opts) {
+  namespace fs = std::filesystem;
+  ExportCheck c;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return NotFound(path + ": no such file or directory");
+  std::vector<std::string> files;  // to check, relative to c.dir
+  std::optional<nlohmann::json> index;
+  if (!fs::is_directory(path, ec)) {
+    const fs::path p(path);
+    c.dir = p.has_parent_path() ? p.parent_path().string() : ".";
+    files.push_back(p.filename().string());
+  } else {
+    c.dir = TrimSlashes(path);
+    std::vector<std::string> shards;
+    bool single = false, has_index = false;
+    for (const auto& e : fs::directory_iterator(path, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name == kSingleFile) single = true;
+      else if (name == kIndexFile) has_index = true;
+      else if (IsShardName(name)) shards.push_back(name);
+    }
+    if (ec) return IOError(path + ": list: " + ec.message());
+    std::sort(shards.begin(), shards.end());
+    if (!single && !has_index && shards.empty())
+      return NotFound(path + ": no safetensors export here (model.safetensors or " +
+                      std::string(kIndexFile) + ")");
+    if (has_index) {
+      auto text = Env::Default()->ReadFileToString(c.dir + "/" + kIndexFile);
+      nlohmann::json j;
+      if (text.ok()) j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+      if (!text.ok()) {
+        c.problems.push_back({kIndexFile, "", text.status().message()});
+      } else if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") ||
+                 !j["weight_map"].is_object()) {
+        c.problems.push_back({kIndexFile, "", "not a safetensors index (JSON with weight_map)"});
+      } else {
+        index = std::move(j);
+      }
+      if (single)
+        c.problems.push_back({kSingleFile, "", "present next to a sharded export's index"});
+      std::set<std::string> listed;
+      if (index) {
+        for (const auto& [tensor, file] : (*index)["weight_map"].items()) {
+          if (!file.is_string()) {
+            c.problems.push_back({kIndexFile, tensor, "weight_map entry is not a file name"});
+            continue;
+          }
+          listed.insert(file.get<std::string>());
+        }
+      }
+      for (const auto& name : listed) {
+        if (name.find('/') != std::string::npos || !IsShardName(name)) {
+          c.problems.push_back({kIndexFile, "", "weight_map names '" + name +
+                                                    "', not a shard of this directory"});
+          continue;
+        }
+        files.push_back(name);
+      }
+      for (const auto& name : shards)
+        if (index && !listed.count(name))
+          c.problems.push_back({name, "", "shard not listed in " + std::string(kIndexFile)});
+      if (!index) files = shards;
+    } else if (single) {
+      files.push_back(kSingleFile);
+      for (const auto& name : shards)
+        c.problems.push_back({name, "", "shard next to a single-file export"});
+    } else {
+      c.problems.push_back({kIndexFile, "", "missing: the directory holds shards (" +
+                                                shards.front() + ", ...) but no index"});
+      files = shards;
+    }
+  }
+
+  // Each file: header (+ header digest), identity, tensors vs the index, and with deep the data.
+  std::optional<ExportIdentity> first;
+  std::map<std::string, std::string> tensor_file;  // tensor -> file, from the headers
+  uint64_t total_size = 0;
+  for (const auto& name : files) {
+    const std::string file_path = c.dir + "/" + name;
+    c.files.push_back(name);
+    auto h = ReadSafetensorsHeader(file_path);
+    if (!h.ok()) {
+      c.problems.push_back({name, "", h.status().message()});
+      continue;
+    }
+    if (!h->checksummed) c.checksummed = false;
+    ExportIdentity id{name, IdentityOf(*h)};
+    if (!opts.expected_tag.empty() && id.values["ckpt_tag"] != opts.expected_tag)
+      c.problems.push_back({name, "", "export of tag '" + id.values["ckpt_tag"] +
+                                          "', expected '" + opts.expected_tag + "'"});
+    if (!first) {
+      first = id;
+    } else {
+      for (const auto& [key, value] : id.values)
+        if (first->values[key] != value)
+          c.problems.push_back({name, "", "__metadata__ '" + key + "' is '" + value + "' but " +
+                                              first->file + " has '" + first->values[key] + "'"});
+    }
+    for (const auto& t : h->tensors) {
+      tensor_file[t.name] = name;
+      total_size += t.end - t.begin;
+    }
+    if (opts.deep) {
+      auto bad = VerifySafetensorsData(file_path, *h);
+      if (!bad.ok()) {
+        c.problems.push_back({name, "", bad.status().message()});
+      } else {
+        for (const auto& m : *bad) c.problems.push_back({name, m.tensor, m.what});
+      }
+    }
+  }
+
+  if (index) {
+    const auto& map = (*index)["weight_map"];
+    std::set<std::string> unreadable;  // listed files whose header failed: reported already
+    for (const auto& p : c.problems)
+      if (p.dataset.empty()) unreadable.insert(p.file);
+    for (const auto& [tensor, file] : map.items()) {
+      if (!file.is_string()) continue;
+      const std::string f = file.get<std::string>();
+      auto it = tensor_file.find(tensor);
+      if (it == tensor_file.end()) {
+        if (!unreadable.count(f))
+          c.problems.push_back({kIndexFile, tensor, "listed in " + f + ", which does not hold it"});
+      } else if (it->second != f) {
+        c.problems.push_back({kIndexFile, tensor, "listed in " + f + " but stored in " + it->second});
+      }
+    }
+    for (const auto& [tensor, file] : tensor_file)
+      if (!map.contains(tensor))
+        c.problems.push_back({file, tensor, "not listed in " + std::string(kIndexFile)});
+    const auto& meta = (*index).value("metadata", nlohmann::json::object());
+    if (!meta.is_object() || !meta.contains("total_size") ||
+        !meta["total_size"].is_number_unsigned() ||
+        meta["total_size"].get<uint64_t>() != total_size) {
+      c.problems.push_back({kIndexFile, "", "metadata.total_size " +
+                                                (meta.is_object() && meta.contains("total_size")
+                                                     ? meta["total_size"].dump()
+                                                     : std::string("missing")) +
+                                                " differs from the shards' " +
+                                                std::to_string(total_size) + " tensor bytes"});
+    }
+    if (first) {
+      const std::string shard_tied = first->values["tied_weights"];
+      const nlohmann::json index_tied =
+          meta.is_object() && meta.contains("tied_weights") ? meta["tied_weights"]
+                                                            : nlohmann::json();
+      const nlohmann::json parsed_shard_tied =
+          shard_tied == "(absent)" ? nlohmann::json()
+                                   : nlohmann::json::parse(shard_tied, nullptr, false);
+      if (index_tied != parsed_shard_tied)
+        c.problems.push_back({kIndexFile, "", "metadata.tied_weights differs from the shards' "
+                                              "__metadata__ tied_weights"});
+    }
+  }
+  return c;
 }
 
 }  // namespace ckpt::convert

@@ -14,6 +14,7 @@
 #include <random>
 #include <set>
 
+#include "ckpt/hash.h"
 #include "ckpt/manifest.h"
 
 static_assert(std::endian::native == std::endian::little,
@@ -23,6 +24,8 @@ namespace ckpt::convert {
 namespace {
 
 constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
+constexpr size_t kDigestChars = 16;
+constexpr uint64_t kVerifyBlockBytes = 4ull << 20;
 
 // A read-only file descriptor, closed on destruction.
 class ReadFd {
@@ -98,6 +101,106 @@ std::string TempPathFor(const std::string& path) {
   std::string dir = DirName(path);
   return (dir == "." && path.find('/') == std::string::npos ? std::string() : dir + "/") +
          std::string(kTempPrefix) + BaseName(path) + "-" + std::to_string(rd());
+}
+
+// 16 lower-case hex digits (DigestHex's form) -> value; nullopt otherwise.
+std::optional<uint64_t> ParseDigest(std::string_view text) {
+  if (text.size() != kDigestChars) return std::nullopt;
+  uint64_t v = 0;
+  for (char c : text) {
+    int d;
+    if (c >= '0' && c <= '9') d = c - '0';
+    else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
+    else return std::nullopt;
+    v = (v << 4) | static_cast<uint64_t>(d);
+  }
+  return v;
+}
+
+// Offset in `text` of the value of the __metadata__ string entry `key` as the writer lays it
+// out (compact JSON: "key":"value"). A bare '"' in compact JSON always delimits a string, and
+// only a key with a string value is followed by ':"', so inside a valid header this needle can
+// only be the metadata entry; nullopt when it is absent or occurs more than once.
+std::optional<size_t> FindMetadataValue(std::string_view text, std::string_view key) {
+  std::string needle;
+  needle.reserve(key.size() + 4);
+  needle.append("\"").append(key).append("\":\"");
+  const size_t at = text.find(needle);
+  if (at == std::string_view::npos || text.find(needle, at + 1) != std::string_view::npos)
+    return std::nullopt;
+  return at + needle.size();
+}
+
+// XXH3 of the 8-byte length + header text with the 16 characters at `digest_at` taken as '0'.
+uint64_t HeaderDigest(const uint8_t len_bytes[8], std::string_view text, size_t digest_at) {
+  static constexpr char kZeros[kDigestChars + 1] = "0000000000000000";
+  Xxh3Stream h;
+  h.Update(len_bytes, 8);
+  h.Update(text.data(), digest_at);
+  h.Update(kZeros, kDigestChars);
+  h.Update(text.data() + digest_at + kDigestChars, text.size() - digest_at - kDigestChars);
+  return h.Digest();
+}
+
+void EncodeLength(uint64_t n, uint8_t out[8]) {
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<uint8_t>(n >> (8 * i));
+}
+
+std::string ChecksumMismatch(uint64_t recorded, uint64_t computed) {
+  return "checksum mismatch (recorded xxh3 " + DigestHex(recorded) + ", computed " +
+         DigestHex(computed) + ")";
+}
+
+// Verifies the integrity record of a parsed header (tensors sorted by offset) and attaches
+// each tensor's digest. `text` is the header exactly as stored.
+Status VerifyIntegrityRecord(const std::string& path, const uint8_t len_bytes[8],
+                             std::string_view text, SafetensorsHeader& h) {
+  const auto tensors_it = h.metadata.find(std::string(kTensorDigestsKey));
+  const auto header_it = h.metadata.find(std::string(kHeaderDigestKey));
+  const bool has_tensors = tensors_it != h.metadata.end();
+  const bool has_header = header_it != h.metadata.end();
+  if (!has_tensors && !has_header) return Status::Ok();  // not written by ckpt: unverified
+  if (!has_tensors || !has_header)
+    return DataLoss(path + ": integrity record incomplete: __metadata__ has '" +
+                    std::string(has_header ? kHeaderDigestKey : kTensorDigestsKey) +
+                    "' but not '" +
+                    std::string(has_header ? kTensorDigestsKey : kHeaderDigestKey) + "'");
+  const auto recorded = ParseDigest(header_it->second);
+  if (!recorded)
+    return DataLoss(path + ": __metadata__ '" + std::string(kHeaderDigestKey) +
+                    "' is not 16 hex digits");
+  const auto at = FindMetadataValue(text, kHeaderDigestKey);
+  if (!at || text.substr(*at, kDigestChars) != header_it->second)
+    return DataLoss(path + ": header digest '" + std::string(kHeaderDigestKey) +
+                    "' is not stored in the writer's layout (header rewritten or corrupted)");
+  const uint64_t computed = HeaderDigest(len_bytes, text, *at);
+  if (computed != *recorded)
+    return DataLoss(path + ": header " + ChecksumMismatch(*recorded, computed) +
+                    ": names, shapes, offsets or metadata were changed");
+  // The header is exactly what the writer wrote; the digest list is still parsed defensively.
+  const std::string& list = tensors_it->second;
+  size_t pos = 0;
+  for (size_t i = 0; i < h.tensors.size(); ++i) {
+    if (i > 0) {
+      if (pos >= list.size() || list[pos] != ' ')
+        return DataLoss(path + ": '" + std::string(kTensorDigestsKey) + "' lists fewer digests (" +
+                        std::to_string(i) + ") than the header has tensors (" +
+                        std::to_string(h.tensors.size()) + ")");
+      ++pos;
+    }
+    const auto d = ParseDigest(std::string_view(list).substr(pos, kDigestChars));
+    if (!d)
+      return DataLoss(path + ": '" + std::string(kTensorDigestsKey) + "' entry " +
+                      std::to_string(i) + " is not 16 hex digits");
+    h.tensors[i].xxh3 = *d;
+    pos += kDigestChars;
+  }
+  if (pos != list.size())
+    return DataLoss(path + ": '" + std::string(kTensorDigestsKey) +
+                    "' lists more digests than the header has tensors (" +
+                    std::to_string(h.tensors.size()) + ")");
+  h.checksummed = true;
+  return Status::Ok();
 }
 
 }  // namespace
@@ -202,6 +305,7 @@ Result<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path) {
     return DataLoss(path + ": tensors cover " + std::to_string(cursor) +
                     " data bytes but the file holds " + std::to_string(data_len) +
                     (cursor < data_len ? " (trailing bytes)" : " (truncated)"));
+  CKPT_RETURN_IF_ERROR(VerifyIntegrityRecord(path, len_bytes, text, h), "");
   return h;
 }
 
@@ -215,7 +319,33 @@ Result<std::vector<uint8_t>> ReadSafetensorsTensor(const std::string& path,
   CKPT_RETURN_IF_ERROR(
       PreadFull(fd.get(), path, header.data_start + t->begin, out.data(), out.size()),
       "tensor '" + name + "'");
+  if (t->xxh3) {
+    const uint64_t computed = Xxh3(out.data(), out.size());
+    if (computed != *t->xxh3)
+      return DataLoss(path + ": tensor '" + name + "': " + ChecksumMismatch(*t->xxh3, computed));
+  }
   return out;
+}
+
+Result<std::vector<SafetensorsMismatch>> VerifySafetensorsData(const std::string& path,
+                                                               const SafetensorsHeader& header) {
+  std::vector<SafetensorsMismatch> bad;
+  CKPT_ASSIGN_OR_RETURN(ReadFd fd, OpenForRead(path), "safetensors");
+  std::vector<uint8_t> block;
+  for (const auto& t : header.tensors) {
+    if (!t.xxh3) continue;
+    Xxh3Stream h;
+    for (uint64_t off = t.begin; off < t.end;) {
+      const uint64_t n = std::min<uint64_t>(kVerifyBlockBytes, t.end - off);
+      block.resize(static_cast<size_t>(n));
+      CKPT_RETURN_IF_ERROR(PreadFull(fd.get(), path, header.data_start + off, block.data(), n),
+                           "tensor '" + t.name + "'");
+      h.Update(block.data(), block.size());
+      off += n;
+    }
+    if (h.Digest() != *t.xxh3) bad.push_back({t.name, ChecksumMismatch(*t.xxh3, h.Digest())});
+  }
+  return bad;
 }
 
 Result<std::vector<float>> ReadSafetensorsTensorF32(const std::string& path,
@@ -238,11 +368,15 @@ Result<std::vector<float>> ReadSafetensorsTensorF32(const std::string& path,
 Result<std::string> BuildSafetensorsHeader(const std::vector<SafetensorsTensorSpec>& tensors,
                                            const std::map<std::string, std::string>& metadata) {
   nlohmann::json j = nlohmann::json::object();
-  if (!metadata.empty()) {
-    nlohmann::json m = nlohmann::json::object();
-    for (const auto& [k, v] : metadata) m[k] = v;
-    j["__metadata__"] = std::move(m);
-  }
+  nlohmann::json m = nlohmann::json::object();
+  for (const auto& [k, v] : metadata) m[k] = v;
+  // The integrity record, reserved at its final width (docs/convert.md "Integrity").
+  std::string reserved;
+  for (size_t i = 0; i < tensors.size(); ++i)
+    reserved.append(i ? " " : "").append(kDigestChars, '0');
+  m[std::string(kTensorDigestsKey)] = std::move(reserved);
+  m[std::string(kHeaderDigestKey)] = std::string(kDigestChars, '0');
+  j["__metadata__"] = std::move(m);
   std::set<std::string> seen;
   uint64_t offset = 0;
   for (const auto& t : tensors) {
@@ -277,24 +411,66 @@ struct SafetensorsWriter::Impl {
   std::unique_ptr<WritableFile> file;
   std::vector<SafetensorsTensorSpec> tensors;
   std::vector<uint64_t> sizes;
+  std::string header;        // as written at Create(), digests reserved as zeros
+  size_t tensor_digests_at = 0;  // offsets in `header` of the two reserved values
+  size_t header_digest_at = 0;
+  Xxh3Stream hash;                // of the current tensor's bytes so far
+  std::vector<uint64_t> digests;  // of the finished tensors
   size_t index = 0;  // tensor being written
   uint64_t written_in_tensor = 0;
   uint64_t total = 0;
   bool finished = false;
+  bool failed = false;  // Finish() failed and removed the temporary file
 
   void SkipEmpty() {
     while (index < tensors.size() && written_in_tensor == sizes[index]) {
+      digests.push_back(hash.Digest());
+      hash = Xxh3Stream();
       ++index;
       written_in_tensor = 0;
     }
   }
 
-  ~Impl() {
-    if (!finished && file) {
+  // Overwrites the reserved header at offset 8 with the digests filled in (step 3).
+  Status PatchHeader() {
+    for (size_t i = 0; i < digests.size(); ++i)
+      header.replace(tensor_digests_at + i * (kDigestChars + 1), kDigestChars,
+                     DigestHex(digests[i]));
+    uint8_t len_bytes[8];
+    EncodeLength(header.size(), len_bytes);
+    header.replace(header_digest_at, kDigestChars,
+                   DigestHex(HeaderDigest(len_bytes, header, header_digest_at)));
+    CKPT_RETURN_IF_ERROR(env->BeginExternalWrite(tmp), "");
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return ErrnoError("open " + tmp + " to fill in the digests", errno);
+    Status s = Status::Ok();
+    const char* p = header.data();
+    uint64_t left = header.size(), off = 8;
+    while (left > 0 && s.ok()) {
+      const ssize_t n = ::pwrite(fd, p, static_cast<size_t>(std::min<uint64_t>(left, 1u << 30)),
+                                 static_cast<off_t>(off));
+      if (n < 0) {
+        if (errno != EINTR) s = ErrnoError("write the header of " + tmp, errno);
+        continue;
+      }
+      p += n;
+      off += static_cast<uint64_t>(n);
+      left -= static_cast<uint64_t>(n);
+    }
+    if (::close(fd) != 0 && s.ok()) s = ErrnoError("close " + tmp, errno);
+    return s;
+  }
+
+  void RemoveTemporary() {
+    if (file) {
       file->Close().IgnoreError();
       file.reset();
-      if (env->Exists(tmp)) env->RemoveFile(tmp).IgnoreError();
     }
+    if (env->Exists(tmp)) env->RemoveFile(tmp).IgnoreError();
+  }
+
+  ~Impl() {
+    if (!finished && !failed) RemoveTemporary();
   }
 };
 
@@ -311,17 +487,24 @@ Result<SafetensorsWriter> SafetensorsWriter::Create(
   impl->env = env ? env : Env::Default();
   impl->path = path;
   impl->tmp = TempPathFor(path);
+  const auto tensor_at = FindMetadataValue(header, kTensorDigestsKey);
+  const auto header_at = FindMetadataValue(header, kHeaderDigestKey);
+  if (!tensor_at || !header_at)
+    return Internal(path + ": the reserved integrity record is not where the writer expects it");
+  impl->tensor_digests_at = *tensor_at;
+  impl->header_digest_at = *header_at;
   for (const auto& t : tensors) impl->sizes.push_back(*ByteLength(t.shape, t.dtype));
   impl->tensors = std::move(tensors);
+  impl->digests.reserve(impl->tensors.size());
   CKPT_ASSIGN_OR_RETURN(impl->file, impl->env->NewWritableFile(impl->tmp), "create " + path);
   uint8_t len_bytes[8];
-  uint64_t n = header.size();
-  for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<uint8_t>(n >> (8 * i));
+  EncodeLength(header.size(), len_bytes);
   Status s = impl->file->Append(std::string_view(reinterpret_cast<char*>(len_bytes), 8));
   if (s.ok()) s = impl->file->Append(header);
   if (!s.ok()) return s.WithContext("write " + path);  // ~Impl removes the temporary file
   impl->total = 8 + header.size();
   for (uint64_t sz : impl->sizes) impl->total += sz;
+  impl->header = std::move(header);
   impl->SkipEmpty();
   return SafetensorsWriter(std::move(impl));
 }
@@ -335,7 +518,7 @@ uint64_t SafetensorsWriter::file_size() const { return impl_->total; }
 
 Status SafetensorsWriter::Append(const void* data, uint64_t bytes) {
   Impl& w = *impl_;
-  if (w.finished) return FailedPrecondition(w.path + ": writer already finished");
+  if (w.finished || w.failed) return FailedPrecondition(w.path + ": writer already finished");
   if (bytes == 0) return Status::Ok();
   if (w.index >= w.tensors.size()) return InvalidArgument(w.path + ": append past the last tensor");
   if (bytes > w.sizes[w.index] - w.written_in_tensor)
@@ -344,6 +527,7 @@ Status SafetensorsWriter::Append(const void* data, uint64_t bytes) {
                            std::to_string(w.sizes[w.index] - w.written_in_tensor) + " left)");
   CKPT_RETURN_IF_ERROR(w.file->Append(std::string_view(static_cast<const char*>(data), bytes)),
                        "write " + w.path + " tensor '" + w.tensors[w.index].name + "'");
+  w.hash.Update(data, static_cast<size_t>(bytes));
   w.written_in_tensor += bytes;
   w.SkipEmpty();
   return Status::Ok();
@@ -352,16 +536,22 @@ Status SafetensorsWriter::Append(const void* data, uint64_t bytes) {
 Status SafetensorsWriter::Finish() {
   Impl& w = *impl_;
   if (w.finished) return Status::Ok();
+  if (w.failed)
+    return FailedPrecondition(w.path + ": an earlier Finish() failed; the file was not published");
   if (w.index < w.tensors.size())
     return FailedPrecondition(w.path + ": tensor '" + w.tensors[w.index].name +
                               "' is incomplete; the file was not published");
-  CKPT_RETURN_IF_ERROR(w.file->Sync(), "fsync " + w.tmp);
-  CKPT_RETURN_IF_ERROR(w.file->Close(), "close " + w.tmp);
-  w.file.reset();
-  Status s = w.env->RenameFile(w.tmp, w.path);
+  // Steps 3-5; any failure removes the temporary file.
+  Status s = w.file->Close();
+  if (s.ok()) {
+    w.file.reset();
+    s = w.PatchHeader();
+  }
+  if (s.ok()) s = w.env->SyncFile(w.tmp);
+  if (s.ok()) s = w.env->RenameFile(w.tmp, w.path);
   if (!s.ok()) {
-    w.env->RemoveFile(w.tmp).IgnoreError();
-    w.finished = true;
+    w.RemoveTemporary();
+    w.failed = true;
     return s.WithContext("publish " + w.path);
   }
   w.finished = true;

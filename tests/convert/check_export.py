@@ -43,6 +43,9 @@ def read_safetensors(path):
         fail(path + ": data section not 8-byte aligned")
     header = json.loads(data[8:8 + n].decode("utf-8"))
     meta = header.pop("__metadata__", {})
+    if not all(isinstance(v, str) for v in meta.values()):
+        fail(path + ": a __metadata__ value is not a string (other safetensors readers refuse it)")
+    check_integrity_record(path, data[:8 + n], meta, header)
     base = 8 + n
     spans = sorted((v["data_offsets"][0], v["data_offsets"][1], k) for k, v in header.items())
     cursor = 0
@@ -62,6 +65,25 @@ def read_safetensors(path):
         arr = np.frombuffer(data, dtype=dt, count=count, offset=base + b).reshape(v["shape"])
         tensors[k] = (v["dtype"], arr)
     return meta, tensors
+
+
+def is_digest(text):
+    return len(text) == 16 and all(c in "0123456789abcdef" for c in text)
+
+
+def check_integrity_record(path, head, meta, header):
+    """ckpt's integrity record (docs/convert.md): layout only; Debian's python has no xxhash,
+    the digests themselves are checked by the C++ tests against libxxhash."""
+    digests = meta.get("ckpt_tensor_xxh3")
+    whole = meta.get("ckpt_header_xxh3")
+    if digests is None or whole is None:
+        fail(path + ": export without ckpt_tensor_xxh3 / ckpt_header_xxh3")
+    listed = digests.split(" ") if digests else []
+    if len(listed) != len(header) or not all(is_digest(d) for d in listed):
+        fail(path + ": ckpt_tensor_xxh3 does not hold one digest per tensor")
+    needle = ('"ckpt_header_xxh3":"' + whole + '"').encode()
+    if not is_digest(whole) or head.count(needle) != 1:
+        fail(path + ": ckpt_header_xxh3 is not stored once in the documented layout")
 
 
 def bf16_bits_to_f32(bits):

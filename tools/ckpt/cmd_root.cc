@@ -1,6 +1,7 @@
 // ckpt ls / inspect / check / gc: looking at a checkpoint root and keeping it clean.
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 
 #include "ckpt/hash.h"
@@ -8,6 +9,7 @@
 #include "ckpt/root.h"
 #include "ckpt/units.h"
 #include "command.h"
+#include "convert/export.h"
 #include "convert/universal.h"
 
 namespace ckpt::cli {
@@ -210,14 +212,64 @@ struct CheckArgs {
   bool json = false;
 };
 
+// A safetensors export (ckpt export-fp32): a file, or a directory with no checkpoint in it.
+bool IsExportPath(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec) &&
+      (std::filesystem::exists(path + "/" + std::string(kManifestFile), ec) ||
+       std::filesystem::exists(path + "/" + std::string(kLatestFile), ec)))
+    return false;
+  return convert::IsSafetensorsExport(path);
+}
+
+// `ckpt check EXPORT`: header digests always, tensor digests with --deep; --tag names the tag
+// the export must be of.
+int CheckExportCommand(const CheckArgs& a) {
+  convert::CheckExportOptions opts;
+  opts.deep = a.deep;
+  opts.expected_tag = a.tag;
+  auto found = convert::CheckExport(a.root, opts);
+  if (!found.ok()) return ReportError("check", found.status(), a.json);
+  const auto& problems = found->problems;
+  if (a.json) {
+    json pj = json::array();
+    for (const auto& p : problems)
+      pj.push_back({{"file", p.file}, {"tensor", p.dataset}, {"what", p.what}});
+    PrintJson({{"ok", problems.empty()},
+               {"dir", found->dir},
+               {"kind", "safetensors"},
+               {"files", found->files},
+               {"checksummed", found->checksummed},
+               {"deep", a.deep},
+               {"problems", pj}});
+  } else if (problems.empty()) {
+    std::printf("ok: %s, %zu safetensors file(s) (%s)\n", a.root.c_str(), found->files.size(),
+                !found->checksummed
+                    ? "structure only: no checksums recorded (another tool, or an export "
+                      "written before ckpt recorded them)"
+                    : a.deep ? "headers and every tensor checksum"
+                             : "headers and their checksums; --deep for tensor data");
+  } else {
+    std::printf("CORRUPT: %zu problem(s)\n", problems.size());
+    for (const auto& p : problems) {
+      std::printf("  %s/%s%s%s: %s\n", found->dir.c_str(), p.file.c_str(),
+                  p.dataset.empty() ? "" : " tensor ", p.dataset.c_str(), p.what.c_str());
+    }
+  }
+  return problems.empty() ? 0 : 1;
+}
+
 std::function<int()> SetupCheck(CLI::App& sub) {
   auto a = std::make_shared<CheckArgs>();
-  sub.add_option("ROOT", a->root, "checkpoint root (checks latest) or a tag directory")
+  sub.add_option("ROOT", a->root,
+                 "checkpoint root (checks latest), a tag directory, a universal directory, or a "
+                 "safetensors export (file or directory)")
       ->required();
-  sub.add_option("--tag", a->tag, "tag inside the root");
-  sub.add_flag("--deep", a->deep, "verify every file and dataset checksum");
+  sub.add_option("--tag", a->tag, "tag inside the root; for an export, the tag it must be of");
+  sub.add_flag("--deep", a->deep, "verify every file, dataset and tensor checksum");
   sub.add_flag("--json", a->json, "machine-readable output");
   return [a] {
+    if (IsExportPath(a->root)) return CheckExportCommand(*a);
     std::vector<Problem> problems;
     auto dir = ResolveTagDir(a->root, a->tag);
     if (!dir.ok()) {

@@ -9,6 +9,7 @@
 
 #include "ckpt/dtype.h"
 #include "ckpt/env.h"
+#include "ckpt/reader.h"
 #include "ckpt/status.h"
 
 namespace ckpt::convert {
@@ -51,5 +52,34 @@ struct ExportReport {
 // tensor. The directory appears atomically only when everything succeeded.
 Result<ExportReport> ExportFp32(const std::string& src, const std::string& out,
                                 const ExportOptions& opts = {});
+
+// ---- checking an export (`ckpt check EXPORT`) ------------------------------------------------
+
+struct CheckExportOptions {
+  bool deep = false;         // also stream every tensor's bytes against its recorded XXH3
+  std::string expected_tag;  // non-empty: every file must record __metadata__["ckpt_tag"] = this
+};
+
+struct ExportCheck {
+  std::string dir;                 // the export directory (a lone file: its directory)
+  std::vector<std::string> files;  // safetensors files checked, relative to dir
+  bool checksummed = true;         // every file read carries the integrity record
+  std::vector<Problem> problems;   // file (relative to dir), tensor name or "", what
+};
+
+// True when `path` is a regular file named *.safetensors, or a directory holding model.safetensors,
+// model.safetensors.index.json or a model-*-of-*.safetensors shard (what export-fp32 writes).
+bool IsSafetensorsExport(const std::string& path);
+
+// Checks a safetensors export: a single file, or a directory as export-fp32 writes it. Every
+// file's header is parsed and its header digest verified (safetensors.h); a sharded directory's
+// index must parse and list exactly the tensors of the shards it names, no listed shard may be
+// missing and no other shard present, total_size must match, and all files must agree on
+// ckpt_tag, ckpt_global_step, ckpt_dtype and tied_weights. With `deep` every tensor's bytes are
+// streamed (bounded memory) and compared with their digest. Files without the integrity record
+// are checked structurally and reported through `checksummed = false`. Returns the problems
+// found (empty = healthy); an error Status only when the check cannot run (NotFound: `path`
+// does not exist or holds no export).
+Result<ExportCheck> CheckExport(const std::string& path, const CheckExportOptions& opts = {});
 
 }  // namespace ckpt::convert

@@ -4,6 +4,13 @@
 #include <filesystem>
 #include <fstream>
 
+#include <xxhash.h>
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <tuple>
+
+#include "ckpt/hash.h"
 #include "convert/safetensors.h"
 #include "test_util.h"
 
@@ -129,6 +136,206 @@ TEST_CASE("streaming writer appends tensors in pieces and publishes only on Fini
   }
   CHECK(!std::filesystem::exists(path2));
   CHECK(CountTempFiles(dir.str()) == 0);
+}
+
+namespace {
+
+uint64_t HeaderLength(const std::string& bytes) {
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<uint8_t>(bytes[i]);
+  return n;
+}
+
+std::string Hex(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// Three tensors (one empty) written by the streaming writer, in pieces.
+struct SmallFile {
+  std::vector<float> a = std::vector<float>(300);
+  std::vector<uint16_t> b = {1, 2, 3, 4, 5};
+  std::string path;
+};
+
+SmallFile WriteSmall(const std::string& dir, const std::map<std::string, std::string>& meta) {
+  SmallFile f;
+  for (size_t i = 0; i < f.a.size(); ++i) f.a[i] = static_cast<float>(i) * 0.25f - 7.0f;
+  f.path = dir + "/small.safetensors";
+  auto w = SafetensorsWriter::Create(f.path,
+                                     {{"layer.weight", DType::kF32, {30, 10}},
+                                      {"empty", DType::kF32, {0, 4}},
+                                      {"layer.bias", DType::kBF16, {5}}},
+                                     meta);
+  REQUIRE(w.ok());
+  REQUIRE(w->Append(f.a.data(), 400).ok());
+  REQUIRE(w->Append(reinterpret_cast<const char*>(f.a.data()) + 400, 800).ok());
+  REQUIRE(w->Append(f.b.data(), 10).ok());
+  REQUIRE(w->Finish().ok());
+  return f;
+}
+
+}  // namespace
+
+TEST_CASE("the writer records the XXH3 of every tensor and of the header", "[unit][io]") {
+  testing::ScratchDir dir("st-digest");
+  // A caller's value for a reserved key is replaced, never trusted.
+  SmallFile f = WriteSmall(dir.str(), {{"format", "pt"}, {"ckpt_tensor_xxh3", "forged"}});
+  const std::string bytes = Slurp(f.path);
+  const uint64_t n = HeaderLength(bytes);
+  const std::string text = bytes.substr(8, n);
+  // Independently of ckpt/hash.h: libxxhash's XXH3_64bits on the source arrays.
+  const std::string expect_list = Hex(XXH3_64bits(f.a.data(), 1200)) + " " +
+                                  Hex(XXH3_64bits(nullptr, 0)) + " " +
+                                  Hex(XXH3_64bits(f.b.data(), 10));
+  auto j = nlohmann::json::parse(text);
+  const auto& meta = j["__metadata__"];
+  for (const auto& [k, v] : meta.items()) CHECK(v.is_string());  // what other readers require
+  CHECK(meta["format"] == "pt");
+  CHECK(meta["ckpt_tensor_xxh3"] == expect_list);
+  // Header digest: the stored 8 + N bytes with its own 16 digits read as '0'.
+  const std::string stored = meta["ckpt_header_xxh3"].get<std::string>();
+  const std::string needle = "\"ckpt_header_xxh3\":\"" + stored + "\"";
+  const size_t at = bytes.find(needle);
+  REQUIRE(at != std::string::npos);
+  CHECK(bytes.find(needle, at + 1) == std::string::npos);
+  std::string zeroed = bytes.substr(0, 8 + n);
+  zeroed.replace(at + needle.size() - 17, 16, std::string(16, '0'));
+  CHECK(stored == Hex(XXH3_64bits(zeroed.data(), zeroed.size())));
+  // The reader exposes and verifies them.
+  auto h = ReadSafetensorsHeader(f.path);
+  REQUIRE(h.ok());
+  CHECK(h->checksummed);
+  REQUIRE(h->tensors.size() == 3);
+  CHECK(h->Find("layer.weight")->xxh3 == XXH3_64bits(f.a.data(), 1200));
+  CHECK(h->Find("layer.bias")->xxh3 == XXH3_64bits(f.b.data(), 10));
+  auto bad = VerifySafetensorsData(f.path, *h);
+  REQUIRE(bad.ok());
+  CHECK(bad->empty());
+  // BuildSafetensorsHeader predicts the stored header's length exactly (estimate relies on it).
+  auto built = BuildSafetensorsHeader({{"layer.weight", DType::kF32, {30, 10}},
+                                       {"empty", DType::kF32, {0, 4}},
+                                       {"layer.bias", DType::kBF16, {5}}},
+                                      {{"format", "pt"}});
+  REQUIRE(built.ok());
+  CHECK(built->size() == n);
+}
+
+TEST_CASE("a plain safetensors reader (Python + torch) loads a checksummed file", "[io]") {
+  testing::ScratchDir dir("st-torch");
+  SmallFile f = WriteSmall(dir.str(), {{"format", "pt"}});
+  const std::string script = dir / "load.py";
+  Spit(script, R"(import json, struct, sys, torch
+data = open(sys.argv[1], "rb").read()
+(n,) = struct.unpack("<Q", data[:8])
+header = json.loads(data[8:8 + n])
+meta = header.pop("__metadata__")
+assert all(isinstance(v, str) for v in meta.values()), meta
+dt = {"F32": torch.float32, "BF16": torch.bfloat16}
+out = {}
+for name, v in header.items():
+    b, e = v["data_offsets"]
+    t = torch.frombuffer(bytearray(data[8 + n + b:8 + n + e]), dtype=dt[v["dtype"]]) if e > b \
+        else torch.empty(0, dtype=dt[v["dtype"]])
+    out[name] = t.reshape(v["shape"])
+w = out["layer.weight"]
+assert w.shape == (30, 10) and out["empty"].shape == (0, 4) and out["layer.bias"].shape == (5,)
+assert torch.equal(w.flatten(), torch.arange(300, dtype=torch.float32) * 0.25 - 7.0)
+print("ok", len(meta["ckpt_tensor_xxh3"].split()), len(header))
+)");
+  const std::string out = dir / "out.txt";
+  REQUIRE(testing::RunShell("/usr/bin/python3 " + script + " " + f.path + " >" + out + " 2>&1") == 0);
+  CHECK(Slurp(out) == "ok 3 3\n");
+}
+
+// Every bit of the length and the header; one bit of every data byte (bit i % 8), to keep the
+// case count (and the ASan run) small.
+TEST_CASE("every single-bit flip of a checksummed file is caught", "[unit][io]") {
+  testing::ScratchDir dir("st-flip");
+  SmallFile f = WriteSmall(dir.str(), {{"format", "pt"}, {"ckpt_tag", "global_step100"}});
+  const std::string good = Slurp(f.path);
+  const std::string p = dir / "flipped.safetensors";
+  const uint64_t data_start = 8 + HeaderLength(good);
+  int header_refused = 0, data_caught = 0;
+  for (size_t i = 0; i < good.size(); ++i) {
+    for (int bit = 0; bit < 8; ++bit) {
+      if (i >= data_start && bit != static_cast<int>(i % 8)) continue;
+      std::string bad = good;
+      bad[i] = static_cast<char>(bad[i] ^ (1 << bit));
+      Spit(p, bad);
+      INFO("flip bit " << bit << " of byte " << i);
+      auto h = ReadSafetensorsHeader(p);
+      if (!h.ok()) {
+        CHECK(h.status().code() == StatusCode::kDataLoss);
+        CHECK(h.status().message().find(p) != std::string::npos);
+        ++header_refused;
+        continue;
+      }
+      // The header survived only if the flip is in the data section.
+      REQUIRE(i >= h->data_start);
+      auto mism = VerifySafetensorsData(p, *h);
+      REQUIRE(mism.ok());
+      REQUIRE(mism->size() == 1);
+      const std::string name = (*mism)[0].tensor;
+      auto t = ReadSafetensorsTensor(p, *h, name);
+      CHECK(t.status().code() == StatusCode::kDataLoss);
+      CHECK(t.status().message().find(name) != std::string::npos);
+      CHECK(t.status().message().find(p) != std::string::npos);
+      ++data_caught;
+    }
+  }
+  CHECK(header_refused == static_cast<int>(8 * data_start));
+  CHECK(data_caught == static_cast<int>(good.size() - data_start));
+}
+
+TEST_CASE("header edits that keep the JSON valid are refused; files without the record load",
+          "[unit][io]") {
+  testing::ScratchDir dir("st-edit");
+  SmallFile f = WriteSmall(dir.str(), {{"format", "pt"}});
+  const std::string good = Slurp(f.path);
+  const std::string p = dir / "edited.safetensors";
+  auto edited = [&](const std::string& from, const std::string& to) {
+    REQUIRE(from.size() == to.size());
+    std::string b = good;
+    const size_t at = b.find(from);
+    REQUIRE(at != std::string::npos);
+    b.replace(at, from.size(), to);
+    Spit(p, b);
+    return ReadSafetensorsHeader(p);
+  };
+  for (const auto& [from, to, why] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"layer.weight", "layer.weigjt", "header checksum mismatch"},  // renamed tensor
+           {"[30,10]", "[10,30]", "header checksum mismatch"},          // reshaped
+           {"\"pt\"", "\"tf\"", "header checksum mismatch"},            // metadata value
+           {"ckpt_header_xxh3", "ckpt_headex_xxh3", "integrity record incomplete"},
+           {"ckpt_tensor_xxh3", "ckpt_tensox_xxh3", "integrity record incomplete"}}) {
+    auto h = edited(from, to);
+    INFO(from << " -> " << to);
+    REQUIRE(!h.ok());
+    CHECK(h.status().code() == StatusCode::kDataLoss);
+    CHECK(h.status().message().find(why) != std::string::npos);
+  }
+  // A tensor digest edited to another valid digest: the header digest covers the list.
+  auto h0 = ReadSafetensorsHeader(f.path);
+  REQUIRE(h0.ok());
+  const std::string d0 = Hex(*h0->Find("layer.weight")->xxh3);
+  auto h1 = edited(d0, Hex(*h0->Find("layer.weight")->xxh3 ^ 1));
+  CHECK(h1.status().code() == StatusCode::kDataLoss);
+
+  // A file from another tool (no record) loads unverified.
+  const std::string foreign = dir / "foreign.safetensors";
+  Spit(foreign, RawFile(R"({"__metadata__":{"format":"pt"},"a":{"dtype":"F32","shape":[2],)"
+                        R"("data_offsets":[0,8]}})",
+                        std::string(8, '\1')));
+  auto hf = ReadSafetensorsHeader(foreign);
+  REQUIRE(hf.ok());
+  CHECK(!hf->checksummed);
+  CHECK(!hf->Find("a")->xxh3.has_value());
+  CHECK(ReadSafetensorsTensorF32(foreign, *hf, "a").ok());
+  auto none = VerifySafetensorsData(foreign, *hf);
+  REQUIRE(none.ok());
+  CHECK(none->empty());
 }
 
 TEST_CASE("writer rejects bad tensor lists", "[unit]") {

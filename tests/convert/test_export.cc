@@ -272,3 +272,53 @@ TEST_CASE("a failed file-system step never publishes OUT", "[io]") {
     }
   }
 }
+
+TEST_CASE("ckpt check verifies an export: headers always, tensor data with --deep", "[io]") {
+  testing::ScratchDir dir("check-exp");
+  const std::string src = dir / "src";
+  REQUIRE(testing::MakeSynthetic(src, 2, 2, 20000, 4000).ok());
+  REQUIRE(RunShell(Ckpt() + " export-fp32 " + src + " " + dir / "one >/dev/null") == 0);
+  REQUIRE(RunShell(Ckpt() + " export-fp32 " + src + " " + dir / "many --max-shard-size 30000" +
+                   " >/dev/null") == 0);
+  const std::string out = dir / "out.txt";
+  auto check = [&](const std::string& args) {
+    return RunShell(Ckpt() + " check " + args + " >" + out + " 2>&1");
+  };
+  CHECK(check(dir / "one --deep") == 0);
+  CHECK(check(dir / "many --deep") == 0);
+  CHECK(check(dir / "one/model.safetensors") == 0);
+  REQUIRE(check(dir / "many --deep --json") == 0);
+  auto j = nlohmann::json::parse(Slurp(out));
+  CHECK(j["ok"] == true);
+  CHECK(j["kind"] == "safetensors");
+  CHECK(j["checksummed"] == true);
+  CHECK(j["files"].size() >= 2);
+  auto h = ReadSafetensorsHeader(dir / "one/model.safetensors");
+  REQUIRE(h.ok());
+  CHECK(check(dir / ("one --deep --tag " + h->metadata.at("ckpt_tag"))) == 0);
+  CHECK(check(dir / "one --tag global_step1") == 1);
+  CHECK(Slurp(out).find("expected 'global_step1'") != std::string::npos);
+
+  // A flipped data byte: the headers still verify, --deep names the file and the tensor.
+  const SafetensorsTensor& last = h->tensors.back();
+  {
+    std::fstream f(dir / "one/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(h->data_start + last.begin));
+    char c = 0;
+    f.get(c);
+    f.seekp(static_cast<std::streamoff>(h->data_start + last.begin));
+    f.put(static_cast<char>(c ^ 0x10));
+  }
+  CHECK(check(dir / "one") == 0);
+  CHECK(check(dir / "one --deep") == 1);
+  CHECK(Slurp(out).find("model.safetensors tensor " + last.name + ": checksum mismatch") !=
+        std::string::npos);
+  // A missing shard, and nothing to check.
+  const std::string first_shard = j["files"][0].get<std::string>();
+  std::filesystem::remove(dir / ("many/" + first_shard));
+  CHECK(check(dir / "many") == 1);
+  CHECK(Slurp(out).find(first_shard) != std::string::npos);
+  CHECK(check(dir / "missing") == 2);
+  std::filesystem::create_directories(dir / "empty");
+  CHECK(check(dir / "empty") == 2);
+}

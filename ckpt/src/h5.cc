@@ -1,5 +1,7 @@
 #include "h5.h"
 
+#include "ckpt/writer.h"
+
 #include "zstd_filter.h"
 
 #include <mutex>
@@ -32,6 +34,16 @@ void Init() {
     quiet = true;
   }
 }
+
+}  // namespace ckpt::h5
+
+namespace ckpt {
+
+void DisableHdf5ExitCleanup() { H5dont_atexit(); }
+
+}  // namespace ckpt
+
+namespace ckpt::h5 {
 
 std::string ErrorText() {
   std::string msg;

@@ -46,8 +46,10 @@ class Handle {
     if (id_ < 0) return Status::Ok();
     const hid_t id = std::exchange(id_, H5I_INVALID_HID);
     if (closer_(id) >= 0) return Status::Ok();
-    // Known limitation: a close that failed to flush (a full disk) can leave the file open
-    // inside HDF5, whose exit-time cleanup may then fault (tests/reliability known gap).
+    // A close that failed to flush (a full disk) can leave the file open inside HDF5, whose
+    // exit-time cleanup may then fault: executables call DisableHdf5ExitCleanup (writer.h),
+    // and the writer reserves the file's space before writing data, so the data phase fails
+    // first, outside HDF5.
     return IOError(std::string(what) + ": " + ErrorText());
   }
 

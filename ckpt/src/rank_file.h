@@ -1,11 +1,14 @@
-// Private: one rank's HDF5 file — writing it (chunked, zstd via direct chunk writes so that
-// compression and checksums run outside HDF5's global lock) and reading datasets or slices.
+// Private: one rank's HDF5 file — writing it (uncompressed data written with pwrite into
+// regions HDF5 allocated, zstd through direct chunk writes, so that data, compression and
+// checksums stay outside HDF5's global lock) and reading datasets or slices (uncompressed
+// contiguous data read with pread, the rest through HDF5).
 #pragma once
 
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "ckpt/hash.h"
 #include "ckpt/manifest.h"
 #include "ckpt/status.h"
 #include "ckpt/writer.h"
@@ -18,12 +21,26 @@ struct RankFileHeader {
   std::string tag;
 };
 
-// Creates `path` and writes every dataset; returns their records (sizes, XXH3 of the logical
-// bytes). The caller fsyncs and checksums the file.
-Result<std::vector<DatasetRecord>> WriteRankFile(const std::string& path,
-                                                 const RankFileHeader& header,
-                                                 const std::vector<DatasetSpec>& datasets,
-                                                 const SaveOptions& options);
+struct RankFileWritten {
+  std::vector<DatasetRecord> datasets;  // sizes and XXH3 of the logical bytes
+  std::string file_xxh3;                // XXH3 of the whole file; empty without file_checksum
+  uint64_t bytes = 0;                   // the file's size
+};
+
+// Creates `path` and writes every dataset in two phases: HDF5 writes the structure (uncompressed
+// datasets get contiguous regions allocated at creation and never filled; compressed tensors are
+// chunked and written through direct chunk writes), then the uncompressed bytes are written with
+// pwrite outside HDF5, hashed piece by piece on the way. The caller fsyncs.
+Result<RankFileWritten> WriteRankFile(const std::string& path, const RankFileHeader& header,
+                                      const std::vector<DatasetSpec>& datasets,
+                                      const SaveOptions& options);
+
+// Phase 1 alone, through the file-access property list `fapl` (an hid_t), with no data needed
+// (DatasetSpec::data may be null): what ckpt estimate uses, with a metadata-only driver, to
+// predict a rank file's size exactly. Uncompressed only.
+Status WriteRankFileStructure(const std::string& path, const RankFileHeader& header,
+                              const std::vector<DatasetSpec>& datasets,
+                              const SaveOptions& options, int64_t fapl);
 
 // A rank file opened read-only. Errors name the file (`label`) and the dataset.
 class RankFile {
@@ -32,7 +49,8 @@ class RankFile {
   ~RankFile();
   // Checks the stored dtype and shape against the record (DataLoss when they differ).
   Status CheckShape(const DatasetRecord& rec) const;
-  Status ReadAll(const DatasetRecord& rec, void* out) const;
+  // The whole dataset; with `digest`, every byte read is also fed to it as it arrives.
+  Status ReadAll(const DatasetRecord& rec, void* out, Xxh3Stream* digest = nullptr) const;
   // Elements [offset, offset + count) of a 1-D dataset. `sequential`: the caller streams the
   // dataset in chunk-aligned blocks, so the chunk cache is bypassed.
   Status ReadSlice(const DatasetRecord& rec, int64_t offset, int64_t count, void* out,

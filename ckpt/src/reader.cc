@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 
 #include "ckpt/hash.h"
 #include "ckpt/root.h"
@@ -90,10 +91,12 @@ Status CheckpointReader::ReadDataset(int rank, std::string_view name, void* out,
                            std::to_string(rec->bytes) + " bytes, caller expects " +
                            std::to_string(out_bytes));
   CKPT_ASSIGN_OR_RETURN(internal::RankFile * f, impl_->File(rank), "");
-  CKPT_RETURN_IF_ERROR(f->ReadAll(*rec, out), "");
+  std::optional<Xxh3Stream> digest;
+  if (impl_->options.verify_checksums) digest.emplace();
+  CKPT_RETURN_IF_ERROR(f->ReadAll(*rec, out, digest ? &*digest : nullptr), "");
   impl_->bytes_read += rec->bytes;
-  if (impl_->options.verify_checksums) {
-    const std::string got = DigestHex(Xxh3(out, rec->bytes));
+  if (digest) {
+    const std::string got = digest->HexDigest();
     if (got != rec->xxh3)
       return DataLoss(impl_->Label(rank) + ": dataset /" + rec->name +
                       ": checksum mismatch (manifest " + rec->xxh3 + ", data " + got + ")");
@@ -149,8 +152,9 @@ Status CheckpointReader::VerifyDataset(int rank, std::string_view name) const {
     got = h.HexDigest();
   } else {
     std::vector<uint8_t> buf(rec->bytes);
-    CKPT_RETURN_IF_ERROR(f->ReadAll(*rec, buf.data()), "");
-    got = DigestHex(Xxh3(buf.data(), buf.size()));
+    Xxh3Stream h;
+    CKPT_RETURN_IF_ERROR(f->ReadAll(*rec, buf.data(), &h), "");
+    got = h.HexDigest();
   }
   impl_->bytes_read += rec->bytes;
   if (got != rec->xxh3)

@@ -5,10 +5,11 @@
 //  1. Rank 0 validates the manifest, takes ROOT/.lock (flock: a second saver fails here with
 //     FailedPrecondition), refuses a tag that already exists, creates ROOT/.tmp-<tag>-<nonce>/
 //     and fsyncs ROOT. It broadcasts the temporary path, or its error, to every rank.
-//  2. Every rank writes rank_<r>.h5 into the temporary directory. The XXH3 of each dataset is
-//     computed from the in-memory bytes as they are handed to HDF5 (no second pass); zstd
-//     compression runs outside HDF5's global lock (direct chunk writes).
-//  3. Every rank closes and fsyncs its file, then (file_checksum) hashes the whole file once.
+//  2. Every rank writes rank_<r>.h5 into the temporary directory: HDF5 writes the structure
+//     (and zstd chunks, compressed outside its global lock), then the uncompressed bytes go in
+//     with pwrite, each piece hashed into its dataset's XXH3 and (file_checksum) the file's XXH3
+//     just before it is written: one pass over the data (ckpt/src/rank_file.cc).
+//  3. Every rank fsyncs its file.
 //  4. Every rank sends its FileRecord, or its error, to rank 0 (Gather).
 //  5. Rank 0: if any rank failed, it removes the temporary directory and broadcasts the failure.
 //     Otherwise it writes manifest.json in the temporary directory (temp name, fsync, rename)
@@ -144,13 +145,15 @@ Result<FileRecord> WriteMyFile(const std::string& tmp_dir, const Manifest& meta,
   const std::string path = tmp_dir + "/" + rec.path;
   CKPT_RETURN_IF_ERROR(env->BeginExternalWrite(path), "");
   internal::RankFileHeader header{rank, world, meta.tag};
-  CKPT_ASSIGN_OR_RETURN(rec.datasets, internal::WriteRankFile(path, header, mine.datasets, options),
-                        "");
+  CKPT_ASSIGN_OR_RETURN(internal::RankFileWritten written,
+                        internal::WriteRankFile(path, header, mine.datasets, options), "");
   CKPT_RETURN_IF_ERROR(env->SyncFile(path), "");
   CKPT_ASSIGN_OR_RETURN(rec.bytes, env->FileSize(path), "");
-  if (options.file_checksum) {
-    CKPT_ASSIGN_OR_RETURN(rec.xxh3, Xxh3FileHex(path), "");
-  }
+  if (rec.bytes != written.bytes)
+    return Internal(path + ": " + std::to_string(rec.bytes) + " bytes on disk after writing " +
+                    std::to_string(written.bytes));
+  rec.datasets = std::move(written.datasets);
+  rec.xxh3 = std::move(written.file_xxh3);
   return rec;
 }
 

@@ -14,6 +14,7 @@
 #include <optional>
 
 #include "ckpt/reader.h"
+#include "ckpt/writer.h"
 #include "convert/safetensors.h"
 #include "engine_min/comm.h"
 #include "engine_min/config.h"
@@ -66,6 +67,7 @@ ckpt::Status WriteGradients(const std::string& path, const Engine& engine,
 }
 
 int Run(int argc, char** argv) {
+  ckpt::DisableHdf5ExitCleanup();  // a failed save exits with its error, not HDF5's crash
   auto session = MpiSession::Init(&argc, &argv);
   if (!session.ok()) return Fail(session.status(), true);
   {

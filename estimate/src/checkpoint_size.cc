@@ -204,22 +204,12 @@ Result<CheckpointEstimate> EstimateCheckpoint(const CheckpointConfig& c) {
     }
     for (const RankDataset& d : ds) {
       const uint64_t logical = Numel(d.shape) * DTypeSize(d.dtype);
-      uint64_t stored = logical;
-      const bool chunked = d.kind == "tensor" && !d.shape.empty() && logical > 0;
+      // Uncompressed data is stored contiguously, byte for byte.
+      const uint64_t stored = logical;
       if (d.kind == "tensor") {
         re.tensor_payload += logical;
       } else {
         re.aux_payload += logical;
-      }
-      if (chunked) {
-        // Chunks of rows_per_chunk leading rows; the edge chunk is stored whole.
-        const uint64_t elem = DTypeSize(d.dtype);
-        const uint64_t inner = Numel(d.shape) / static_cast<uint64_t>(d.shape[0]);
-        const uint64_t chunk_elems = std::max<uint64_t>(1, c.chunk_bytes / elem);
-        const uint64_t rows = std::clamp<uint64_t>(chunk_elems / std::max<uint64_t>(inner, 1), 1,
-                                                   static_cast<uint64_t>(d.shape[0]));
-        const uint64_t chunks = (static_cast<uint64_t>(d.shape[0]) + rows - 1) / rows;
-        stored = chunks * rows * inner * elem;
       }
       re.stored_data += stored;
     }

@@ -1,14 +1,13 @@
 // Private: exact size of an uncompressed ckpt rank file without writing its data.
 //
-// The rank file's HDF5 metadata (object headers, attributes, chunk B-trees, group heaps and
-// the allocator's block tails) depends only on the datasets' names, dtypes, shapes and chunk
-// dimensions, not on their values. ReplicaRankFileBytes replays the writer's HDF5 calls
-// (ckpt/src/rank_file.cc: default file-creation properties, the five file attributes, one
-// chunked dataset per tensor with attributes dtype/kind[/blob_kind], one H5Dwrite each) against
-// a virtual file driver that keeps metadata in memory and drops raw data, and reads the
-// end-of-allocation address at close, which is the file's size on disk. Data buffers are
-// untouched zero pages (an anonymous MAP_NORESERVE mapping), so memory stays at the metadata
-// size whatever the model size.
+// The rank file's HDF5 metadata (object headers, attributes, group heaps and the allocator's
+// block tails) depends only on the datasets' names, dtypes and shapes, not on their values.
+// The writer builds an uncompressed rank file in two phases: HDF5 writes the structure, with
+// each dataset's contiguous region allocated but not filled, then the data goes into those
+// regions (ckpt/src/rank_file.cc). ReplicaRankFileBytes runs the writer's own structure phase
+// (ckpt::internal::WriteRankFileStructure) against a virtual file driver that keeps metadata in
+// memory, and reads the end-of-allocation address at close, which is the file's size on disk;
+// memory stays at the metadata size whatever the model size.
 #pragma once
 
 #include <cstdint>

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "ckpt/writer.h"
 #include "command.h"
 
 namespace ckpt::cli {
@@ -33,6 +34,7 @@ void PrintJson(const nlohmann::json& j) { std::cout << j.dump(2) << std::endl; }
 
 int main(int argc, char** argv) {
   using namespace ckpt::cli;
+  ckpt::DisableHdf5ExitCleanup();  // a failed save exits with its error, not HDF5's crash
   CLI::App app{"ckpt: atomic, verifiable checkpoints for sharded (ZeRO) training"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("ckpt 0.1.0"));

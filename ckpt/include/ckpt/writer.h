@@ -66,4 +66,12 @@ Status SaveCheckpoint(const std::string& root, const Manifest& meta,
                       const RankContents& mine, Collective& comm,
                       const SaveOptions& options = {});
 
+// For executables, first thing in main(): stops HDF5 from installing its exit handler, which
+// closes files still open at exit. After a failed H5Fclose (a full disk while HDF5 flushed its
+// metadata) that handler retries the close on a half-released file and crashes, turning a clear
+// ENOSPC error into SIGSEGV. ckpt closes every file it writes explicitly and reports the error,
+// so nothing is lost by skipping it. No effect once HDF5 is initialised; a library embedding
+// ckpt should leave the choice to its application.
+void DisableHdf5ExitCleanup();
+
 }  // namespace ckpt

@@ -43,7 +43,7 @@ struct CheckpointConfig {
   int zero_stage = 0;                  // 0..3: decides the partition scheme
   int64_t alignment = kDefaultAlignment;
   std::optional<DType> compute_dtype;  // also store a "compute" shard in this dtype
-  uint64_t chunk_bytes = 4u << 20;     // SaveOptions::chunk_bytes
+  uint64_t chunk_bytes = 4u << 20;     // SaveOptions::chunk_bytes (compressed tensors only)
   std::string tag = "global_step0";    // stored in each file's "tag" attribute
   int64_t global_step = 0;             // recorded in the export's __metadata__
   uint64_t export_max_shard_bytes = 5000000000ull;  // export-fp32 --max-shard-size
@@ -75,7 +75,7 @@ struct RankFileEstimate {
   int64_t shard_numel = 0;        // elements of master / exp_avg / exp_avg_sq
   uint64_t tensor_payload = 0;    // logical bytes of master + moments (+ compute) (+ frozen)
   uint64_t aux_payload = 0;       // logical bytes of the auxiliary datasets
-  uint64_t stored_data = 0;       // data as stored: chunked tensors round up to whole chunks
+  uint64_t stored_data = 0;       // data as stored (contiguous: equal to the logical bytes)
   uint64_t file_bytes = 0;        // the rank file's exact size on disk
   uint64_t overhead() const { return file_bytes - tensor_payload - aux_payload; }
 };

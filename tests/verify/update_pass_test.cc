@@ -121,6 +121,54 @@ TEST_CASE("CPU pass: full state is bitwise ckpt::AdamWUpdate, other paths restar
   }
 }
 
+TEST_CASE("CPU pass: streaming stores give the same bits and statistics as plain stores",
+          "[unit]") {
+  for (size_t n : {size_t{5}, size_t{16}, size_t{5000}}) {
+    const Inputs x = RandomInputs(n, 77 + static_cast<uint32_t>(n));
+    const PassHyper h = Hyper(12);
+    const PassInputs in{x.w.data(), x.m.data(), x.v.data(), x.g.data(), n};
+    Outputs plain(n);
+    auto ref = MakeCpuPass(UINT64_MAX)->Run(h, in, plain.view());
+    REQUIRE(ref.ok());
+    // Aligned outputs (streamed), then outputs off a line boundary (plain stores).
+    for (size_t shift : {size_t{0}, size_t{4}, size_t{3}}) {
+      std::vector<PassBuffer> buf;
+      float* p[5];
+      for (size_t o = 0; o < 5; ++o) {
+        buf.emplace_back(n + 32);
+        std::fill(buf[o].data(), buf[o].data() + n + 32, -1.0f);
+        p[o] = buf[o].data() + 16 + shift;
+      }
+      auto got = MakeCpuPass(0)->Run(h, in, {p[0], p[1], p[2], p[3], p[4]});
+      REQUIRE(got.ok());
+      INFO("n " << n << ", outputs " << shift << " floats past a line");
+      CHECK(std::equal(plain.wa.begin(), plain.wa.end(), p[0]));
+      CHECK(std::equal(plain.ma.begin(), plain.ma.end(), p[1]));
+      CHECK(std::equal(plain.va.begin(), plain.va.end(), p[2]));
+      CHECK(std::equal(plain.wb.begin(), plain.wb.end(), p[3]));
+      CHECK(std::equal(plain.wc.begin(), plain.wc.end(), p[4]));
+      for (size_t o = 0; o < 5; ++o) {  // nothing written outside the arrays
+        CHECK(p[o][-1] == -1.0f);
+        CHECK(p[o][n] == -1.0f);
+      }
+      CHECK(got->sum_sq_full == ref->sum_sq_full);
+      CHECK(got->sum_sq_update_full == ref->sum_sq_update_full);
+      CHECK(got->weights_only.sum_sq_diff == ref->weights_only.sum_sq_diff);
+      CHECK(got->moments_dropped.sum_sq_update == ref->moments_dropped.sum_sq_update);
+      CHECK(got->moments_dropped.max_abs == ref->moments_dropped.max_abs);
+      CHECK(got->moments_dropped.n_differ == ref->moments_dropped.n_differ);
+    }
+    // Only some outputs wanted: the others are never written.
+    PassBuffer wa(n), wc(n);
+    std::vector<float> untouched(n, 0.0f);
+    auto s = MakeCpuPass(0)->Run(h, in, {wa.data(), nullptr, nullptr, nullptr, wc.data()});
+    REQUIRE(s.ok());
+    CHECK(std::equal(plain.wa.begin(), plain.wa.end(), wa.data()));
+    CHECK(std::equal(plain.wc.begin(), plain.wc.end(), wc.data()));
+    CHECK(s->weights_only.n_differ == ref->weights_only.n_differ);
+  }
+}
+
 TEST_CASE("CPU pass matches an fp64 AdamW within 1e-6 relative", "[unit]") {
   const size_t n = 20000;
   const Inputs x = RandomInputs(n, 5);

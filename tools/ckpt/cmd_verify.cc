@@ -7,6 +7,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "ckpt/units.h"
 #include "command.h"
 #include "verify/ci.h"
 #include "verify/next_update.h"
@@ -23,7 +24,7 @@ std::function<int()> SetupNextUpdate(CLI::App& sub) {
     NextUpdateOptions o;
     std::string device = "auto";
     bool json = false;
-    uint64_t bench_bytes = 0;
+    std::string bench_bytes;
     int bench_reps = 5;
   };
   auto a = std::make_shared<Args>();
@@ -39,14 +40,17 @@ std::function<int()> SetupNextUpdate(CLI::App& sub) {
   sub.add_option("--reference", a->o.reference, "original run log (default ROOT/trainlog.jsonl)");
   sub.add_flag("--json", a->json, "machine-readable report");
   sub.add_option("--bench-bytes", a->bench_bytes,
-                 "measure the pass against memcpy over this many input bytes (no checkpoint)");
+                 "measure the pass against memcpy over this many input bytes, e.g. 256MiB "
+                 "(no checkpoint)");
   sub.add_option("--bench-reps", a->bench_reps, "repetitions for --bench-bytes (best is kept)");
   return [a]() -> int {
     auto device = ParseDevice(a->device);
     if (!device.ok()) return ReportError("next-update", device.status(), a->json);
     a->o.device = *device;
-    if (a->bench_bytes > 0) {
-      auto b = BenchUpdatePass(a->o.device, a->bench_bytes, a->bench_reps);
+    if (!a->bench_bytes.empty()) {
+      auto bytes = ParseByteSize(a->bench_bytes);
+      if (!bytes.ok()) return ReportError("next-update", bytes.status(), a->json);
+      auto b = BenchUpdatePass(a->o.device, *bytes, a->bench_reps);
       if (!b.ok()) return ReportError("next-update", b.status(), a->json);
       const double pass_gbs = b->pass_bytes_moved / b->pass_seconds / 1e9;
       const double copy_gbs = 2.0 * b->memcpy_bytes / b->memcpy_seconds / 1e9;
@@ -60,6 +64,12 @@ std::function<int()> SetupNextUpdate(CLI::App& sub) {
                    {"pass_gb_per_s", pass_gbs},
                    {"memcpy_gb_per_s", copy_gbs},
                    {"ratio", b->ratio()},
+                   {"outputs_written", b->outputs},
+                   {"streaming_stores", b->streaming_stores},
+                   {"stream_threshold_bytes", b->stream_threshold_bytes},
+                   {"measures",
+                    "UpdatePass::Run over one tensor writing all five output arrays (as with "
+                    "--out) against memcpy of its w, m, v, g bytes"},
                    {"timing", b->device == Device::kCpu ? "thread CPU time, best of reps"
                                                         : "CUDA events, best of reps"}});
       } else {
@@ -70,6 +80,11 @@ std::function<int()> SetupNextUpdate(CLI::App& sub) {
                     pass_gbs);
         std::printf("  memcpy %.3f ms  (%.2f GB/s read+written)\n", b->memcpy_seconds * 1e3,
                     copy_gbs);
+        if (b->device == Device::kCpu) {
+          std::printf("  outputs: %d arrays, %s stores (streaming above %.1f MiB of outputs)\n",
+                      b->outputs, b->streaming_stores ? "streaming" : "plain",
+                      b->stream_threshold_bytes / 1048576.0);
+        }
         std::printf("  ratio memcpy/pass time: %.2fx (%s, best of %d)\n", b->ratio(),
                     b->device == Device::kCpu ? "thread CPU time" : "CUDA events",
                     std::max(a->bench_reps, 1));

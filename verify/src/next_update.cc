@@ -293,11 +293,12 @@ Result<NextUpdateReport> RunNextUpdate(const NextUpdateOptions& o) {
     if (w.size() != n || mo.size() != n || vo.size() != n || g.size() != n) {
       return DataLoss(p.name + ": element counts differ between the state and the gradient");
     }
-    std::vector<float> wa(n), ma(n), va(n), wb, wc;
+    // 64-byte aligned outputs: the CPU pass streams them out when they are large.
+    PassBuffer wa(n), ma(n), va(n), wb, wc;
     PassOutputs out{wa.data(), ma.data(), va.data(), nullptr, nullptr};
     if (out_full) {
-      wb.resize(n);
-      wc.resize(n);
+      wb = PassBuffer(n);
+      wc = PassBuffer(n);
       out.w_weights_only = wb.data();
       out.w_moments_dropped = wc.data();
     }

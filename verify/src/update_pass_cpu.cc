@@ -2,10 +2,18 @@
 // path (a) is bitwise what engine_min computed: vector and scalar code give the same bits
 // because the rule is IEEE add, multiply, divide and sqrt with contraction off. The reductions
 // use independent lanes; their summation order only changes the statistics, never a weight.
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <ctime>
 #include <vector>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define CKPT_VERIFY_X86 1
+#endif
 
 #include "update_pass_internal.h"
 #include "verify/update_pass.h"
@@ -13,7 +21,7 @@
 namespace ckpt::verify {
 namespace {
 
-constexpr size_t kBlock = 512;
+constexpr size_t kBlock = 512;  // a multiple of kLanes
 constexpr int kLanes = 16;
 
 // Per-block partial sums in float lanes (at most kBlock / kLanes terms each), folded into
@@ -25,31 +33,92 @@ struct Accumulator {
   uint64_t b_differ = 0, c_differ = 0;
 };
 
+// Streaming (non-temporal) stores. Above the last-level cache an ordinary store first reads
+// the destination line (read-for-ownership) only for the line to be evicted unread later: 20
+// bytes of extra memory traffic per element on top of the 36 the pass must move (glibc's
+// memcpy avoids the same cost for large copies the same way). SSE2's 16-byte streaming store
+// exists on every x86-64, so the vectorized clones below all use it; other architectures
+// store normally.
+#ifdef CKPT_VERIFY_X86
+inline void StreamLine(float* dst, const float* src) {  // 16 floats; dst 64-byte aligned
+  for (int q = 0; q < 16; q += 4) _mm_stream_ps(dst + q, _mm_load_ps(src + q));
+}
+inline void StreamFence() { _mm_sfence(); }
+constexpr bool kCanStream = true;
+#else
+inline void StreamLine(float* dst, const float* src) { std::memcpy(dst, src, 16 * sizeof(float)); }
+inline void StreamFence() {}
+constexpr bool kCanStream = false;
+#endif
+
+// Outputs larger than half of this core's share of the last-level cache are streamed: they
+// would not stay in the cache anyway (the pass also streams its inputs through it). glibc
+// sizes its non-temporal memcpy threshold the same way (3/4 of the per-thread share).
+// sysconf reports 0 when it does not know; 8 MiB of cache then.
+size_t StreamThresholdBytes() {
+  static const size_t threshold = [] {
+    const long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    const size_t share = (llc > 0 ? static_cast<size_t>(llc) : size_t{8} << 20) /
+                         static_cast<size_t>(cores > 0 ? cores : 1);
+    return share / 2;
+  }();
+  return threshold;
+}
+
+// The five output arrays of one block; nullptr: not wanted.
+struct BlockOutputs {
+  float* wa;
+  float* ma;
+  float* va;
+  float* wb;
+  float* wc;
+};
+
 // One block of k <= kBlock elements: the three updates and the comparison, fused so each
 // input is read once. The inner loop over kLanes consecutive elements has no cross-lane
-// dependency, so it vectorizes; AVX2 when the CPU has it (target_clones picks at load time).
-// Outputs must not alias inputs.
-__attribute__((target_clones("avx2", "default"))) void RunBlock(
+// dependency, so it vectorizes (AVX-512 or AVX2 when the CPU has them: target_clones picks at
+// load time); each group's results go to a 64-byte stack line per output and from there to
+// the output with plain stores or, with `stream` (outputs 64-byte aligned), streaming stores
+// of whole lines, so the streaming stores spread evenly over the computation. Outputs must not
+// alias inputs.
+//
+// Paths (b) and (c) both start from zero moments, and the moment updates and sqrt(v) of the
+// rule do not depend on the step (MakeAdamWFactors: only inv_bc2_sqrt and step_size do), so
+// they are computed once for both: the same IEEE operations on the same operands in the same
+// order as ckpt::AdamWElement, hence the same bits (update_pass_test checks it against
+// ckpt::AdamWUpdate) with one square root and one decay multiply fewer per element.
+__attribute__((target_clones("avx512f", "avx2", "default"))) void RunBlock(
     const AdamWFactors& fa, const AdamWFactors& fb, const float* __restrict w0,
     const float* __restrict m0, const float* __restrict v0, const float* __restrict g,
-    float* __restrict wa, float* __restrict ma, float* __restrict va, float* __restrict wb,
-    float* __restrict wc, size_t k, Accumulator& acc) {
+    const BlockOutputs& out, bool stream, size_t k, Accumulator& acc) {
   float s_full[kLanes] = {}, s_upd[kLanes] = {}, s_b[kLanes] = {}, s_bu[kLanes] = {};
   float s_c[kLanes] = {}, s_cu[kLanes] = {}, max_b[kLanes] = {}, max_c[kLanes] = {};
   uint32_t n_b[kLanes] = {}, n_c[kLanes] = {};
-  auto element = [&](size_t j, int l) {
-    const float z = w0[j];
+  // Each group's results, one 64-byte line per output.
+  alignas(64) float res[5][kLanes];
+  // Copies, so the compiler knows they do not change under the output stores.
+  const AdamWFactors a_f = fa, b_f = fb;
+  float* const dst[5] = {out.wa, out.ma, out.va, out.wb, out.wc};
+  // Element j into result slot t, statistics lane l.
+  auto element = [&](size_t j, int t, int l) __attribute__((always_inline)) {
+    const float z = w0[j], gj = g[j];
     float a = z, m = m0[j], v = v0[j];
-    AdamWElement(fa, a, m, v, g[j]);  // (a) full state
-    wa[j] = a;
-    ma[j] = m;
-    va[j] = v;
-    float b = z, mb = 0.0f, vb = 0.0f;
-    AdamWElement(fb, b, mb, vb, g[j]);  // (b) weights only: fresh moments, t = 1
-    wb[j] = b;
-    float c = z, mc = 0.0f, vc = 0.0f;
-    AdamWElement(fa, c, mc, vc, g[j]);  // (c) moments dropped, step kept
-    wc[j] = c;
+    AdamWElement(a_f, a, m, v, gj);  // (a) full state
+    // (b) weights only (fresh moments, t = 1) and (c) moments dropped (step kept):
+    // AdamWElement with m = v = 0, sharing everything but the step-dependent factors.
+    const float zero = 0.0f;
+    const float decayed = z * a_f.decay;
+    const float m0z = zero + a_f.one_minus_b1 * (gj - zero);
+    const float v0z = a_f.beta2 * zero + a_f.one_minus_b2 * (gj * gj);
+    const float root = __builtin_sqrtf(v0z);
+    const float b = decayed - b_f.step_size * (m0z / (root * b_f.inv_bc2_sqrt + b_f.eps));
+    const float c = decayed - a_f.step_size * (m0z / (root * a_f.inv_bc2_sqrt + a_f.eps));
+    res[0][t] = a;
+    res[1][t] = m;
+    res[2][t] = v;
+    res[3][t] = b;
+    res[4][t] = c;
     const float ua = a - z, db = b - a, dc = c - a, ub = b - z, uc = c - z;
     s_full[l] += a * a;
     s_upd[l] += ua * ua;
@@ -65,9 +134,23 @@ __attribute__((target_clones("avx2", "default"))) void RunBlock(
   };
   size_t i = 0;
   for (; i + kLanes <= k; i += kLanes) {
-    for (int l = 0; l < kLanes; ++l) element(i + l, l);
+    for (int l = 0; l < kLanes; ++l) element(i + l, l, l);
+    for (int o = 0; o < 5; ++o) {
+      if (dst[o] == nullptr) continue;
+      if (stream) {
+        StreamLine(dst[o] + i, res[o]);
+      } else {
+        for (int l = 0; l < kLanes; ++l) dst[o][i + l] = res[o][l];
+      }
+    }
   }
-  for (; i < k; ++i) element(i, 0);
+  // The partial last group of the tensor.
+  const int rest = static_cast<int>(k - i);
+  for (int t = 0; t < rest; ++t) element(i + t, t, 0);
+  for (int o = 0; o < 5; ++o) {
+    if (dst[o] == nullptr) continue;
+    for (int t = 0; t < rest; ++t) dst[o][i + t] = res[o][t];
+  }
   for (int l = 0; l < kLanes; ++l) {
     acc.sum_sq_full += s_full[l];
     acc.sum_sq_update_full += s_upd[l];
@@ -84,6 +167,8 @@ __attribute__((target_clones("avx2", "default"))) void RunBlock(
 
 class CpuPass final : public UpdatePass {
  public:
+  explicit CpuPass(uint64_t stream_threshold_bytes)
+      : stream_threshold_bytes_(stream_threshold_bytes) {}
   Device device() const override { return Device::kCpu; }
 
   Result<PassStats> Run(const PassHyper& hyper, const PassInputs& in,
@@ -91,15 +176,30 @@ class CpuPass final : public UpdatePass {
     const AdamWFactors fa = MakeAdamWFactors(hyper.full);
     const AdamWFactors fb = MakeAdamWFactors(hyper.WeightsOnly());
     Accumulator acc;
-    // Outputs the caller does not want land in block-sized scratch.
-    alignas(64) float scratch[5][kBlock];
-    for (size_t base = 0; base < in.n; base += kBlock) {
-      const size_t k = std::min(kBlock, in.n - base);
-      auto dst = [&](float* p, int which) { return p ? p + base : scratch[which]; };
-      RunBlock(fa, fb, in.w + base, in.m + base, in.v + base, in.g + base, dst(out.w_full, 0),
-               dst(out.m_full, 1), dst(out.v_full, 2), dst(out.w_weights_only, 3),
-               dst(out.w_moments_dropped, 4), k, acc);
+    float* const dsts[5] = {out.w_full, out.m_full, out.v_full, out.w_weights_only,
+                            out.w_moments_dropped};
+    // Streaming pays only for whole cache lines: a line written in two halves holds its
+    // write-combining buffer open, and five outputs exhaust them. So every output must be
+    // 64-byte aligned (the CLI and the bench allocate them so); kBlock and kLanes keep every
+    // group on a line. Which stores are used never changes the blocks, groups or lanes, so
+    // neither the outputs nor the statistics depend on it.
+    size_t out_bytes = 0;
+    bool aligned = true;
+    for (float* p : dsts) {
+      if (p == nullptr) continue;
+      out_bytes += in.n * sizeof(float);
+      aligned = aligned && reinterpret_cast<uintptr_t>(p) % 64 == 0;
     }
+    const bool stream = kCanStream && aligned && out_bytes > stream_threshold_bytes_;
+    for (size_t base = 0; base < in.n; base += kBlock) {
+      auto at = [&](float* p) { return p ? p + base : nullptr; };
+      const BlockOutputs o{at(out.w_full), at(out.m_full), at(out.v_full), at(out.w_weights_only),
+                           at(out.w_moments_dropped)};
+      RunBlock(fa, fb, in.w + base, in.m + base, in.v + base, in.g + base, o, stream,
+               std::min(kBlock, in.n - base), acc);
+    }
+    // Streaming stores are weakly ordered: make them visible before anyone reads the outputs.
+    if (stream) StreamFence();
     PassStats s;
     s.n = in.n;
     s.sum_sq_full = acc.sum_sq_full;
@@ -108,6 +208,9 @@ class CpuPass final : public UpdatePass {
     s.moments_dropped = {acc.c_max, acc.c_sq, acc.c_differ, acc.c_upd};
     return s;
   }
+
+ private:
+  uint64_t stream_threshold_bytes_;
 };
 
 // Thread CPU time: on a shared machine the wall clock of a long pass includes other
@@ -121,13 +224,20 @@ double ThreadSeconds() {
 
 }  // namespace
 
-std::unique_ptr<UpdatePass> MakeCpuPass() { return std::make_unique<CpuPass>(); }
+std::unique_ptr<UpdatePass> MakeCpuPass() {
+  return std::make_unique<CpuPass>(StreamThresholdBytes());
+}
+std::unique_ptr<UpdatePass> MakeCpuPass(uint64_t stream_threshold_bytes) {
+  return std::make_unique<CpuPass>(stream_threshold_bytes);
+}
+
+uint64_t CpuStreamThresholdBytes() { return StreamThresholdBytes(); }
 
 Result<PassBench> BenchCpuPass(uint64_t input_bytes, int reps) {
   const uint64_t n = std::max<uint64_t>(input_bytes / 16, 1024);
   // Inputs in one buffer so the memcpy copies exactly the bytes the pass reads.
   std::vector<float> inputs(4 * n), copy(4 * n);
-  std::vector<float> w_full(n), m_full(n), v_full(n), w_b(n), w_c(n);
+  PassBuffer w_full(n), m_full(n), v_full(n), w_b(n), w_c(n);
   for (uint64_t i = 0; i < n; ++i) {
     inputs[i] = 0.01f * static_cast<float>(i % 1000) - 5.0f;         // w
     inputs[n + i] = 1e-3f * static_cast<float>(i % 97) - 0.05f;      // m
@@ -140,12 +250,15 @@ Result<PassBench> BenchCpuPass(uint64_t input_bytes, int reps) {
   hyper.full.lr = 1e-3;
   hyper.full.weight_decay = 0.1;
   hyper.full.step = 100;
-  CpuPass pass;
+  CpuPass pass(StreamThresholdBytes());
   PassBench b;
   b.device = Device::kCpu;
   b.elements = n;
   b.memcpy_bytes = 16 * n;
   b.pass_bytes_moved = 16 * n + 20 * n;
+  b.outputs = 5;
+  b.stream_threshold_bytes = StreamThresholdBytes();
+  b.streaming_stores = kCanStream && 20 * n > b.stream_threshold_bytes;  // PassBuffers: aligned
   b.pass_seconds = 1e30;
   b.memcpy_seconds = 1e30;
   // Warm both (page faults on the outputs and the copy target happen here).

@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <string>
 #include <string_view>
 
@@ -84,8 +85,32 @@ class UpdatePass {
                                 const PassOutputs& out) = 0;
 };
 
-// The CPU reference.
+// An uninitialised float array on a 64-byte boundary: what the CPU pass wants its outputs in
+// (see MakeCpuPass). Move-only.
+class PassBuffer {
+ public:
+  PassBuffer() = default;
+  explicit PassBuffer(size_t n)
+      : data_(new(std::align_val_t{64}) float[n > 0 ? n : 1]), size_(n) {}
+  float* data() const { return data_.get(); }
+  size_t size() const { return size_; }
+  float& operator[](size_t i) const { return data_[i]; }
+
+ private:
+  struct Free {
+    void operator()(float* p) const { ::operator delete[](p, std::align_val_t{64}); }
+  };
+  std::unique_ptr<float[], Free> data_;
+  size_t size_ = 0;
+};
+
+// The CPU reference. When every requested output is 64-byte aligned (PassBuffer) and together
+// they exceed about half of one core's share of the last-level cache, they are written with
+// streaming stores; the bits of the outputs and of the statistics are the same either way.
 std::unique_ptr<UpdatePass> MakeCpuPass();
+// The same with an explicit streaming threshold in output bytes per Run (0: always stream,
+// UINT64_MAX: never), for tests and measurements.
+std::unique_ptr<UpdatePass> MakeCpuPass(uint64_t stream_threshold_bytes);
 // kCpu: the CPU reference. kCuda: the CUDA pass, FailedPrecondition when no GPU is present or
 // Unimplemented when built without CUDA. kAuto: CUDA when a GPU is present, else CPU.
 Result<std::unique_ptr<UpdatePass>> MakeUpdatePass(Device device);
@@ -95,7 +120,9 @@ int CudaDeviceCount(std::string* why = nullptr);
 
 // Measured throughput of the pass against a memcpy of its input bytes (w, m, v, g) in the
 // same process, on the same buffers. CPU: one thread, memcpy(); CUDA: device-resident buffers,
-// cudaMemcpyDeviceToDevice.
+// cudaMemcpyDeviceToDevice. The pass materialises all five output arrays (what `ckpt
+// next-update --out` does; without --out the CLI stores three), through the same
+// UpdatePass::Run the CLI calls.
 struct PassBench {
   Device device = Device::kCpu;
   uint64_t elements = 0;
@@ -103,6 +130,11 @@ struct PassBench {
   uint64_t memcpy_bytes = 0;      // bytes copied by the memcpy (= input bytes)
   double pass_seconds = 0.0;      // best of `reps`
   double memcpy_seconds = 0.0;    // best of `reps`
+  int outputs = 5;                // output arrays written per element
+  // CPU: output bytes per Run above which the pass uses streaming stores, and whether this
+  // run did (0 / false on CUDA).
+  uint64_t stream_threshold_bytes = 0;
+  bool streaming_stores = false;
   // memcpy_seconds / pass_seconds: the pass over n elements takes 1/ratio the time of copying
   // its inputs once.
   double ratio() const { return pass_seconds > 0 ? memcpy_seconds / pass_seconds : 0.0; }

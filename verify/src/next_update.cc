@@ -17,25 +17,11 @@
 #include "ckpt/reader.h"
 #include "ckpt/root.h"
 #include "convert/safetensors.h"
+#include "next_update_internal.h"
 #include "verify/trainlog.h"
 
 namespace ckpt::verify {
 namespace fs = std::filesystem;
-
-PathReport MakePathReport(const PassStats& s, const PathStats& p) {
-  PathReport r;
-  r.max_abs = p.max_abs;
-  const double diff = std::sqrt(p.sum_sq_diff);
-  const double norm_full = std::sqrt(s.sum_sq_full);
-  const double upd_full = std::sqrt(s.sum_sq_update_full);
-  r.rel_l2 = norm_full > 0 ? diff / norm_full : (diff > 0 ? INFINITY : 0.0);
-  r.rel_update = upd_full > 0 ? diff / upd_full : (diff > 0 ? INFINITY : 0.0);
-  r.n_differ = p.n_differ;
-  r.frac_differ = s.n > 0 ? static_cast<double>(p.n_differ) / static_cast<double>(s.n) : 0.0;
-  r.update_norm = std::sqrt(p.sum_sq_update);
-  r.update_norm_full = upd_full;
-  return r;
-}
 
 namespace {
 
@@ -46,6 +32,8 @@ double JsonNumber(const nlohmann::json& j, const char* key, double fallback, boo
   }
   return fallback;
 }
+
+}  // namespace
 
 // The hyper-parameters of the next update. engine_min records the optimizer's settings and
 // its update count in manifest.optimizer and the rate of the next update in rank 0's
@@ -109,6 +97,23 @@ Result<AdamWHyper> ResolveHyper(const CheckpointReader& reader, std::string* sou
   if (source) *source = "lr: " + lr_from + "; step: " + step_from;
   return h;
 }
+
+PathReport MakePathReport(const PassStats& s, const PathStats& p) {
+  PathReport r;
+  r.max_abs = p.max_abs;
+  const double diff = std::sqrt(p.sum_sq_diff);
+  const double norm_full = std::sqrt(s.sum_sq_full);
+  const double upd_full = std::sqrt(s.sum_sq_update_full);
+  r.rel_l2 = norm_full > 0 ? diff / norm_full : (diff > 0 ? INFINITY : 0.0);
+  r.rel_update = upd_full > 0 ? diff / upd_full : (diff > 0 ? INFINITY : 0.0);
+  r.n_differ = p.n_differ;
+  r.frac_differ = s.n > 0 ? static_cast<double>(p.n_differ) / static_cast<double>(s.n) : 0.0;
+  r.update_norm = std::sqrt(p.sum_sq_update);
+  r.update_norm_full = upd_full;
+  return r;
+}
+
+namespace {
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
   std::string s = "[";
@@ -205,6 +210,64 @@ Status RunEngineGrad(const NextUpdateOptions& o, const CheckpointReader& reader,
   return Status::Ok();
 }
 
+// The pass in this process, one trainable parameter at a time.
+Status RunSingleProcess(const CheckpointReader& reader, const convert::SafetensorsHeader& gheader,
+                        const std::string& grad_path, const AdamWHyper& hyper, UpdatePass& pass,
+                        ResultSinks& sinks, NextUpdateReport& r) {
+  const Manifest& m = reader.manifest();
+  // ReadParamFull's hyperslab reads cannot check a checksum, so every optimizer-state
+  // dataset is verified whole first: a corrupt shard is DataLoss, never a silent replay.
+  for (int rank = 0; rank < static_cast<int>(m.files.size()); ++rank) {
+    for (std::string_view ds : {kMaster, kExpAvg, kExpAvgSq}) {
+      if (m.FindDataset(rank, ds) == nullptr) continue;
+      CKPT_RETURN_IF_ERROR(reader.VerifyDataset(rank, ds), "optimizer state of " + reader.dir());
+    }
+  }
+
+  for (const ParamEntry& p : m.params) {
+    if (!p.trainable()) continue;
+    CKPT_ASSIGN_OR_RETURN(std::vector<float> w, reader.ReadParamFull(p.name, kMaster),
+                          "read " + p.name);
+    CKPT_ASSIGN_OR_RETURN(std::vector<float> mo, reader.ReadParamFull(p.name, kExpAvg),
+                          "read " + p.name);
+    CKPT_ASSIGN_OR_RETURN(std::vector<float> vo, reader.ReadParamFull(p.name, kExpAvgSq),
+                          "read " + p.name);
+    CKPT_ASSIGN_OR_RETURN(std::vector<float> g,
+                          convert::ReadSafetensorsTensorF32(grad_path, gheader, p.name),
+                          "gradient file");
+    const size_t n = static_cast<size_t>(p.numel);
+    if (w.size() != n || mo.size() != n || vo.size() != n || g.size() != n) {
+      return DataLoss(p.name + ": element counts differ between the state and the gradient");
+    }
+    // 64-byte aligned outputs: the CPU pass streams them out when they are large.
+    PassBuffer wa(n), ma(n), va(n), wb, wc;
+    PassOutputs out{wa.data(), ma.data(), va.data(), nullptr, nullptr};
+    if (sinks.full) {
+      wb = PassBuffer(n);
+      wc = PassBuffer(n);
+      out.w_weights_only = wb.data();
+      out.w_moments_dropped = wc.data();
+    }
+    CKPT_ASSIGN_OR_RETURN(
+        PassStats s, pass.Run(PassHyper{hyper}, {w.data(), mo.data(), vo.data(), g.data(), n}, out),
+        p.name);
+    sinks.weights.Update(wa.data(), n * sizeof(float));
+    sinks.exp_avg.Update(ma.data(), n * sizeof(float));
+    sinks.exp_avg_sq.Update(va.data(), n * sizeof(float));
+    if (sinks.full) {
+      CKPT_RETURN_IF_ERROR(sinks.full->Append(wa.data(), n * sizeof(float)),
+                           "full_state.safetensors");
+      CKPT_RETURN_IF_ERROR(sinks.weights_only->Append(wb.data(), n * sizeof(float)),
+                           "weights_only.safetensors");
+      CKPT_RETURN_IF_ERROR(sinks.moments_dropped->Append(wc.data(), n * sizeof(float)),
+                           "moments_dropped.safetensors");
+    }
+    r.overall.Merge(s);
+    r.tensors.push_back({p.name, p.shape, s});
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<NextUpdateReport> RunNextUpdate(const NextUpdateOptions& o) {
@@ -239,15 +302,42 @@ Result<NextUpdateReport> RunNextUpdate(const NextUpdateOptions& o) {
                         convert::ReadSafetensorsHeader(grad_path), "gradient file");
   CKPT_RETURN_IF_ERROR(CheckGradientFile(m, grad_path, gheader), "next-update");
 
-  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<UpdatePass> pass, MakeUpdatePass(o.device), "next-update");
-  r.device = pass->device();
+  // One process, or one per GPU / per --procs.
+  Device device = o.device;
+  std::string why;
+  const int gpus_visible = device == Device::kCpu ? 0 : CudaDeviceCount(&why);
+  if (device == Device::kAuto) device = gpus_visible > 0 ? Device::kCuda : Device::kCpu;
+  int workers = 1;
+  if (device == Device::kCuda) {
+    if (o.procs > 1) {
+      return InvalidArgument("--procs splits the CPU pass; with --device cuda use --gpus");
+    }
+    // Without a GPU, MakeUpdatePass below says why.
+    workers = gpus_visible == 0 ? 1 : o.gpus > 0 ? o.gpus : gpus_visible;
+    if (gpus_visible > 0 && workers > gpus_visible) {
+      return FailedPrecondition("--gpus " + std::to_string(workers) + ": only " +
+                                std::to_string(gpus_visible) + " CUDA device(s) visible");
+    }
+  } else {
+    if (o.gpus > 0) {
+      return o.device == Device::kCpu
+                 ? InvalidArgument("--gpus needs --device cuda (or auto with a GPU)")
+                 : FailedPrecondition("--gpus " + std::to_string(o.gpus) + ": no CUDA device (" +
+                                      why + ")");
+    }
+    workers = std::max(o.procs, 1);
+  }
+  std::unique_ptr<UpdatePass> pass;
+  if (workers == 1) {
+    CKPT_ASSIGN_OR_RETURN(pass, MakeUpdatePass(device), "next-update");
+  }
 
   // Optional result files, streamed one tensor at a time.
   std::vector<convert::SafetensorsTensorSpec> specs;
   for (const ParamEntry& p : m.params) {
     if (p.trainable()) specs.push_back({p.name, DType::kF32, p.shape});
   }
-  std::optional<convert::SafetensorsWriter> out_full, out_wo, out_md;
+  ResultSinks sinks;
   if (!o.out_dir.empty()) {
     std::error_code ec;
     fs::create_directories(o.out_dir, ec);
@@ -263,70 +353,31 @@ Result<NextUpdateReport> RunNextUpdate(const NextUpdateOptions& o) {
       w.emplace(std::move(writer).value());
       return Status::Ok();
     };
-    CKPT_RETURN_IF_ERROR(make("full_state.safetensors", "full_state", out_full), o.out_dir);
-    CKPT_RETURN_IF_ERROR(make("weights_only.safetensors", "weights_only", out_wo), o.out_dir);
-    CKPT_RETURN_IF_ERROR(make("moments_dropped.safetensors", "moments_dropped", out_md), o.out_dir);
+    CKPT_RETURN_IF_ERROR(make("full_state.safetensors", "full_state", sinks.full), o.out_dir);
+    CKPT_RETURN_IF_ERROR(make("weights_only.safetensors", "weights_only", sinks.weights_only),
+                         o.out_dir);
+    CKPT_RETURN_IF_ERROR(
+        make("moments_dropped.safetensors", "moments_dropped", sinks.moments_dropped), o.out_dir);
   }
 
-  // ReadParamFull's hyperslab reads cannot check a checksum, so every optimizer-state
-  // dataset is verified whole first: a corrupt shard is DataLoss, never a silent replay.
-  for (int rank = 0; rank < static_cast<int>(m.files.size()); ++rank) {
-    for (std::string_view ds : {kMaster, kExpAvg, kExpAvgSq}) {
-      if (m.FindDataset(rank, ds) == nullptr) continue;
-      CKPT_RETURN_IF_ERROR(reader.VerifyDataset(rank, ds), "optimizer state of " + r.tag_dir);
-    }
+  if (workers > 1) {
+    r.device = device;
+    CKPT_RETURN_IF_ERROR(RunSplitPass(o, reader, grad_path, device, workers, sinks, r),
+                         "next-update over " + std::to_string(workers) + " processes");
+  } else {
+    r.device = pass->device();
+    if (r.device == Device::kCuda) r.devices = {0};
+    CKPT_RETURN_IF_ERROR(RunSingleProcess(reader, gheader, grad_path, r.hyper, *pass, sinks, r),
+                         "next-update");
   }
-
-  Xxh3Stream dw, dm, dv;
-  for (const ParamEntry& p : m.params) {
-    if (!p.trainable()) continue;
-    CKPT_ASSIGN_OR_RETURN(std::vector<float> w, reader.ReadParamFull(p.name, kMaster),
-                          "read " + p.name);
-    CKPT_ASSIGN_OR_RETURN(std::vector<float> mo, reader.ReadParamFull(p.name, kExpAvg),
-                          "read " + p.name);
-    CKPT_ASSIGN_OR_RETURN(std::vector<float> vo, reader.ReadParamFull(p.name, kExpAvgSq),
-                          "read " + p.name);
-    CKPT_ASSIGN_OR_RETURN(std::vector<float> g,
-                          convert::ReadSafetensorsTensorF32(grad_path, gheader, p.name),
-                          "gradient file");
-    const size_t n = static_cast<size_t>(p.numel);
-    if (w.size() != n || mo.size() != n || vo.size() != n || g.size() != n) {
-      return DataLoss(p.name + ": element counts differ between the state and the gradient");
-    }
-    // 64-byte aligned outputs: the CPU pass streams them out when they are large.
-    PassBuffer wa(n), ma(n), va(n), wb, wc;
-    PassOutputs out{wa.data(), ma.data(), va.data(), nullptr, nullptr};
-    if (out_full) {
-      wb = PassBuffer(n);
-      wc = PassBuffer(n);
-      out.w_weights_only = wb.data();
-      out.w_moments_dropped = wc.data();
-    }
-    CKPT_ASSIGN_OR_RETURN(
-        PassStats s,
-        pass->Run(PassHyper{r.hyper}, {w.data(), mo.data(), vo.data(), g.data(), n}, out), p.name);
-    dw.Update(wa.data(), n * sizeof(float));
-    dm.Update(ma.data(), n * sizeof(float));
-    dv.Update(va.data(), n * sizeof(float));
-    if (out_full) {
-      CKPT_RETURN_IF_ERROR(out_full->Append(wa.data(), n * sizeof(float)),
-                           "full_state.safetensors");
-      CKPT_RETURN_IF_ERROR(out_wo->Append(wb.data(), n * sizeof(float)),
-                           "weights_only.safetensors");
-      CKPT_RETURN_IF_ERROR(out_md->Append(wc.data(), n * sizeof(float)),
-                           "moments_dropped.safetensors");
-    }
-    r.overall.Merge(s);
-    r.tensors.push_back({p.name, p.shape, s});
+  if (sinks.full) {
+    CKPT_RETURN_IF_ERROR(sinks.full->Finish(), "full_state.safetensors");
+    CKPT_RETURN_IF_ERROR(sinks.weights_only->Finish(), "weights_only.safetensors");
+    CKPT_RETURN_IF_ERROR(sinks.moments_dropped->Finish(), "moments_dropped.safetensors");
   }
-  if (out_full) {
-    CKPT_RETURN_IF_ERROR(out_full->Finish(), "full_state.safetensors");
-    CKPT_RETURN_IF_ERROR(out_wo->Finish(), "weights_only.safetensors");
-    CKPT_RETURN_IF_ERROR(out_md->Finish(), "moments_dropped.safetensors");
-  }
-  r.full_weights_xxh3 = dw.HexDigest();
-  r.full_exp_avg_xxh3 = dm.HexDigest();
-  r.full_exp_avg_sq_xxh3 = dv.HexDigest();
+  r.full_weights_xxh3 = sinks.weights.HexDigest();
+  r.full_exp_avg_xxh3 = sinks.exp_avg.HexDigest();
+  r.full_exp_avg_sq_xxh3 = sinks.exp_avg_sq.HexDigest();
 
   // The original run's next weights: only meaningful when the gradient is the run's own.
   const std::string log_path =
@@ -407,6 +458,8 @@ nlohmann::json NextUpdateToJson(const NextUpdateReport& r) {
       r.matches_reference ? nlohmann::json(*r.matches_reference) : nlohmann::json(nullptr);
   j["reference"] = r.reference;
   j["device"] = std::string(DeviceName(r.device));
+  j["processes"] = r.processes;
+  j["devices"] = r.devices;
   return j;
 }
 
@@ -420,7 +473,9 @@ std::string NextUpdateToText(const NextUpdateReport& r) {
                 r.hyper.lr, r.hyper.beta1, r.hyper.beta2, r.hyper.eps, r.hyper.weight_decay,
                 static_cast<long long>(r.hyper.step), static_cast<long long>(r.hyper.step + 1));
   os << buf << "  (" << r.hyper_source << ")\n";
-  os << "gradient: " << r.grad_source << "   device: " << DeviceName(r.device) << "\n\n";
+  os << "gradient: " << r.grad_source << "   device: " << DeviceName(r.device);
+  if (r.processes > 1) os << " (" << r.processes << " processes)";
+  os << "\n\n";
   std::snprintf(buf, sizeof buf, "%-32s %10s | %-34s | %-34s\n", "", "",
                 "weights only (fresh optimizer)", "moments dropped, step kept");
   os << buf;

@@ -51,6 +51,15 @@ int CudaDeviceCount(std::string* why) {
 #endif
 }
 
+Status SelectCudaDevice(int device) {
+#ifdef CKPT_VERIFY_HAVE_CUDA
+  return SelectCudaDeviceImpl(device);
+#else
+  (void)device;
+  return Unimplemented("this ckpt was built without CUDA (nvcc not found)");
+#endif
+}
+
 Result<std::unique_ptr<UpdatePass>> MakeUpdatePass(Device device) {
   if (device == Device::kCpu) return MakeCpuPass();
 #ifdef CKPT_VERIFY_HAVE_CUDA

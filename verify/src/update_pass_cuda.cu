@@ -184,6 +184,17 @@ int CudaDeviceCountImpl(std::string* why) {
   return count;
 }
 
+Status SelectCudaDeviceImpl(int device) {
+  std::string why;
+  const int count = CudaDeviceCountImpl(&why);
+  if (device < 0 || device >= count) {
+    return InvalidArgument("CUDA device " + std::to_string(device) + " does not exist (" +
+                           std::to_string(count) + " visible" + (why.empty() ? "" : ": " + why) +
+                           ")");
+  }
+  return CudaStatus(cudaSetDevice(device), "cudaSetDevice");
+}
+
 Result<std::unique_ptr<UpdatePass>> MakeCudaPass() {
   auto pass = std::make_unique<CudaPass>();
   CKPT_RETURN_IF_ERROR(pass->Init(), "cuda next-update pass");

@@ -15,6 +15,7 @@ uint64_t CpuStreamThresholdBytes();
 #ifdef CKPT_VERIFY_HAVE_CUDA
 // Defined in update_pass_cuda.cu.
 int CudaDeviceCountImpl(std::string* why);
+Status SelectCudaDeviceImpl(int device);
 Result<std::unique_ptr<UpdatePass>> MakeCudaPass();
 Result<PassBench> BenchCudaPass(uint64_t input_bytes, int reps);
 #endif

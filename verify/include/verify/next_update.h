@@ -23,6 +23,15 @@ struct NextUpdateOptions {
   std::string out_dir;    // non-empty: write the three weight sets as safetensors there
   std::string reference;  // trainlog.jsonl; empty: ROOT/trainlog.jsonl (engine gradient only)
   std::string bin_dir;    // where engine_min lives; empty: $CKPT_BIN_DIR or this program's dir
+  // Processes the pass is split over: on CUDA one per GPU, `gpus` of them (0: every visible
+  // GPU); on the CPU `procs` (1: this process alone). Each loads only its share of the state.
+  int gpus = 0;
+  int procs = 1;
+  // Set only in the processes a split run starts (`ckpt next-update --worker-*`).
+  int worker_rank = -1;
+  int worker_world = 0;
+  std::string worker_dir;
+  bool worker_all_outputs = false;  // also keep paths (b) and (c)'s weights (--out)
 };
 
 struct PathReport {
@@ -48,7 +57,9 @@ struct NextUpdateReport {
   AdamWHyper hyper;
   std::string hyper_source;  // where lr/step came from, for the reader of the report
   Device device = Device::kCpu;
-  std::string grad_source;  // the file, or "engine_min grad"
+  int processes = 1;         // processes the pass ran in
+  std::vector<int> devices;  // CUDA: the GPU of each process (empty on the CPU)
+  std::string grad_source;   // the file, or "engine_min grad"
   std::vector<TensorReport> tensors;
   PassStats overall;
   std::string full_weights_xxh3;  // digest of path (a)'s weights (docs/architecture.md)
@@ -61,7 +72,14 @@ struct NextUpdateReport {
 // NotFound: checkpoint, gradient file, engine_min or mpirun missing. DataLoss: the checkpoint
 // fails its checksums. InvalidArgument: the gradient's names/shapes/dtypes don't match the
 // trainable parameters. FailedPrecondition: no gradient given for a non-engine checkpoint.
+// InvalidArgument: --procs with CUDA, --gpus on the CPU. FailedPrecondition: more GPUs asked
+// for than visible, or several GPUs without NCCL. With several processes, an error of one of
+// them comes back with its code and message, prefixed by "worker <rank>".
 Result<NextUpdateReport> RunNextUpdate(const NextUpdateOptions& options);
+
+// The body of one process of a split run (options.worker_*; see next_update_split.cc). Its
+// results, or its error, go to files in options.worker_dir.
+Status RunNextUpdateWorker(const NextUpdateOptions& options);
 
 // The `--json` object (contract in issue 5; fields are only ever added).
 nlohmann::json NextUpdateToJson(const NextUpdateReport& r);

@@ -91,7 +91,7 @@ class PassBuffer {
  public:
   PassBuffer() = default;
   explicit PassBuffer(size_t n)
-      : data_(new(std::align_val_t{64}) float[n > 0 ? n : 1]), size_(n) {}
+      : data_(new (std::align_val_t{64}) float[n > 0 ? n : 1]), size_(n) {}
   float* data() const { return data_.get(); }
   size_t size() const { return size_; }
   float& operator[](size_t i) const { return data_[i]; }
@@ -117,6 +117,9 @@ Result<std::unique_ptr<UpdatePass>> MakeUpdatePass(Device device);
 // Number of usable CUDA devices (0 when built without CUDA or when the runtime finds none);
 // `why` (optional) receives the runtime's explanation when it is 0.
 int CudaDeviceCount(std::string* why = nullptr);
+// Makes `device` the calling thread's CUDA device (the one MakeUpdatePass(kCuda) then uses).
+// InvalidArgument for a device that does not exist; Unimplemented without CUDA.
+Status SelectCudaDevice(int device);
 
 // Measured throughput of the pass against a memcpy of its input bytes (w, m, v, g) in the
 // same process, on the same buffers. CPU: one thread, memcpy(); CUDA: device-resident buffers,

@@ -1,0 +1,481 @@
+// `ckpt next-update` over several processes, one per GPU (or per CPU process with --procs):
+//   1. the launching process splits the trainable elements, concatenated in table order, into
+//      one contiguous range per worker (SplitElements), creates a scratch directory and, for
+//      CUDA, an NCCL unique id there (the out-of-band channel), and starts this program once per
+//      worker with the hidden --worker-* flags;
+//   2. each worker verifies its share of the optimizer-state datasets (dataset i when i mod
+//      world = rank), reads only its elements of w, m, v (ReadParamRange), runs the pass on its
+//      device (GPU `rank`), writes its results as raw fp32 files (one per output array, its
+//      pieces in order) and its per-piece statistics, all-reduces its share of the overall
+//      statistics with NCCL (CUDA), and publishes rank<r>.json last (write, then rename);
+//   3. the launcher waits for every worker (a failed one ends the others), merges the
+//      per-piece statistics per tensor in order, takes the overall statistics from the NCCL
+//      all-reduce (CUDA) or merges the workers' shares in rank order (CPU), and streams the
+//      result files in rank order into the digests and --out files, exactly as the
+//      single-process loop does.
+// Outputs and digests are therefore bitwise those of one process; max_abs and the counts are
+// exact; sums of squares are added in another order (per piece, then per rank) and may differ
+// in the last bits.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "ckpt/manifest.h"
+#include "next_update_internal.h"
+#include "verify/nccl_combine.h"
+#include "verify/trainlog.h"
+
+extern char** environ;
+
+namespace ckpt::verify {
+namespace fs = std::filesystem;
+
+namespace {
+
+// The five output arrays a worker writes, in PassOutputs order.
+constexpr const char* kOutputKinds[5] = {"w_full", "exp_avg", "exp_avg_sq", "weights_only",
+                                         "moments_dropped"};
+
+std::string RankFile(const std::string& dir, int rank, const std::string& what) {
+  return dir + "/rank" + std::to_string(rank) + "." + what;
+}
+
+nlohmann::json PathStatsJson(const PathStats& p) {
+  return {{"max_abs", p.max_abs},
+          {"sum_sq_diff", p.sum_sq_diff},
+          {"n_differ", p.n_differ},
+          {"sum_sq_update", p.sum_sq_update}};
+}
+
+// nlohmann writes doubles with round-trip precision, so statistics survive the file exactly.
+nlohmann::json PassStatsJson(const PassStats& s) {
+  return {{"n", s.n},
+          {"sum_sq_full", s.sum_sq_full},
+          {"sum_sq_update_full", s.sum_sq_update_full},
+          {"weights_only", PathStatsJson(s.weights_only)},
+          {"moments_dropped", PathStatsJson(s.moments_dropped)}};
+}
+
+PathStats PathStatsFromJson(const nlohmann::json& j) {
+  PathStats p;
+  p.max_abs = j.at("max_abs").get<double>();
+  p.sum_sq_diff = j.at("sum_sq_diff").get<double>();
+  p.n_differ = j.at("n_differ").get<uint64_t>();
+  p.sum_sq_update = j.at("sum_sq_update").get<double>();
+  return p;
+}
+
+PassStats PassStatsFromJson(const nlohmann::json& j) {
+  PassStats s;
+  s.n = j.at("n").get<uint64_t>();
+  s.sum_sq_full = j.at("sum_sq_full").get<double>();
+  s.sum_sq_update_full = j.at("sum_sq_update_full").get<double>();
+  s.weights_only = PathStatsFromJson(j.at("weights_only"));
+  s.moments_dropped = PathStatsFromJson(j.at("moments_dropped"));
+  return s;
+}
+
+// Writes `text` to path through a temporary name, so a reader never sees half a file.
+Status PublishText(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f << text;
+    f.flush();
+    if (!f) return IOError("write " + tmp);
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) return IOError("rename " + tmp + ": " + ec.message());
+  return Status::Ok();
+}
+
+// An append-only raw file; Close reports a failed write.
+class RawWriter {
+ public:
+  Status Open(const std::string& path) {
+    path_ = path;
+    f_.reset(std::fopen(path.c_str(), "wb"));
+    if (!f_) return ErrnoError("create " + path, errno);
+    return Status::Ok();
+  }
+  Status Append(const float* data, size_t n) {
+    if (n > 0 && std::fwrite(data, sizeof(float), n, f_.get()) != n) {
+      return ErrnoError("write " + path_, errno);
+    }
+    return Status::Ok();
+  }
+  Status Close() {
+    if (std::fclose(f_.release()) != 0) return ErrnoError("close " + path_, errno);
+    return Status::Ok();
+  }
+
+ private:
+  struct FileClose {
+    void operator()(std::FILE* f) const {
+      if (f) std::fclose(f);
+    }
+  };
+  std::string path_;
+  std::unique_ptr<std::FILE, FileClose> f_;
+};
+
+// Reads the concatenation of the workers' files of one output kind, in rank order.
+class RankConcatReader {
+ public:
+  RankConcatReader(std::string dir, std::string kind, int world)
+      : dir_(std::move(dir)), kind_(std::move(kind)), world_(world) {}
+  // Exactly `n` floats into out; DataLoss when the workers' files hold fewer.
+  Status Read(float* out, size_t n) {
+    while (n > 0) {
+      if (!in_.is_open() || in_.peek() == std::char_traits<char>::eof()) {
+        if (in_.is_open()) in_.close();
+        if (next_rank_ >= world_) {
+          return DataLoss("worker result files " + dir_ + "/rank*." + kind_ + " end early");
+        }
+        in_.clear();
+        in_.open(RankFile(dir_, next_rank_++, kind_), std::ios::binary);
+        if (!in_) return IOError("open " + RankFile(dir_, next_rank_ - 1, kind_));
+        continue;
+      }
+      in_.read(reinterpret_cast<char*>(out), static_cast<std::streamsize>(n * sizeof(float)));
+      const size_t got = static_cast<size_t>(in_.gcount()) / sizeof(float);
+      if (in_.gcount() % sizeof(float) != 0) {
+        return DataLoss("worker result file " + kind_ + " has a partial element");
+      }
+      out += got;
+      n -= got;
+      if (n > 0) in_.clear();
+    }
+    return Status::Ok();
+  }
+
+ private:
+  std::string dir_, kind_;
+  int world_;
+  int next_rank_ = 0;
+  std::ifstream in_;
+};
+
+std::string SelfExe() {
+  std::error_code ec;
+  auto exe = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string("ckpt") : exe.string();
+}
+
+}  // namespace
+
+std::vector<std::vector<SplitPiece>> SplitElements(const std::vector<int64_t>& numels, int world) {
+  std::vector<int64_t> starts(numels.size() + 1, 0);
+  for (size_t t = 0; t < numels.size(); ++t) starts[t + 1] = starts[t] + numels[t];
+  const int64_t total = starts.back();
+  // Boundary r of the concatenation, snapped to kSplitAlign inside its tensor.
+  std::vector<int64_t> bounds(static_cast<size_t>(world) + 1, total);
+  bounds[0] = 0;
+  for (int r = 1; r < world; ++r) {
+    const int64_t target = static_cast<int64_t>(static_cast<__int128>(total) * r / world);
+    size_t t = 0;
+    while (t + 1 < numels.size() && starts[t + 1] <= target) ++t;
+    const int64_t local = target - starts[t];
+    const int64_t snapped = std::min(numels.empty() ? 0 : numels[t],
+                                     (local + kSplitAlign / 2) / kSplitAlign * kSplitAlign);
+    bounds[r] = std::max(bounds[r - 1], numels.empty() ? 0 : starts[t] + snapped);
+  }
+  std::vector<std::vector<SplitPiece>> pieces(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    for (size_t t = 0; t < numels.size(); ++t) {
+      const int64_t b = std::max(bounds[r], starts[t]), e = std::min(bounds[r + 1], starts[t + 1]);
+      if (b < e) pieces[r].push_back({t, b - starts[t], e - starts[t]});
+    }
+  }
+  return pieces;
+}
+
+Status RunNextUpdateWorker(const NextUpdateOptions& o) {
+  const std::string& dir = o.worker_dir;
+  const int rank = o.worker_rank, world = o.worker_world;
+  auto run = [&]() -> Status {
+    CKPT_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(o.root, o.tag),
+                          "open checkpoint " + o.root);
+    const Manifest& m = reader.manifest();
+    std::string source;
+    CKPT_ASSIGN_OR_RETURN(AdamWHyper hyper, ResolveHyper(reader, &source), reader.dir());
+    CKPT_ASSIGN_OR_RETURN(convert::SafetensorsHeader gheader,
+                          convert::ReadSafetensorsHeader(o.grad_file), "gradient file");
+    // This worker's share of the checksum verification.
+    int index = 0;
+    for (int file = 0; file < static_cast<int>(m.files.size()); ++file) {
+      for (std::string_view ds : {kMaster, kExpAvg, kExpAvgSq}) {
+        if (m.FindDataset(file, ds) == nullptr) continue;
+        if (index++ % world != rank) continue;
+        CKPT_RETURN_IF_ERROR(reader.VerifyDataset(file, ds), "optimizer state of " + reader.dir());
+      }
+    }
+    std::unique_ptr<NcclStatsCombiner> combiner;
+    if (o.device == Device::kCuda) {
+      CKPT_RETURN_IF_ERROR(SelectCudaDevice(rank), "worker " + std::to_string(rank));
+      std::ifstream idf(dir + "/nccl_id", std::ios::binary);
+      const std::string id((std::istreambuf_iterator<char>(idf)), std::istreambuf_iterator<char>());
+      CKPT_ASSIGN_OR_RETURN(combiner, NcclStatsCombiner::Create(id, rank, world, rank),
+                            "worker " + std::to_string(rank));
+    }
+    CKPT_ASSIGN_OR_RETURN(std::unique_ptr<UpdatePass> pass, MakeUpdatePass(o.device),
+                          "worker " + std::to_string(rank));
+
+    std::vector<const ParamEntry*> params;
+    std::vector<int64_t> numels;
+    for (const ParamEntry& p : m.params) {
+      if (!p.trainable()) continue;
+      params.push_back(&p);
+      numels.push_back(p.numel);
+    }
+    const std::vector<SplitPiece> mine = SplitElements(numels, world)[static_cast<size_t>(rank)];
+    const int kinds = o.worker_all_outputs ? 5 : 3;
+    RawWriter files[5];
+    for (int k = 0; k < kinds; ++k) {
+      CKPT_RETURN_IF_ERROR(files[k].Open(RankFile(dir, rank, kOutputKinds[k])), "worker");
+    }
+    nlohmann::json pieces = nlohmann::json::array();
+    PassStats overall;
+    for (const SplitPiece& piece : mine) {
+      const ParamEntry& p = *params[piece.tensor];
+      const size_t n = static_cast<size_t>(piece.end - piece.begin);
+      std::vector<float> w(n), mo(n), vo(n);
+      CKPT_RETURN_IF_ERROR(reader.ReadParamRange(p.name, kMaster, piece.begin, piece.end, w.data()),
+                           "read " + p.name);
+      CKPT_RETURN_IF_ERROR(
+          reader.ReadParamRange(p.name, kExpAvg, piece.begin, piece.end, mo.data()),
+          "read " + p.name);
+      CKPT_RETURN_IF_ERROR(
+          reader.ReadParamRange(p.name, kExpAvgSq, piece.begin, piece.end, vo.data()),
+          "read " + p.name);
+      // The gradient tensor is read whole: a slice could not be checked against its digest.
+      CKPT_ASSIGN_OR_RETURN(std::vector<float> g,
+                            convert::ReadSafetensorsTensorF32(o.grad_file, gheader, p.name),
+                            "gradient file");
+      if (g.size() != static_cast<size_t>(p.numel)) {
+        return DataLoss(p.name + ": element counts differ between the state and the gradient");
+      }
+      PassBuffer out[5];
+      float* ptr[5] = {};
+      for (int k = 0; k < kinds; ++k) {
+        out[k] = PassBuffer(n);
+        ptr[k] = out[k].data();
+      }
+      CKPT_ASSIGN_OR_RETURN(
+          PassStats s,
+          pass->Run(PassHyper{hyper}, {w.data(), mo.data(), vo.data(), g.data() + piece.begin, n},
+                    {ptr[0], ptr[1], ptr[2], ptr[3], ptr[4]}),
+          p.name);
+      for (int k = 0; k < kinds; ++k) {
+        CKPT_RETURN_IF_ERROR(files[k].Append(ptr[k], n), "worker");
+      }
+      overall.Merge(s);
+      pieces.push_back({{"tensor", piece.tensor},
+                        {"begin", piece.begin},
+                        {"end", piece.end},
+                        {"stats", PassStatsJson(s)}});
+    }
+    for (int k = 0; k < kinds; ++k) CKPT_RETURN_IF_ERROR(files[k].Close(), "worker");
+    nlohmann::json result = {{"rank", rank},
+                             {"device", std::string(DeviceName(pass->device()))},
+                             {"pieces", std::move(pieces)},
+                             {"overall_share", PassStatsJson(overall)}};
+    if (combiner) {
+      CKPT_RETURN_IF_ERROR(combiner->AllReduce(overall), "worker " + std::to_string(rank));
+      result["overall_allreduced"] = PassStatsJson(overall);
+    }
+    return PublishText(RankFile(dir, rank, "json"), result.dump());
+  };
+  Status s = run();
+  if (!s.ok()) {
+    // The launcher re-raises this with the same code, so the exit status stays meaningful.
+    (void)PublishText(
+        RankFile(dir, rank, "error"),
+        nlohmann::json{{"code", static_cast<int>(s.code())}, {"message", s.message()}}.dump());
+  }
+  return s;
+}
+
+Status RunSplitPass(const NextUpdateOptions& o, const CheckpointReader& reader,
+                    const std::string& grad_path, Device device, int workers, ResultSinks& sinks,
+                    NextUpdateReport& r) {
+  const Manifest& m = reader.manifest();
+  std::string dir = (fs::temp_directory_path() / "ckpt-next-update-split-XXXXXX").string();
+  if (mkdtemp(dir.data()) == nullptr) return ErrnoError("mkdtemp " + dir, errno);
+  struct RemoveDir {
+    std::string path;
+    ~RemoveDir() {
+      std::error_code e;
+      fs::remove_all(path, e);
+    }
+  } cleanup{dir};
+
+  if (device == Device::kCuda) {
+    CKPT_ASSIGN_OR_RETURN(std::string id, NcclStatsCombiner::NewUniqueId(),
+                          "--gpus " + std::to_string(workers) + " combines with NCCL");
+    CKPT_RETURN_IF_ERROR(PublishText(dir + "/nccl_id", id), "nccl id");
+  }
+
+  // 1. Start the workers.
+  const std::string exe = SelfExe();
+  std::vector<pid_t> pids;
+  auto stop_all = [&pids] {
+    for (pid_t p : pids) {
+      if (p > 0) kill(p, SIGTERM);
+    }
+    for (pid_t& p : pids) {
+      if (p > 0) waitpid(p, nullptr, 0);
+      p = 0;
+    }
+  };
+  for (int rank = 0; rank < workers; ++rank) {
+    std::vector<std::string> argv = {exe,
+                                     "next-update",
+                                     reader.dir(),
+                                     "--grad",
+                                     grad_path,
+                                     "--device",
+                                     std::string(DeviceName(device)),
+                                     "--worker-rank",
+                                     std::to_string(rank),
+                                     "--worker-world",
+                                     std::to_string(workers),
+                                     "--worker-dir",
+                                     dir};
+    if (!o.out_dir.empty()) argv.push_back("--worker-all-outputs");
+    const std::string log = RankFile(dir, rank, "log");
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(),
+                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+    posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+    std::vector<char*> args;
+    for (auto& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    pid_t pid = 0;
+    const int rc = posix_spawn(&pid, exe.c_str(), &actions, nullptr, args.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    if (rc != 0) {
+      stop_all();
+      return Internal("cannot start worker " + std::to_string(rank) + " (" + exe +
+                      "): " + std::strerror(rc));
+    }
+    pids.push_back(pid);
+  }
+
+  // 2. Wait; the first failure ends the others (an NCCL peer would wait for it forever).
+  Status failure = Status::Ok();
+  for (size_t left = pids.size(); left > 0;) {
+    int status = 0;
+    const pid_t pid = waitpid(-1, &status, 0);
+    if (pid < 0) {
+      if (errno == EINTR) continue;
+      failure = ErrnoError("waitpid", errno);
+      break;
+    }
+    int rank = -1;
+    for (size_t i = 0; i < pids.size(); ++i) {
+      if (pids[i] == pid) rank = static_cast<int>(i);
+    }
+    if (rank < 0) continue;  // not one of ours
+    pids[rank] = 0;
+    --left;
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
+    std::ifstream ef(RankFile(dir, rank, "error"));
+    nlohmann::json err = nlohmann::json::parse(ef, nullptr, false);
+    if (err.is_object() && err.contains("code") && err.contains("message")) {
+      failure = Status(static_cast<StatusCode>(err["code"].get<int>()),
+                       "worker " + std::to_string(rank) + ": " + err["message"].get<std::string>());
+    } else {
+      failure = Internal("worker " + std::to_string(rank) + " of " + std::to_string(workers) +
+                         " failed (" +
+                         (WIFSIGNALED(status) ? "signal " + std::to_string(WTERMSIG(status))
+                                              : "exit " + std::to_string(WEXITSTATUS(status))) +
+                         "); its output:\n" + TailOfFile(RankFile(dir, rank, "log")));
+    }
+    break;
+  }
+  if (!failure.ok()) {
+    stop_all();
+    return failure;
+  }
+
+  // 3. Combine: per-tensor statistics from the pieces in order, the overall ones from NCCL
+  // (CUDA) or from the workers' shares in rank order (CPU).
+  std::vector<const ParamEntry*> params;
+  for (const ParamEntry& p : m.params) {
+    if (p.trainable()) params.push_back(&p);
+  }
+  std::vector<PassStats> per_tensor(params.size());
+  PassStats overall;
+  std::optional<PassStats> reduced;
+  for (int rank = 0; rank < workers; ++rank) {
+    std::ifstream f(RankFile(dir, rank, "json"));
+    nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+    if (!j.is_object()) return DataLoss("worker " + std::to_string(rank) + " left no result");
+    try {
+      for (const auto& piece : j.at("pieces")) {
+        const size_t t = piece.at("tensor").get<size_t>();
+        if (t >= params.size()) return DataLoss("worker result names tensor " + std::to_string(t));
+        per_tensor[t].Merge(PassStatsFromJson(piece.at("stats")));
+      }
+      overall.Merge(PassStatsFromJson(j.at("overall_share")));
+      if (j.contains("overall_allreduced") && !reduced) {
+        reduced = PassStatsFromJson(j.at("overall_allreduced"));
+      }
+    } catch (const nlohmann::json::exception& e) {
+      return DataLoss("worker " + std::to_string(rank) + " result: " + e.what());
+    }
+  }
+  r.overall = reduced ? *reduced : overall;
+  for (size_t t = 0; t < params.size(); ++t) {
+    if (per_tensor[t].n != static_cast<uint64_t>(params[t]->numel)) {
+      return Internal("workers covered " + std::to_string(per_tensor[t].n) + " of " +
+                      std::to_string(params[t]->numel) + " elements of " + params[t]->name);
+    }
+    r.tensors.push_back({params[t]->name, params[t]->shape, per_tensor[t]});
+  }
+
+  // The result arrays, tensor by tensor in bounded pieces, into the digests and files.
+  const int kinds = sinks.full ? 5 : 3;
+  std::vector<RankConcatReader> readers;
+  for (int k = 0; k < kinds; ++k) readers.emplace_back(dir, kOutputKinds[k], workers);
+  Xxh3Stream* digests[3] = {&sinks.weights, &sinks.exp_avg, &sinks.exp_avg_sq};
+  std::optional<convert::SafetensorsWriter>* writers[5] = {
+      &sinks.full, nullptr, nullptr, &sinks.weights_only, &sinks.moments_dropped};
+  constexpr size_t kChunk = size_t{2} << 20;  // floats (8 MiB)
+  std::vector<float> buf;
+  for (const ParamEntry* p : params) {
+    for (int64_t done = 0; done < p->numel;) {
+      const size_t n = static_cast<size_t>(std::min<int64_t>(kChunk, p->numel - done));
+      buf.resize(n);
+      for (int k = 0; k < kinds; ++k) {
+        CKPT_RETURN_IF_ERROR(readers[k].Read(buf.data(), n), "combine worker results");
+        if (k < 3) digests[k]->Update(buf.data(), n * sizeof(float));
+        if (writers[k] && writers[k]->has_value()) {
+          CKPT_RETURN_IF_ERROR((*writers[k])->Append(buf.data(), n * sizeof(float)),
+                               std::string(kOutputKinds[k]) + " result file");
+        }
+      }
+      done += static_cast<int64_t>(n);
+    }
+  }
+  r.processes = workers;
+  if (device == Device::kCuda) {
+    for (int d = 0; d < workers; ++d) r.devices.push_back(d);
+  }
+  return Status::Ok();
+}
+
+}  // namespace ckpt::verify

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <sstream>
 
 #include "ckpt/reader.h"
@@ -243,6 +244,41 @@ TEST_CASE("bad inputs: clear messages and documented exit codes", "[io]") {
     CHECK(bad_ablate.rc == 2);
     CHECK(bad_ablate.err.find("unknown component 'weights'") != std::string::npos);
   }
+  SECTION("corrupt optimizer state is data loss in a split run too (exit 1)") {
+    REQUIRE(WriteStateTensors(dir / "g.safetensors", s).ok());
+    const std::string file = root + "/global_step7/rank_00000.h5";
+    std::string bytes = ReadText(file);
+    auto reader = CheckpointReader::Open(root);
+    REQUIRE(reader.ok());
+    auto master = reader->ReadDatasetBytes(0, "master");
+    REQUIRE(master.ok());
+    const std::string needle(reinterpret_cast<const char*>(master->data()) + 8, 32);
+    const size_t at = bytes.find(needle);
+    REQUIRE(at != std::string::npos);
+    bytes[at + 5] ^= 0x10;
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
+    auto cli = Cli(dir, "next-update " + root + " --grad " + dir / "g.safetensors" +
+                            " --device cpu --procs 2 --json");
+    CHECK(cli.rc == 1);
+    CHECK(cli.err.find("worker") != std::string::npos);
+    CHECK(cli.err.find("rank_00000.h5") != std::string::npos);
+    CHECK(nlohmann::json::parse(cli.out)["error"]["code"] == "DataLoss");
+  }
+  SECTION("process counts: --gpus is for CUDA, --procs for the CPU") {
+    REQUIRE(WriteStateTensors(dir / "g.safetensors", s).ok());
+    const std::string grad = " --grad " + dir / "g.safetensors";
+    auto gpus_on_cpu = Cli(dir, "next-update " + root + grad + " --device cpu --gpus 2");
+    CHECK(gpus_on_cpu.rc == 2);
+    CHECK(gpus_on_cpu.err.find("--gpus needs --device cuda") != std::string::npos);
+    auto procs_on_cuda = Cli(dir, "next-update " + root + grad + " --device cuda --procs 2");
+    CHECK(procs_on_cuda.rc == 2);
+    auto zero = Cli(dir, "next-update " + root + grad + " --device cpu --procs 0");
+    CHECK(zero.rc == 2);
+    if (CudaDeviceCount() == 0) {
+      auto no_gpu = Cli(dir, "next-update " + root + grad + " --device cuda --gpus 2");
+      CHECK(no_gpu.rc == 2);
+    }
+  }
   SECTION("unknown device") {
     auto cli = Cli(dir, "next-update " + root + " --device tpu");
     CHECK(cli.rc == 2);
@@ -250,6 +286,88 @@ TEST_CASE("bad inputs: clear messages and documented exit codes", "[io]") {
   SECTION("missing checkpoint") {
     auto cli = Cli(dir, "next-update " + dir / "nowhere" + " --grad x");
     CHECK(cli.rc == 2);
+  }
+}
+
+// A state whose largest tensor is split inside (SplitElements cuts at multiples of 4096).
+RandomState SplitState() {
+  RandomState s = MakeRandomState(77);
+  std::mt19937 rng(78);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  RandomParam big;
+  big.name = "block1.mlp.weight";
+  big.shape = {3, 4100};
+  for (int i = 0; i < 3 * 4100; ++i) {
+    big.w.push_back(0.5f * normal(rng));
+    big.m.push_back(0.01f * normal(rng));
+    const float sq = 0.01f * normal(rng);
+    big.v.push_back(sq * sq + 1e-6f);
+    big.g.push_back(0.02f * normal(rng));
+  }
+  s.params.insert(s.params.begin() + 2, std::move(big));
+  return s;
+}
+
+TEST_CASE("next-update split over processes gives the single-process report", "[io]") {
+  ScratchDir dir("verify-split");
+  const RandomState s = SplitState();
+  REQUIRE(WriteStateCheckpoint(dir / "ckpt", s, 3, 3).ok());
+  REQUIRE(WriteStateTensors(dir / "g.safetensors", s).ok());
+  const std::string base = "next-update " + dir / "ckpt" + " --grad " + dir / "g.safetensors" +
+                           " --device cpu --json --reference " + dir / "trainlog.jsonl";
+  // The reference log: path (a)'s digest from an --out-less single run, for step 8.
+  std::ofstream(dir / "trainlog.jsonl")
+      << R"({"step": 8, "loss": 1, "grad_norm": 1, "lr": 0.003, "tokens": 1, "weights_xxh3": "0"})"
+      << "\n";
+  auto first = Cli(dir, base);
+  INFO(first.err);
+  REQUIRE(first.rc == 1);  // the made-up digest does not match
+  const std::string digest = nlohmann::json::parse(first.out)["digests"]["weights_xxh3"];
+  std::ofstream(dir / "trainlog.jsonl", std::ios::trunc)
+      << R"({"step": 8, "loss": 1, "grad_norm": 1, "lr": 0.003, "tokens": 1, "weights_xxh3": ")"
+      << digest << "\"}\n";
+
+  auto single = Cli(dir, base + " --out " + dir / "out1");
+  INFO(single.err);
+  REQUIRE(single.rc == 0);
+  const nlohmann::json a = nlohmann::json::parse(single.out);
+  CHECK(a["matches_reference"] == true);
+  CHECK(a["processes"] == 1);
+  for (int procs : {2, 3, 5}) {
+    const std::string out = dir / ("out" + std::to_string(procs));
+    auto split = Cli(dir, base + " --procs " + std::to_string(procs) + " --out " + out);
+    INFO("--procs " << procs << ": " << split.err);
+    REQUIRE(split.rc == 0);
+    const nlohmann::json b = nlohmann::json::parse(split.out);
+    CHECK(b["processes"] == procs);
+    CHECK(b["matches_reference"] == true);
+    CHECK(b["digests"] == a["digests"]);
+    CHECK(b["elements"] == a["elements"]);
+    CHECK(b["hyper"] == a["hyper"]);
+    for (const char* f :
+         {"full_state.safetensors", "weights_only.safetensors", "moments_dropped.safetensors"}) {
+      CHECK(ReadText(dir / ("out1/" + std::string(f))) == ReadText(out + "/" + f));
+    }
+    // Max and counts exactly; sums of squares are added in another order: 1e-12 relative.
+    auto same_path = [](const nlohmann::json& x, const nlohmann::json& y) {
+      CHECK(x["max_abs"] == y["max_abs"]);
+      CHECK(x["n_differ"] == y["n_differ"]);
+      CHECK(x["frac_differ"] == y["frac_differ"]);
+      for (const char* k : {"rel_l2", "rel_update", "update_norm", "update_norm_full"}) {
+        const double u = x[k].get<double>(), v = y[k].get<double>();
+        INFO(k << " " << u << " vs " << v);
+        CHECK(std::fabs(u - v) <= 1e-12 * std::fabs(u));
+      }
+    };
+    REQUIRE(b["tensors"].size() == a["tensors"].size());
+    for (size_t t = 0; t < a["tensors"].size(); ++t) {
+      INFO("tensor " << a["tensors"][t]["name"]);
+      CHECK(b["tensors"][t]["name"] == a["tensors"][t]["name"]);
+      same_path(a["tensors"][t]["weights_only"], b["tensors"][t]["weights_only"]);
+      same_path(a["tensors"][t]["moments_dropped"], b["tensors"][t]["moments_dropped"]);
+    }
+    same_path(a["overall"]["weights_only"], b["overall"]["weights_only"]);
+    same_path(a["overall"]["moments_dropped"], b["overall"]["moments_dropped"]);
   }
 }
 

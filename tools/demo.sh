@@ -35,7 +35,7 @@ first_loss() { /usr/bin/python3 -c "import json,sys; print('%.4f' % json.loads(o
 
 RUN="$DEMO/run"
 TRAIN=(--model tiny --zero 2 --micro-batch 4 --grad-accum 2 --lr 3e-3 --warmup 10 --seed 7
-       --save-every 20 --keep-last 3 --compress zstd:3)
+       --save-every 20 --keep-last 3 --compress zstd:1+shuffle)
 
 ckpt_log "1. train the tiny model on 4 ranks, ZeRO-2, 60 steps (checkpoints every 20)"
 "${MPIRUN[@]}" -n 4 "$BIN/engine_min" train "${TRAIN[@]}" --steps 60 --ckpt-dir "$RUN" \

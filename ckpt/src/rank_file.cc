@@ -97,11 +97,38 @@ std::optional<std::string> ReadStringAttr(hid_t obj, const char* name) {
   return out;
 }
 
+// HDF5's shuffle filter: byte j of every element goes to plane j. The 2- and 4-byte cases
+// (bf16/fp16, fp32) read each element once and write every plane in the same pass, which the
+// compiler vectorises; the general case walks one plane at a time.
 void ByteShuffle(const uint8_t* in, uint8_t* out, size_t nbytes, size_t elem) {
   const size_t n = nbytes / elem;
-  for (size_t j = 0; j < elem; ++j) {
-    uint8_t* dst = out + j * n;
-    for (size_t i = 0; i < n; ++i) dst[i] = in[i * elem + j];
+  if (elem == 4) {
+    uint8_t* p0 = out;
+    uint8_t* p1 = out + n;
+    uint8_t* p2 = out + 2 * n;
+    uint8_t* p3 = out + 3 * n;
+    for (size_t i = 0; i < n; ++i) {
+      uint32_t v;
+      std::memcpy(&v, in + 4 * i, 4);
+      p0[i] = static_cast<uint8_t>(v);
+      p1[i] = static_cast<uint8_t>(v >> 8);
+      p2[i] = static_cast<uint8_t>(v >> 16);
+      p3[i] = static_cast<uint8_t>(v >> 24);
+    }
+  } else if (elem == 2) {
+    uint8_t* p0 = out;
+    uint8_t* p1 = out + n;
+    for (size_t i = 0; i < n; ++i) {
+      uint16_t v;
+      std::memcpy(&v, in + 2 * i, 2);
+      p0[i] = static_cast<uint8_t>(v);
+      p1[i] = static_cast<uint8_t>(v >> 8);
+    }
+  } else {
+    for (size_t j = 0; j < elem; ++j) {
+      uint8_t* dst = out + j * n;
+      for (size_t i = 0; i < n; ++i) dst[i] = in[i * elem + j];
+    }
   }
   std::memcpy(out + n * elem, in + n * elem, nbytes - n * elem);  // leftover bytes, as HDF5
 }

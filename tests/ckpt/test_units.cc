@@ -41,7 +41,7 @@ TEST_CASE("Compression::Parse", "[unit]") {
   CHECK(z->level == 7);
   CHECK(z->shuffle);
   CHECK(z->ToString() == "zstd:7+shuffle");
-  CHECK(Compression::Parse("zstd")->level == 3);
+  CHECK(Compression::Parse("zstd")->level == 1);
   CHECK_FALSE(Compression::Parse("gzip").ok());
   CHECK_FALSE(Compression::Parse("zstd:99").ok());
   CHECK_FALSE(Compression::Parse("zstd:x").ok());

@@ -139,7 +139,7 @@ def main():
     ap.add_argument("--json", help="write every figure here")
     ap.add_argument("--markdown", help="also write the tables as Markdown (for docs/performance.md)")
     ap.add_argument("--work", default=None, help="scratch directory (default build-bench/bench-work)")
-    ap.add_argument("--compress", default="zstd:3", help="compression for the zstd save phase")
+    ap.add_argument("--compress", default="zstd:1+shuffle", help="compression for the zstd save phase")
     ap.add_argument("--engine-model", default="tiny", help="engine_min preset for the zstd study")
     ap.add_argument("--engine-steps", type=int, default=200, help="training steps for the zstd study")
     ap.add_argument("--skip", default="", help="comma list of phases to skip: torch,scaling,zstd,"

@@ -17,9 +17,10 @@ namespace ckpt {
 struct Compression {
   enum class Kind { kNone, kZstd };
   Kind kind = Kind::kNone;
-  int level = 3;
+  int level = 1;  // "zstd" alone: level 1 (docs/performance.md: level 3 buys no ratio on
+                  // optimizer state for about twice the CPU)
   bool shuffle = false;  // HDF5 byte-shuffle filter before zstd
-  // "none", "zstd", "zstd:5", "zstd:3+shuffle".
+  // "none", "zstd", "zstd:5", "zstd:1+shuffle" (the recommended setting).
   static Result<Compression> Parse(std::string_view text);
   std::string ToString() const;
 };

@@ -16,6 +16,7 @@
 #include "convert/safetensors.h"
 #include "seed001_lab.h"
 #include "test_util.h"
+#include "verify/nccl_combine.h"
 #include "verify/resume.h"
 #include "verify_test_util.h"
 
@@ -368,6 +369,41 @@ TEST_CASE("next-update split over processes gives the single-process report", "[
     }
     same_path(a["overall"]["weights_only"], b["overall"]["weights_only"]);
     same_path(a["overall"]["moments_dropped"], b["overall"]["moments_dropped"]);
+  }
+}
+
+TEST_CASE("next-update split over GPUs (NCCL) gives the one-GPU report", "[io][cuda]") {
+  std::string why;
+  const int gpus = CudaDeviceCount(&why);
+  if (gpus < 2 || !HaveNcclCombine()) {
+    WARN("[cuda] skipped: needs two GPUs and NCCL ("
+         << (gpus == 0 ? why : std::to_string(gpus) + " GPU(s)")
+         << (HaveNcclCombine() ? "" : ", built without NCCL") << ")");
+    return;
+  }
+  ScratchDir dir("verify-split-gpu");
+  const RandomState s = SplitState();
+  REQUIRE(WriteStateCheckpoint(dir / "ckpt", s, 2, 2).ok());
+  REQUIRE(WriteStateTensors(dir / "g.safetensors", s).ok());
+  const std::string base =
+      "next-update " + dir / "ckpt" + " --grad " + dir / "g.safetensors" + " --device cuda --json";
+  auto one = Cli(dir, base + " --gpus 1 --out " + dir / "one");
+  INFO(one.err);
+  REQUIRE(one.rc == 0);
+  auto all = Cli(dir, base + " --gpus " + std::to_string(gpus) + " --out " + dir / "all");
+  INFO(all.err);
+  REQUIRE(all.rc == 0);
+  const nlohmann::json a = nlohmann::json::parse(one.out), b = nlohmann::json::parse(all.out);
+  CHECK(b["processes"] == gpus);
+  CHECK(b["devices"].size() == static_cast<size_t>(gpus));
+  CHECK(b["digests"] == a["digests"]);
+  CHECK(ReadText(dir / "one/full_state.safetensors") ==
+        ReadText(dir / "all/full_state.safetensors"));
+  for (const char* path : {"weights_only", "moments_dropped"}) {
+    CHECK(b["overall"][path]["max_abs"] == a["overall"][path]["max_abs"]);
+    CHECK(b["overall"][path]["n_differ"] == a["overall"][path]["n_differ"]);
+    const double x = a["overall"][path]["rel_l2"], y = b["overall"][path]["rel_l2"];
+    CHECK(std::fabs(x - y) <= 1e-12 * std::fabs(x));
   }
 }
 

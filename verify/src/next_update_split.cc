@@ -166,10 +166,18 @@ class RankConcatReader {
   std::ifstream in_;
 };
 
-std::string SelfExe() {
+// The `ckpt` program the workers run: this one when it is `ckpt`, else (a test or another
+// program linking ckpt_verify) the one in $CKPT_BIN_DIR or next to this program.
+Result<std::string> CkptProgram(const std::string& bin_dir) {
   std::error_code ec;
-  auto exe = fs::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string("ckpt") : exe.string();
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec && self.filename() == "ckpt") return self.string();
+  const std::string exe = EngineBinDir(bin_dir) + "/ckpt";
+  if (!fs::exists(exe)) {
+    return NotFound("a split next-update runs the ckpt program once per process; not found at " +
+                    exe + " (set CKPT_BIN_DIR)");
+  }
+  return exe;
 }
 
 }  // namespace
@@ -327,7 +335,7 @@ Status RunSplitPass(const NextUpdateOptions& o, const CheckpointReader& reader,
   }
 
   // 1. Start the workers.
-  const std::string exe = SelfExe();
+  CKPT_ASSIGN_OR_RETURN(const std::string exe, CkptProgram(o.bin_dir), "next-update workers");
   std::vector<pid_t> pids;
   auto stop_all = [&pids] {
     for (pid_t p : pids) {

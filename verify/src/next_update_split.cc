@@ -382,21 +382,25 @@ Status RunSplitPass(const NextUpdateOptions& o, const CheckpointReader& reader,
     pids.push_back(pid);
   }
 
-  // 2. Wait; the first failure ends the others (an NCCL peer would wait for it forever).
+  // 2. Wait; the first failure ends the others (an NCCL peer would wait for it forever). Only
+  // our own children are waited for, so a calling program's other children are left alone.
   Status failure = Status::Ok();
   for (size_t left = pids.size(); left > 0;) {
-    int status = 0;
-    const pid_t pid = waitpid(-1, &status, 0);
-    if (pid < 0) {
-      if (errno == EINTR) continue;
-      failure = ErrnoError("waitpid", errno);
-      break;
+    int status = 0, rank = -1;
+    for (size_t i = 0; i < pids.size() && rank < 0; ++i) {
+      if (pids[i] <= 0) continue;
+      const pid_t got = waitpid(pids[i], &status, WNOHANG);
+      if (got == pids[i]) rank = static_cast<int>(i);
+      if (got < 0 && errno != EINTR) {
+        failure = ErrnoError("waitpid worker " + std::to_string(i), errno);
+        break;
+      }
     }
-    int rank = -1;
-    for (size_t i = 0; i < pids.size(); ++i) {
-      if (pids[i] == pid) rank = static_cast<int>(i);
+    if (!failure.ok()) break;
+    if (rank < 0) {
+      usleep(2000);
+      continue;
     }
-    if (rank < 0) continue;  // not one of ours
     pids[rank] = 0;
     --left;
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;

@@ -1,10 +1,12 @@
-// The CPU reference of the next-update pass. Every update goes through ckpt::AdamWElement, so
-// path (a) is bitwise what engine_min computed: vector and scalar code give the same bits
-// because the rule is IEEE add, multiply, divide and sqrt with contraction off. The reductions
+// The CPU reference of the next-update pass. Path (a) goes through ckpt::AdamWElement, so it
+// is bitwise what engine_min computed; paths (b) and (c) repeat the rule's operations with
+// shared zero-moment terms (RunBlock). Vector and scalar code give the same bits because the
+// rule is IEEE add, multiply, divide and sqrt with contraction off. The reductions
 // use independent lanes; their summation order only changes the statistics, never a weight.
 #include <unistd.h>
 
 #include <algorithm>
+#include <cassert>
 #include <cstdint>
 #include <cstring>
 #include <ctime>
@@ -175,6 +177,9 @@ class CpuPass final : public UpdatePass {
                         const PassOutputs& out) override {
     const AdamWFactors fa = MakeAdamWFactors(hyper.full);
     const AdamWFactors fb = MakeAdamWFactors(hyper.WeightsOnly());
+    // RunBlock's shared zero-moment terms rely on this: only the step differs.
+    assert(fa.decay == fb.decay && fa.one_minus_b1 == fb.one_minus_b1 && fa.beta2 == fb.beta2 &&
+           fa.one_minus_b2 == fb.one_minus_b2 && fa.eps == fb.eps);
     Accumulator acc;
     float* const dsts[5] = {out.w_full, out.m_full, out.v_full, out.w_weights_only,
                             out.w_moments_dropped};
@@ -230,8 +235,6 @@ std::unique_ptr<UpdatePass> MakeCpuPass() {
 std::unique_ptr<UpdatePass> MakeCpuPass(uint64_t stream_threshold_bytes) {
   return std::make_unique<CpuPass>(stream_threshold_bytes);
 }
-
-uint64_t CpuStreamThresholdBytes() { return StreamThresholdBytes(); }
 
 Result<PassBench> BenchCpuPass(uint64_t input_bytes, int reps) {
   const uint64_t n = std::max<uint64_t>(input_bytes / 16, 1024);

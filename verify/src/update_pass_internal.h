@@ -9,8 +9,6 @@
 namespace ckpt::verify {
 
 Result<PassBench> BenchCpuPass(uint64_t input_bytes, int reps);
-// Output bytes per Run above which the CPU pass writes with streaming stores.
-uint64_t CpuStreamThresholdBytes();
 
 #ifdef CKPT_VERIFY_HAVE_CUDA
 // Defined in update_pass_cuda.cu.

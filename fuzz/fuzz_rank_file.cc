@@ -6,7 +6,10 @@
 // sanitizer report is fine: corrupt input must come back as an error value.
 //
 // CKPT_FUZZ_WRITE_SEEDS=DIR writes the fixture's rank file (uncompressed and zstd) into DIR
-// and exits; fuzz/build.sh uses it to refresh tests/fuzz/corpus/rank_file/.
+// and exits: how tests/fuzz/corpus/rank_file/none.h5 and zstd.h5 were made
+// (`CKPT_FUZZ_WRITE_SEEDS=tests/fuzz/corpus/rank_file build-fuzz/bin/fuzz_rank_file`).
+// none_chunked_legacy.h5 is an uncompressed file from before the contiguous layout (chunked
+// tensors), which readers still accept.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>

@@ -25,16 +25,70 @@ bool ValidTagName(const std::string& tag) {
   return !tag.empty() && tag.find('/') == std::string::npos && tag[0] != '.' && tag.size() < 256;
 }
 
+// Committed tags (readable or not) and temporaries of `root`, tags oldest global_step first.
+Status ListTags(const std::string& root, Env* env, RootListing* out) {
+  CKPT_ASSIGN_OR_RETURN(std::vector<DirEntry> entries, env->ListDir(root), "");
+  for (const auto& e : entries) {
+    if (!e.is_dir) continue;
+    const std::string path = root + "/" + e.name;
+    if (IsTemporary(e.name)) {
+      out->temporary.push_back(path);
+      continue;
+    }
+    const std::string mpath = path + "/" + std::string(kManifestFile);
+    if (!env->Exists(mpath)) continue;  // not ours
+    TagInfo info;
+    info.tag = e.name;
+    info.path = path;
+    auto text = env->ReadFileToString(mpath);
+    auto m = text.ok() ? ParseManifest(*text, mpath) : Result<Manifest>(text.status());
+    if (m.ok()) {
+      info.global_step = m->counters.global_step;
+      info.ranks = m->topology.dp_world_size;
+      info.created_unix = m->created_unix;
+      for (const auto& f : m->files) info.bytes += f.bytes;
+    } else {
+      info.error = m.status().message();
+    }
+    out->tags.push_back(std::move(info));
+  }
+  std::sort(out->tags.begin(), out->tags.end(), [](const TagInfo& a, const TagInfo& b) {
+    if (a.global_step != b.global_step) return a.global_step < b.global_step;
+    if (a.created_unix != b.created_unix) return a.created_unix < b.created_unix;
+    return a.tag < b.tag;
+  });
+  std::sort(out->temporary.begin(), out->temporary.end());
+  return Status::Ok();
+}
+
+// The newest readable committed tag, or "" when there is none.
+std::string NewestTag(const RootListing& listing) {
+  for (auto it = listing.tags.rbegin(); it != listing.tags.rend(); ++it)
+    if (it->error.empty()) return it->tag;
+  return "";
+}
+
 }  // namespace
 
-Result<std::string> ReadLatest(const std::string& root, Env* env) {
+Result<std::string> ReadLatest(const std::string& root, Env* env, bool* inferred) {
   if (!env) env = Env::Default();
+  if (inferred) *inferred = false;
   const std::string path = root + "/" + std::string(kLatestFile);
   auto text = env->ReadFileToString(path);
   if (!text.ok()) {
-    if (text.status().code() == StatusCode::kNotFound)
-      return NotFound(root + " has no `latest` pointer (no committed checkpoint)");
-    return text.status();
+    if (text.status().code() != StatusCode::kNotFound) return text.status();
+    // No pointer. A save killed after committing its tag (the rename, step 6 of the protocol)
+    // and before writing `latest` (step 7) leaves a complete, durable tag: the newest one is
+    // what `latest` would have named. Only the first save into a root can leave this state.
+    RootListing listing;
+    if (env->Exists(root) && ListTags(root, env, &listing).ok()) {
+      const std::string newest = NewestTag(listing);
+      if (!newest.empty()) {
+        if (inferred) *inferred = true;
+        return newest;
+      }
+    }
+    return NotFound(root + " has no `latest` pointer (no committed checkpoint)");
   }
   const std::string tag = Trim(*text);
   if (!ValidTagName(tag)) return DataLoss(path + ": does not name a tag ('" + tag + "')");
@@ -53,10 +107,9 @@ Result<std::string> ResolveTagDir(const std::string& path, const std::string& ta
     return dir;
   }
   if (env->Exists(path + "/" + std::string(kManifestFile))) return path;
-  if (env->Exists(path + "/" + std::string(kLatestFile))) {
-    CKPT_ASSIGN_OR_RETURN(std::string latest, ReadLatest(path, env), "");
-    return path + "/" + latest;
-  }
+  auto latest = ReadLatest(path, env);
+  if (latest.ok()) return path + "/" + *latest;
+  if (latest.status().code() != StatusCode::kNotFound) return latest.status();
   return NotFound(path + " is neither a checkpoint root (no `latest`) nor a tag directory (no " +
                   std::string(kManifestFile) + ")");
 }
@@ -65,40 +118,10 @@ Result<RootListing> ListRoot(const std::string& root, Env* env) {
   if (!env) env = Env::Default();
   RootListing out;
   out.root = root;
-  CKPT_ASSIGN_OR_RETURN(std::vector<DirEntry> entries, env->ListDir(root), "");
-  auto latest = ReadLatest(root, env);
+  CKPT_RETURN_IF_ERROR(ListTags(root, env, &out), "");
+  auto latest = ReadLatest(root, env, &out.latest_inferred);
   if (latest.ok()) out.latest = *latest;
-  for (const auto& e : entries) {
-    if (!e.is_dir) continue;
-    const std::string path = root + "/" + e.name;
-    if (IsTemporary(e.name)) {
-      out.temporary.push_back(path);
-      continue;
-    }
-    const std::string mpath = path + "/" + std::string(kManifestFile);
-    if (!env->Exists(mpath)) continue;  // not ours
-    TagInfo info;
-    info.tag = e.name;
-    info.path = path;
-    auto text = env->ReadFileToString(mpath);
-    auto m = text.ok() ? ParseManifest(*text, mpath) : Result<Manifest>(text.status());
-    if (m.ok()) {
-      info.global_step = m->counters.global_step;
-      info.ranks = m->topology.dp_world_size;
-      info.created_unix = m->created_unix;
-      for (const auto& f : m->files) info.bytes += f.bytes;
-    } else {
-      info.error = m.status().message();
-    }
-    info.latest = e.name == out.latest;
-    out.tags.push_back(std::move(info));
-  }
-  std::sort(out.tags.begin(), out.tags.end(), [](const TagInfo& a, const TagInfo& b) {
-    if (a.global_step != b.global_step) return a.global_step < b.global_step;
-    if (a.created_unix != b.created_unix) return a.created_unix < b.created_unix;
-    return a.tag < b.tag;
-  });
-  std::sort(out.temporary.begin(), out.temporary.end());
+  for (auto& t : out.tags) t.latest = t.tag == out.latest;
   return out;
 }
 
@@ -178,6 +201,16 @@ Result<GcReport> CollectGarbage(const std::string& root, int keep_last, Env* env
     }
   }
   if (!report.removed_temporary.empty()) CKPT_RETURN_IF_ERROR(env->SyncDir(root), "gc");
+  // A save killed between committing its tag and writing `latest` (only possible for the
+  // first save into a root): write the pointer readers already infer.
+  bool inferred = false;
+  auto latest = ReadLatest(root, env, &inferred);
+  if (latest.ok() && inferred) {
+    CKPT_RETURN_IF_ERROR(
+        WriteFileAtomic(env, root + "/" + std::string(kLatestFile), *latest + "\n"),
+        "gc: restore `latest`");
+    report.restored_latest = *latest;
+  }
   CKPT_ASSIGN_OR_RETURN(report.removed_tags, ApplyRetention(root, keep_last, env), "gc");
   return report;
 }

@@ -60,6 +60,7 @@ std::function<int()> SetupLs(CLI::App& sub) {
       }
       PrintJson({{"root", listing->root},
                  {"latest", listing->latest.empty() ? json(nullptr) : json(listing->latest)},
+                 {"latest_inferred", listing->latest_inferred},
                  {"tags", tags},
                  {"temporary", listing->temporary}});
       return 0;
@@ -72,7 +73,8 @@ std::function<int()> SetupLs(CLI::App& sub) {
       }
       std::printf("%-24s %12lld %6d %12s %6s%s\n", t.tag.c_str(),
                   static_cast<long long>(t.global_step), t.ranks, FormatBytes(t.bytes).c_str(),
-                  Age(t.created_unix).c_str(), t.latest ? "  <- latest" : "");
+                  Age(t.created_unix).c_str(),
+                  !t.latest ? "" : listing->latest_inferred ? "  <- latest (inferred: no `latest` file; ckpt gc writes it)" : "  <- latest");
     }
     if (listing->tags.empty()) std::printf("(no committed tags)\n");
     if (!listing->temporary.empty()) {
@@ -322,11 +324,18 @@ std::function<int()> SetupGc(CLI::App& sub) {
     if (!report.ok()) return ReportError("gc", report.status(), a->json);
     if (a->json) {
       PrintJson({{"removed_temporary", report->removed_temporary},
-                 {"removed_tags", report->removed_tags}});
+                 {"removed_tags", report->removed_tags},
+                 {"restored_latest", report->restored_latest.empty()
+                                         ? json(nullptr)
+                                         : json(report->restored_latest)}});
     } else {
+      if (!report->restored_latest.empty())
+        std::printf("restored latest -> %s (a save had committed it but not written latest)\n",
+                    report->restored_latest.c_str());
       for (const auto& p : report->removed_temporary) std::printf("removed temporary %s\n", p.c_str());
       for (const auto& t : report->removed_tags) std::printf("removed tag %s\n", t.c_str());
-      if (report->removed_temporary.empty() && report->removed_tags.empty())
+      if (report->removed_temporary.empty() && report->removed_tags.empty() &&
+          report->restored_latest.empty())
         std::printf("nothing to remove\n");
     }
     return 0;

@@ -25,13 +25,17 @@ struct TagInfo {
 struct RootListing {
   std::string root;
   std::string latest;                  // empty when there is no latest pointer
+  bool latest_inferred = false;        // no `latest` file: the newest committed tag (ReadLatest)
   std::vector<TagInfo> tags;           // committed tags, oldest global_step first
   std::vector<std::string> temporary;  // paths of leftover temporary directories
 };
 
 Result<RootListing> ListRoot(const std::string& root, Env* env = nullptr);
-// The tag `latest` names. NotFound when absent; DataLoss when it names a missing tag.
-Result<std::string> ReadLatest(const std::string& root, Env* env = nullptr);
+// The tag `latest` names; DataLoss when it names a missing tag. When the file is absent but the
+// root holds committed tags (a first save killed between committing its tag and writing
+// `latest`), the newest readable committed tag, with *inferred set; NotFound when there is none.
+Result<std::string> ReadLatest(const std::string& root, Env* env = nullptr,
+                               bool* inferred = nullptr);
 // Resolves `path` (+ optional tag) to a tag directory: a directory with manifest.json is
 // itself; otherwise a root, at `tag` or at `latest`.
 Result<std::string> ResolveTagDir(const std::string& path, const std::string& tag = "",
@@ -55,6 +59,7 @@ class RootLock {
 struct GcReport {
   std::vector<std::string> removed_temporary;
   std::vector<std::string> removed_tags;
+  std::string restored_latest;  // non-empty: `latest` was missing and now names this tag
 };
 
 // Deletes committed tags older than the newest `keep_last` (0: none), never the one `latest`
@@ -62,7 +67,8 @@ struct GcReport {
 Result<std::vector<std::string>> ApplyRetention(const std::string& root, int keep_last,
                                                 Env* env = nullptr);
 // Takes the root lock (FailedPrecondition while a saver holds it), removes temporary
-// directories left by crashed saves and applies retention.
+// directories left by crashed saves, writes a missing `latest` (see ReadLatest) and applies
+// retention.
 Result<GcReport> CollectGarbage(const std::string& root, int keep_last, Env* env = nullptr);
 
 }  // namespace ckpt

@@ -4,6 +4,8 @@
 
 #include "zstd_filter.h"
 
+#include <algorithm>
+#include <cstring>
 #include <mutex>
 
 namespace ckpt::h5 {
@@ -52,6 +54,95 @@ std::string ErrorText() {
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, CollectMessage, &msg);
   H5Eclear2(H5E_DEFAULT);
   return msg.empty() ? "HDF5 error" : msg;
+}
+
+hid_t FileType(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return H5T_IEEE_F32LE;
+    case DType::kF64:
+      return H5T_IEEE_F64LE;
+    case DType::kBF16:
+    case DType::kF16:
+    case DType::kU16:
+      return H5T_STD_U16LE;
+    case DType::kI64:
+      return H5T_STD_I64LE;
+    case DType::kI32:
+      return H5T_STD_I32LE;
+    case DType::kU8:
+      return H5T_STD_U8LE;
+  }
+  return H5T_STD_U8LE;
+}
+
+hid_t MemType(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return H5T_NATIVE_FLOAT;
+    case DType::kF64:
+      return H5T_NATIVE_DOUBLE;
+    case DType::kBF16:
+    case DType::kF16:
+    case DType::kU16:
+      return H5T_NATIVE_UINT16;
+    case DType::kI64:
+      return H5T_NATIVE_INT64;
+    case DType::kI32:
+      return H5T_NATIVE_INT32;
+    case DType::kU8:
+      return H5T_NATIVE_UINT8;
+  }
+  return H5T_NATIVE_UINT8;
+}
+
+Status WriteStringAttr(hid_t obj, const char* name, const std::string& value) {
+  Handle type = Type(H5Tcopy(H5T_C_S1));
+  H5Tset_size(type.get(), std::max<size_t>(1, value.size()));
+  H5Tset_strpad(type.get(), H5T_STR_NULLPAD);
+  Handle space = Space(H5Screate(H5S_SCALAR));
+  Handle attr = Attr(H5Acreate2(obj, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT));
+  if (!attr.valid()) return IOError(std::string("attribute ") + name + ": " + ErrorText());
+  // HDF5 has no zero-size string type: "" is stored as one NUL byte.
+  std::string padded = value.empty() ? std::string(1, '\0') : value;
+  if (H5Awrite(attr.get(), type.get(), padded.data()) < 0)
+    return IOError(std::string("attribute ") + name + ": " + ErrorText());
+  return Status::Ok();
+}
+
+Status WriteIntAttr(hid_t obj, const char* name, int64_t value) {
+  Handle space = Space(H5Screate(H5S_SCALAR));
+  Handle attr = Attr(H5Acreate2(obj, name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT));
+  if (!attr.valid() || H5Awrite(attr.get(), H5T_NATIVE_INT64, &value) < 0)
+    return IOError(std::string("attribute ") + name + ": " + ErrorText());
+  return Status::Ok();
+}
+
+Result<std::string> ReadStringAttr(hid_t obj, const char* name) {
+  if (H5Aexists(obj, name) <= 0) return NotFound(std::string("attribute ") + name + " missing");
+  Handle attr = Attr(H5Aopen(obj, name, H5P_DEFAULT));
+  if (!attr.valid()) return DataLoss(std::string("attribute ") + name + ": " + ErrorText());
+  Handle ftype = Type(H5Aget_type(attr.get()));
+  if (H5Tget_class(ftype.get()) != H5T_STRING)
+    return DataLoss(std::string("attribute ") + name + " is not a string");
+  if (H5Tis_variable_str(ftype.get()) > 0) {
+    Handle mtype = Type(H5Tcopy(H5T_C_S1));
+    H5Tset_size(mtype.get(), H5T_VARIABLE);
+    // HDF5 converts no string between character sets: read in the attribute's own.
+    H5Tset_cset(mtype.get(), H5Tget_cset(ftype.get()));
+    char* p = nullptr;
+    if (H5Aread(attr.get(), mtype.get(), &p) < 0 || p == nullptr)
+      return DataLoss(std::string("attribute ") + name + ": " + ErrorText());
+    std::string out(p);
+    H5free_memory(p);
+    return out;
+  }
+  const size_t n = H5Tget_size(ftype.get());
+  std::string buf(n, '\0');
+  if (H5Aread(attr.get(), ftype.get(), buf.data()) < 0)
+    return DataLoss(std::string("attribute ") + name + ": " + ErrorText());
+  buf.resize(std::strlen(buf.c_str()));
+  return buf;
 }
 
 }  // namespace ckpt::h5

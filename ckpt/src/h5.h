@@ -1,12 +1,17 @@
 // Private HDF5 helpers: RAII handles, one-time library setup (zstd filter 32015, quiet error
-// stack), and error text from HDF5's error stack.
+// stack), error text from HDF5's error stack, the HDF5 types of a ckpt dtype and scalar
+// attributes. Private to the format library; convert (the universal layout) includes it as a
+// friend (convert/CMakeLists.txt), so both write and read HDF5 with the same code.
 #pragma once
 
 #include <hdf5.h>
 
+#include <cstdint>
 #include <string>
+#include <string_view>
 #include <utility>
 
+#include "ckpt/dtype.h"
 #include "ckpt/status.h"
 
 namespace ckpt::h5 {
@@ -69,5 +74,19 @@ inline Handle Type(hid_t id) { return Handle(id, H5Tclose); }
 inline Handle Plist(hid_t id) { return Handle(id, H5Pclose); }
 inline Handle Attr(hid_t id) { return Handle(id, H5Aclose); }
 inline Handle Group(hid_t id) { return Handle(id, H5Gclose); }
+
+// File (little-endian) and memory types of a ckpt dtype; bf16/fp16 are stored as uint16. Both
+// are HDF5's predefined types: never close them.
+hid_t FileType(DType t);
+hid_t MemType(DType t);
+
+// Scalar attributes of a file, group or dataset. Strings are written fixed-length, null-padded
+// ASCII (docs/format.md). IOError naming the attribute on failure.
+Status WriteStringAttr(hid_t obj, const char* name, const std::string& value);
+Status WriteIntAttr(hid_t obj, const char* name, int64_t value);
+// Reads a string attribute of any HDF5 string type: fixed-length, or variable-length in its
+// own character set (h5py writes UTF-8). NotFound when absent; DataLoss when it is not a
+// string or cannot be read.
+Result<std::string> ReadStringAttr(hid_t obj, const char* name);
 
 }  // namespace ckpt::h5

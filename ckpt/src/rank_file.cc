@@ -23,80 +23,6 @@ namespace ckpt::internal {
 
 namespace {
 
-hid_t FileTypeFor(DType t) {
-  switch (t) {
-    case DType::kF32: return H5T_IEEE_F32LE;
-    case DType::kF64: return H5T_IEEE_F64LE;
-    case DType::kBF16:
-    case DType::kF16:
-    case DType::kU16: return H5T_STD_U16LE;
-    case DType::kI64: return H5T_STD_I64LE;
-    case DType::kI32: return H5T_STD_I32LE;
-    case DType::kU8: return H5T_STD_U8LE;
-  }
-  return H5T_STD_U8LE;
-}
-
-hid_t MemTypeFor(DType t) {
-  switch (t) {
-    case DType::kF32: return H5T_NATIVE_FLOAT;
-    case DType::kF64: return H5T_NATIVE_DOUBLE;
-    case DType::kBF16:
-    case DType::kF16:
-    case DType::kU16: return H5T_NATIVE_UINT16;
-    case DType::kI64: return H5T_NATIVE_INT64;
-    case DType::kI32: return H5T_NATIVE_INT32;
-    case DType::kU8: return H5T_NATIVE_UINT8;
-  }
-  return H5T_NATIVE_UINT8;
-}
-
-Status WriteStringAttr(hid_t obj, const char* name, const std::string& value) {
-  h5::Handle type = h5::Type(H5Tcopy(H5T_C_S1));
-  H5Tset_size(type.get(), std::max<size_t>(1, value.size()));
-  H5Tset_strpad(type.get(), H5T_STR_NULLPAD);
-  h5::Handle space = h5::Space(H5Screate(H5S_SCALAR));
-  h5::Handle attr =
-      h5::Attr(H5Acreate2(obj, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT));
-  if (!attr.valid()) return IOError(std::string("attribute ") + name + ": " + h5::ErrorText());
-  std::string padded = value.empty() ? std::string(1, '\0') : value;
-  if (H5Awrite(attr.get(), type.get(), padded.data()) < 0)
-    return IOError(std::string("attribute ") + name + ": " + h5::ErrorText());
-  return Status::Ok();
-}
-
-Status WriteIntAttr(hid_t obj, const char* name, int64_t value) {
-  h5::Handle space = h5::Space(H5Screate(H5S_SCALAR));
-  h5::Handle attr = h5::Attr(
-      H5Acreate2(obj, name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT));
-  if (!attr.valid() || H5Awrite(attr.get(), H5T_NATIVE_INT64, &value) < 0)
-    return IOError(std::string("attribute ") + name + ": " + h5::ErrorText());
-  return Status::Ok();
-}
-
-// Reads a string attribute of any HDF5 string type; empty optional when absent or not a string.
-std::optional<std::string> ReadStringAttr(hid_t obj, const char* name) {
-  if (H5Aexists(obj, name) <= 0) return std::nullopt;
-  h5::Handle attr = h5::Attr(H5Aopen(obj, name, H5P_DEFAULT));
-  if (!attr.valid()) return std::nullopt;
-  h5::Handle type = h5::Type(H5Aget_type(attr.get()));
-  if (H5Tget_class(type.get()) != H5T_STRING) return std::nullopt;
-  if (H5Tis_variable_str(type.get()) > 0) {
-    char* value = nullptr;
-    h5::Handle mem = h5::Type(H5Tcopy(H5T_C_S1));
-    H5Tset_size(mem.get(), H5T_VARIABLE);
-    if (H5Aread(attr.get(), mem.get(), &value) < 0 || value == nullptr) return std::nullopt;
-    std::string out(value);
-    H5free_memory(value);
-    return out;
-  }
-  const size_t size = H5Tget_size(type.get());
-  std::string out(size, '\0');
-  if (H5Aread(attr.get(), type.get(), out.data()) < 0) return std::nullopt;
-  out.resize(std::strlen(out.c_str()));
-  return out;
-}
-
 // HDF5's shuffle filter: byte j of every element goes to plane j. The 2- and 4-byte cases
 // (bf16/fp16, fp32) read each element once and write every plane in the same pass, which the
 // compiler vectorises; the general case walks one plane at a time.
@@ -242,13 +168,14 @@ Status CreateOne(hid_t file, const DatasetSpec& spec, size_t record, const SaveO
   }
   h5::Handle lcpl = h5::Plist(H5Pcreate(H5P_LINK_CREATE));
   H5Pset_create_intermediate_group(lcpl.get(), 1);
-  h5::Handle dset = h5::Dataset(H5Dcreate2(file, spec.name.c_str(), FileTypeFor(spec.dtype),
+  h5::Handle dset = h5::Dataset(H5Dcreate2(file, spec.name.c_str(), h5::FileType(spec.dtype),
                                            space.get(), lcpl.get(), dcpl.get(), H5P_DEFAULT));
   if (!dset.valid()) return IOError("create dataset: " + h5::ErrorText());
-  CKPT_RETURN_IF_ERROR(WriteStringAttr(dset.get(), "dtype", std::string(DTypeName(spec.dtype))), "");
-  CKPT_RETURN_IF_ERROR(WriteStringAttr(dset.get(), "kind", spec.kind), "");
+  CKPT_RETURN_IF_ERROR(
+      h5::WriteStringAttr(dset.get(), "dtype", std::string(DTypeName(spec.dtype))), "");
+  CKPT_RETURN_IF_ERROR(h5::WriteStringAttr(dset.get(), "kind", spec.kind), "");
   if (!spec.blob_kind.empty())
-    CKPT_RETURN_IF_ERROR(WriteStringAttr(dset.get(), "blob_kind", spec.blob_kind), "");
+    CKPT_RETURN_IF_ERROR(h5::WriteStringAttr(dset.get(), "blob_kind", spec.blob_kind), "");
   if (numel == 0) return Status::Ok();
   if (zstd) return WriteCompressedChunks(dset.get(), spec, rows_per_chunk, inner, comp, threads);
   const haddr_t addr = H5Dget_offset(dset.get());
@@ -331,14 +258,14 @@ Result<std::vector<DirectSegment>> WriteStructure(const std::string& path,
   std::vector<DirectSegment> direct;
   h5::Handle file = h5::File(H5Fcreate(path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, fapl));
   if (!file.valid()) return IOError("create " + path + ": " + h5::ErrorText());
-  CKPT_RETURN_IF_ERROR(WriteStringAttr(file.get(), "format", std::string(kFormatName)), path);
-  CKPT_RETURN_IF_ERROR(WriteStringAttr(file.get(), "format_version",
+  CKPT_RETURN_IF_ERROR(h5::WriteStringAttr(file.get(), "format", std::string(kFormatName)), path);
+  CKPT_RETURN_IF_ERROR(h5::WriteStringAttr(file.get(), "format_version",
                                        std::to_string(kFormatMajor) + "." +
                                            std::to_string(kFormatMinor)),
                        path);
-  CKPT_RETURN_IF_ERROR(WriteStringAttr(file.get(), "tag", header.tag), path);
-  CKPT_RETURN_IF_ERROR(WriteIntAttr(file.get(), "rank", header.rank), path);
-  CKPT_RETURN_IF_ERROR(WriteIntAttr(file.get(), "dp_world_size", header.world), path);
+  CKPT_RETURN_IF_ERROR(h5::WriteStringAttr(file.get(), "tag", header.tag), path);
+  CKPT_RETURN_IF_ERROR(h5::WriteIntAttr(file.get(), "rank", header.rank), path);
+  CKPT_RETURN_IF_ERROR(h5::WriteIntAttr(file.get(), "dp_world_size", header.world), path);
   for (const auto& spec : datasets) {
     const std::string where = path + ": dataset /" + spec.name;
     int64_t numel = 1;
@@ -484,15 +411,15 @@ Result<std::unique_ptr<RankFile>> RankFile::Open(const std::string& path, std::s
   }
   rf->impl_->file = h5::File(fid);
   // The file says what it is: refuse foreign files and newer major versions before reading.
-  const auto format = ReadStringAttr(fid, "format");
-  if (!format || *format != kFormatName) {
+  const Result<std::string> format = h5::ReadStringAttr(fid, "format");
+  if (!format.ok() || *format != kFormatName) {
     H5Eclear2(H5E_DEFAULT);
     return DataLoss(rf->impl_->label + ": not a ckpt rank file (attribute 'format' is " +
-                    (format ? "'" + *format + "'" : std::string("missing")) + ")");
+                    (format.ok() ? "'" + *format + "'" : std::string("missing")) + ")");
   }
-  const auto version = ReadStringAttr(fid, "format_version");
+  const Result<std::string> version = h5::ReadStringAttr(fid, "format_version");
   int major = -1, minor = -1;
-  if (!version || std::sscanf(version->c_str(), "%d.%d", &major, &minor) != 2 || major < 0) {
+  if (!version.ok() || std::sscanf(version->c_str(), "%d.%d", &major, &minor) != 2 || major < 0) {
     return DataLoss(rf->impl_->label + ": missing or malformed attribute 'format_version'");
   }
   if (major > kFormatMajor) {
@@ -542,7 +469,7 @@ Status RankFile::CheckShape(const DatasetRecord& rec) const {
   if (got != rec.shape)
     return DataLoss(impl_->label + ": dataset /" + rec.name + ": stored shape differs from manifest");
   h5::Handle type = h5::Type(H5Dget_type(d));
-  if (H5Tequal(type.get(), FileTypeFor(rec.dtype)) <= 0 &&
+  if (H5Tequal(type.get(), h5::FileType(rec.dtype)) <= 0 &&
       H5Tget_size(type.get()) != DTypeSize(rec.dtype))
     return DataLoss(impl_->label + ": dataset /" + rec.name + ": stored type differs from manifest");
   impl_->shape_ok.insert(rec.name);
@@ -560,7 +487,7 @@ Result<std::optional<uint64_t>> RankFile::Impl::DirectOffset(const DatasetRecord
   const bool little = H5Tget_size(type.get()) == 1 || H5Tget_order(type.get()) == H5T_ORDER_LE;
   if (dcpl.valid() && H5Pget_layout(dcpl.get()) == H5D_CONTIGUOUS &&
       H5Pget_nfilters(dcpl.get()) == 0 && addr != HADDR_UNDEF &&
-      H5Tequal(type.get(), FileTypeFor(rec.dtype)) > 0 && little &&
+      H5Tequal(type.get(), h5::FileType(rec.dtype)) > 0 && little &&
       H5Dget_storage_size(d) == rec.bytes) {
     if (static_cast<uint64_t>(addr) > file_bytes || rec.bytes > file_bytes - addr)
       return DataLoss(label + ": dataset /" + rec.name + ": its data at byte " +
@@ -589,7 +516,7 @@ Status RankFile::ReadAll(const DatasetRecord& rec, void* out, Xxh3Stream* digest
     return Status::Ok();
   }
   CKPT_ASSIGN_OR_RETURN(hid_t d, impl_->Dataset(rec, /*whole=*/true), "");
-  if (H5Dread(d, MemTypeFor(rec.dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0)
+  if (H5Dread(d, h5::MemType(rec.dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0)
     return DataLoss(impl_->label + ": dataset /" + rec.name + ": read failed (" +
                     h5::ErrorText() + ")");
   if (digest) digest->Update(out, rec.bytes);
@@ -618,7 +545,7 @@ Status RankFile::ReadSlice(const DatasetRecord& rec, int64_t offset, int64_t cou
   hsize_t start = static_cast<hsize_t>(offset), cnt = static_cast<hsize_t>(count);
   H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, &start, nullptr, &cnt, nullptr);
   h5::Handle mspace = h5::Space(H5Screate_simple(1, &cnt, nullptr));
-  if (H5Dread(d, MemTypeFor(rec.dtype), mspace.get(), fspace.get(), H5P_DEFAULT, out) < 0)
+  if (H5Dread(d, h5::MemType(rec.dtype), mspace.get(), fspace.get(), H5P_DEFAULT, out) < 0)
     return DataLoss(impl_->label + ": dataset /" + rec.name + ": read failed (" +
                     h5::ErrorText() + ")");
   return Status::Ok();

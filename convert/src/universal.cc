@@ -20,7 +20,8 @@
 #include "ckpt/hash.h"
 #include "ckpt/progress.h"
 #include "ckpt/root.h"
-#include "h5_util.h"
+#include "h5.h"
+#include "h5_dataspace.h"
 #include "output_dir.h"
 #include "state_source.h"
 
@@ -123,7 +124,7 @@ struct UniversalReader::Impl {
     if (H5Tget_size(ftype.get()) != DTypeSize(dtype))
       return DataLoss(Label() + ": dataset /" + name + " has another element size than its dtype " +
                       std::string(DTypeName(dtype)));
-    CKPT_RETURN_IF_ERROR(h5::SelectFlatRange(fspace.get(), shape, begin, end),
+    CKPT_RETURN_IF_ERROR(SelectFlatRange(fspace.get(), shape, begin, end),
                          Label() + ": /" + name);
     const hsize_t n = static_cast<hsize_t>(end - begin);
     h5::Handle mspace = h5::Space(H5Screate_simple(1, &n, nullptr));
@@ -291,7 +292,7 @@ class UniversalWriter {
   Result<h5::Handle> CreateDataset(const std::string& name, DType dtype,
                                    const std::vector<int64_t>& shape, const std::string& kind,
                                    const std::string& blob_kind) {
-    h5::Handle space = h5::SpaceFor(shape);
+    h5::Handle space = SpaceFor(shape);
     h5::Handle d = h5::Dataset(H5Dcreate2(file_, name.c_str(), h5::FileType(dtype), space.get(),
                                           lcpl_.get(), dcpl_.get(), H5P_DEFAULT));
     if (!d.valid()) return IOError("create dataset /" + name + ": " + h5::ErrorText());
@@ -307,7 +308,7 @@ class UniversalWriter {
                     DType dtype, int64_t begin, int64_t end, const void* data) {
     if (end <= begin) return Status::Ok();
     h5::Handle fspace = h5::Space(H5Dget_space(d));
-    CKPT_RETURN_IF_ERROR(h5::SelectFlatRange(fspace.get(), shape, begin, end), "/" + name);
+    CKPT_RETURN_IF_ERROR(SelectFlatRange(fspace.get(), shape, begin, end), "/" + name);
     const hsize_t n = static_cast<hsize_t>(end - begin);
     h5::Handle mspace = h5::Space(H5Screate_simple(1, &n, nullptr));
     if (H5Dwrite(d, h5::MemType(dtype), mspace.get(), fspace.get(), H5P_DEFAULT, data) < 0)

@@ -412,7 +412,9 @@ void RunShardedSuite(const char* compression, int zero, Tally& tally, bool stric
     }
     Verdict v = cases.Run(kind, "delete", rel,
                           [&](const std::string& w) { std::filesystem::remove(w + "/latest"); });
-    EXPECT_CASE(v.outcome == Outcome::kRefused);
+    // Without the pointer, readers resolve the newest committed tag, which is what `latest`
+    // named here (docs/format.md: a first save killed before writing `latest`).
+    EXPECT_CASE(v.outcome == Outcome::kBenign);
     v = cases.Run(kind, "names a tag that does not exist", rel,
                   [&](const std::string& w) { Spit(w + "/latest", "global_step999\n"); });
     EXPECT_CASE(v.outcome == Outcome::kDetected);

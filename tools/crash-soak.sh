@@ -136,6 +136,10 @@ check_root() {
   summary="$(ls_summary "$root")" || { fail "ckpt ls --json after gc failed"; return; }
   read -r tags tmp latest bad <<<"$summary"
   [ "$tmp" = 0 ] || fail "$tmp temporary director(ies) left after ckpt gc"
+  # gc writes the `latest` that readers infer after a first save killed before writing it.
+  if [ "$tags" -gt 0 ] && [ ! -f "$root/latest" ]; then
+    fail "$tags committed tag(s) and no latest file after ckpt gc"
+  fi
 }
 
 engine_root="$work/engine"

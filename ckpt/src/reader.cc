@@ -141,7 +141,7 @@ Status CheckpointReader::VerifyDataset(int rank, std::string_view name) const {
   if (rec->shape.size() == 1) {
     CKPT_RETURN_IF_ERROR(f->CheckShape(*rec), "");
     const size_t elem = DTypeSize(rec->dtype);
-    const int64_t block = std::max<int64_t>(1, (8 << 20) / static_cast<int64_t>(elem));
+    const int64_t block = std::max<int64_t>(1, (1 << 20) / static_cast<int64_t>(elem));  // in L2
     std::vector<uint8_t> buf(static_cast<size_t>(std::min<int64_t>(block, rec->shape[0])) * elem);
     Xxh3Stream h;
     for (int64_t off = 0; off < rec->shape[0]; off += block) {

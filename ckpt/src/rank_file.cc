@@ -306,8 +306,8 @@ Result<RankFileWritten> WriteRankFile(const std::string& path, const RankFileHea
   // Phase 2: the uncompressed bytes, outside HDF5 (and its global lock), in file order. Each
   // 1 MiB piece is hashed into its dataset's digest and, with file_checksum, into the file's
   // digest while it is in cache, then written and its writeback started: one pass over the
-  // data, overlapped with the disk. The bytes between the
-  // regions (HDF5 metadata, compressed chunks) are read back for the file digest.
+  // data, overlapped with the disk. The bytes between the regions (HDF5 metadata, compressed
+  // chunks) are read back for the file digest.
   std::sort(direct.begin(), direct.end(),
             [](const DirectSegment& a, const DirectSegment& b) { return a.offset < b.offset; });
   Fd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC));

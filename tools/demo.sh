@@ -82,7 +82,9 @@ note "corrupted copy: ckpt check --deep" "exit 1, names rank_00002.h5"
 ckpt_log "5. export fp32 weights to safetensors (reads master weights only)"
 "$CKPT" export-fp32 "$RUN" "$DEMO/export"
 ls -l "$DEMO/export"
-note "export-fp32" "$(ls "$DEMO/export" | tr '\n' ' ')"
+# The export carries its own checksums (__metadata__ ckpt_tensor_xxh3 / ckpt_header_xxh3).
+"$CKPT" check --deep "$DEMO/export"
+note "export-fp32" "$(ls "$DEMO/export" | tr '\n' ' ')(ckpt check --deep: ok)"
 
 ckpt_log "6. universal layout, then reshard 4 -> 2 ranks"
 "$CKPT" to-universal "$RUN" "$DEMO/universal"

@@ -16,9 +16,7 @@
 // Outputs and digests are therefore bitwise those of one process; max_abs and the counts are
 // exact; sums of squares are added in another order (per piece, then per rank) and may differ
 // in the last bits.
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -33,8 +31,6 @@
 #include "next_update_internal.h"
 #include "verify/nccl_combine.h"
 #include "verify/trainlog.h"
-
-extern char** environ;
 
 namespace ckpt::verify {
 namespace fs = std::filesystem;
@@ -361,25 +357,13 @@ Status RunSplitPass(const NextUpdateOptions& o, const CheckpointReader& reader,
                                      "--worker-dir",
                                      dir};
     if (!o.out_dir.empty()) argv.push_back("--worker-all-outputs");
-    const std::string log = RankFile(dir, rank, "log");
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(),
-                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
-    posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-    std::vector<char*> args;
-    for (auto& a : argv) args.push_back(a.data());
-    args.push_back(nullptr);
-    pid_t pid = 0;
-    const int rc = posix_spawn(&pid, exe.c_str(), &actions, nullptr, args.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    if (rc != 0) {
+    auto pid = SpawnLogged(argv, RankFile(dir, rank, "log"), /*append=*/false);
+    if (!pid.ok()) {
       stop_all();
-      return Internal("cannot start worker " + std::to_string(rank) + " (" + exe +
-                      "): " + std::strerror(rc));
+      return Internal("cannot start worker " + std::to_string(rank) + ": " +
+                      pid.status().message());
     }
-    pids.push_back(pid);
+    pids.push_back(*pid);
   }
 
   // 2. Wait; the first failure ends the others (an NCCL peer would wait for it forever). Only

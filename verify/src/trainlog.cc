@@ -59,12 +59,13 @@ std::string EngineBinDir(const std::string& bin_dir) {
   return exe.parent_path().string();
 }
 
-Result<int> RunProcess(const std::vector<std::string>& argv, const std::string& log_path) {
-  if (argv.empty()) return InvalidArgument("RunProcess: empty command");
+Result<pid_t> SpawnLogged(const std::vector<std::string>& argv, const std::string& log_path,
+                          bool append) {
+  if (argv.empty()) return InvalidArgument("SpawnLogged: empty command");
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_path.c_str(),
-                                   O_WRONLY | O_CREAT | O_APPEND, 0644);
+                                   O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC), 0644);
   posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
   posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
   std::vector<char*> args;
@@ -76,6 +77,11 @@ Result<int> RunProcess(const std::vector<std::string>& argv, const std::string& 
   if (rc != 0) {
     return NotFound("cannot start " + argv[0] + ": " + std::strerror(rc));
   }
+  return pid;
+}
+
+Result<int> RunProcess(const std::vector<std::string>& argv, const std::string& log_path) {
+  CKPT_ASSIGN_OR_RETURN(const pid_t pid, SpawnLogged(argv, log_path), "");
   int status = 0;
   while (waitpid(pid, &status, 0) < 0) {
     if (errno != EINTR) return ErrnoError("waitpid " + argv[0], errno);

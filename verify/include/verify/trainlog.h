@@ -2,6 +2,8 @@
 // optimizer step. Also the weights digest it records and the helpers that launch engine_min.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <map>
 #include <string>
@@ -31,8 +33,12 @@ Result<std::map<int64_t, TrainlogEntry>> ReadTrainlog(const std::string& path);
 // directory of /proc/self/exe.
 std::string EngineBinDir(const std::string& bin_dir);
 
-// Runs argv (argv[0] looked up in PATH) with stdout and stderr appended to log_path; returns
-// the exit status (128 + signal when killed). NotFound when the program cannot be started.
+// Starts argv (argv[0] looked up in PATH) with stdout and stderr going to log_path (appended,
+// or truncated first) and stdin from /dev/null; returns its pid without waiting. NotFound when
+// the program cannot be started.
+Result<pid_t> SpawnLogged(const std::vector<std::string>& argv, const std::string& log_path,
+                          bool append = true);
+// SpawnLogged, then waits: the exit status (128 + signal when killed).
 Result<int> RunProcess(const std::vector<std::string>& argv, const std::string& log_path);
 // The last `max_bytes` of a file, for error messages.
 std::string TailOfFile(const std::string& path, size_t max_bytes = 2000);

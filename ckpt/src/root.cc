@@ -68,33 +68,44 @@ std::string NewestTag(const RootListing& listing) {
   return "";
 }
 
-}  // namespace
-
-Result<std::string> ReadLatest(const std::string& root, Env* env, bool* inferred) {
-  if (!env) env = Env::Default();
-  if (inferred) *inferred = false;
+// The tag the `latest` file names; NotFound when there is no file.
+Result<std::string> ReadLatestFile(const std::string& root, Env* env) {
   const std::string path = root + "/" + std::string(kLatestFile);
   auto text = env->ReadFileToString(path);
   if (!text.ok()) {
-    if (text.status().code() != StatusCode::kNotFound) return text.status();
-    // No pointer. A save killed after committing its tag (the rename, step 6 of the protocol)
-    // and before writing `latest` (step 7) leaves a complete, durable tag: the newest one is
-    // what `latest` would have named. Only the first save into a root can leave this state.
-    RootListing listing;
-    if (env->Exists(root) && ListTags(root, env, &listing).ok()) {
-      const std::string newest = NewestTag(listing);
-      if (!newest.empty()) {
-        if (inferred) *inferred = true;
-        return newest;
-      }
-    }
-    return NotFound(root + " has no `latest` pointer (no committed checkpoint)");
+    if (text.status().code() == StatusCode::kNotFound)
+      return NotFound(root + " has no `latest` pointer (no committed checkpoint)");
+    return text.status();
   }
   const std::string tag = Trim(*text);
   if (!ValidTagName(tag)) return DataLoss(path + ": does not name a tag ('" + tag + "')");
   if (!env->Exists(root + "/" + tag + "/" + std::string(kManifestFile)))
     return DataLoss(path + " names '" + tag + "', which is not a committed tag in " + root);
   return tag;
+}
+
+// No `latest` file (`missing` says so): a save killed after committing its tag (the rename,
+// step 6 of the protocol) and before writing `latest` (step 7) leaves a complete, durable tag,
+// and the newest one is what `latest` would have named. Only the first save into a root can
+// leave this state.
+Result<std::string> InferLatest(const RootListing& listing, const Status& missing,
+                                bool* inferred) {
+  const std::string newest = NewestTag(listing);
+  if (newest.empty()) return missing;
+  if (inferred) *inferred = true;
+  return newest;
+}
+
+}  // namespace
+
+Result<std::string> ReadLatest(const std::string& root, Env* env, bool* inferred) {
+  if (!env) env = Env::Default();
+  if (inferred) *inferred = false;
+  auto latest = ReadLatestFile(root, env);
+  if (latest.ok() || latest.status().code() != StatusCode::kNotFound) return latest;
+  RootListing listing;
+  if (!env->Exists(root) || !ListTags(root, env, &listing).ok()) return latest.status();
+  return InferLatest(listing, latest.status(), inferred);
 }
 
 Result<std::string> ResolveTagDir(const std::string& path, const std::string& tag, Env* env) {
@@ -119,7 +130,9 @@ Result<RootListing> ListRoot(const std::string& root, Env* env) {
   RootListing out;
   out.root = root;
   CKPT_RETURN_IF_ERROR(ListTags(root, env, &out), "");
-  auto latest = ReadLatest(root, env, &out.latest_inferred);
+  auto latest = ReadLatestFile(root, env);
+  if (!latest.ok() && latest.status().code() == StatusCode::kNotFound)
+    latest = InferLatest(out, latest.status(), &out.latest_inferred);
   if (latest.ok()) out.latest = *latest;
   for (auto& t : out.tags) t.latest = t.tag == out.latest;
   return out;

@@ -39,16 +39,6 @@ void Init() {
   }
 }
 
-}  // namespace ckpt::h5
-
-namespace ckpt {
-
-void DisableHdf5ExitCleanup() { H5dont_atexit(); }
-
-}  // namespace ckpt
-
-namespace ckpt::h5 {
-
 std::string ErrorText() {
   std::string msg;
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, CollectMessage, &msg);
@@ -56,45 +46,38 @@ std::string ErrorText() {
   return msg.empty() ? "HDF5 error" : msg;
 }
 
-hid_t FileType(DType t) {
+namespace {
+
+// The file (little-endian) and memory types of each dtype, in one table.
+struct Types {
+  hid_t file;
+  hid_t mem;
+};
+
+Types TypesOf(DType t) {
   switch (t) {
     case DType::kF32:
-      return H5T_IEEE_F32LE;
+      return {H5T_IEEE_F32LE, H5T_NATIVE_FLOAT};
     case DType::kF64:
-      return H5T_IEEE_F64LE;
+      return {H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE};
     case DType::kBF16:
     case DType::kF16:
     case DType::kU16:
-      return H5T_STD_U16LE;
+      return {H5T_STD_U16LE, H5T_NATIVE_UINT16};
     case DType::kI64:
-      return H5T_STD_I64LE;
+      return {H5T_STD_I64LE, H5T_NATIVE_INT64};
     case DType::kI32:
-      return H5T_STD_I32LE;
+      return {H5T_STD_I32LE, H5T_NATIVE_INT32};
     case DType::kU8:
-      return H5T_STD_U8LE;
+      break;
   }
-  return H5T_STD_U8LE;
+  return {H5T_STD_U8LE, H5T_NATIVE_UINT8};
 }
 
-hid_t MemType(DType t) {
-  switch (t) {
-    case DType::kF32:
-      return H5T_NATIVE_FLOAT;
-    case DType::kF64:
-      return H5T_NATIVE_DOUBLE;
-    case DType::kBF16:
-    case DType::kF16:
-    case DType::kU16:
-      return H5T_NATIVE_UINT16;
-    case DType::kI64:
-      return H5T_NATIVE_INT64;
-    case DType::kI32:
-      return H5T_NATIVE_INT32;
-    case DType::kU8:
-      return H5T_NATIVE_UINT8;
-  }
-  return H5T_NATIVE_UINT8;
-}
+}  // namespace
+
+hid_t FileType(DType t) { return TypesOf(t).file; }
+hid_t MemType(DType t) { return TypesOf(t).mem; }
 
 Status WriteStringAttr(hid_t obj, const char* name, const std::string& value) {
   Handle type = Type(H5Tcopy(H5T_C_S1));
@@ -146,3 +129,9 @@ Result<std::string> ReadStringAttr(hid_t obj, const char* name) {
 }
 
 }  // namespace ckpt::h5
+
+namespace ckpt {
+
+void DisableHdf5ExitCleanup() { H5dont_atexit(); }
+
+}  // namespace ckpt

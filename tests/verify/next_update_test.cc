@@ -227,9 +227,10 @@ TEST_CASE("bad inputs: clear messages and documented exit codes", "[io]") {
   SECTION("verify-resume needs an engine checkpoint and a reference log") {
     auto cli = Cli(dir, "verify-resume " + root + " --steps 1");
     CHECK(cli.rc == 2);
-    CHECK(cli.err.find("not written by engine_min") != std::string::npos);
+    CHECK(cli.err.find("this checkpoint has no engine config") != std::string::npos);
     ScratchDir eng("verify-noref");
-    REQUIRE(WriteStateCheckpoint(eng / "ckpt", s, 2, 1, {{"model", "tiny"}}).ok());
+    REQUIRE(WriteStateCheckpoint(eng / "ckpt", s, 2, 1, {{"model", "tiny"}, {"global_batch", 8}})
+                .ok());
     auto noref = Cli(dir, "verify-resume " + eng / "ckpt" + " --steps 1 --json");
     CHECK(noref.rc == 2);
     CHECK(noref.err.find("trainlog.jsonl not found") != std::string::npos);
@@ -239,8 +240,14 @@ TEST_CASE("bad inputs: clear messages and documented exit codes", "[io]") {
         << "\n";
     auto short_log = Cli(dir, "verify-resume " + eng / "ckpt" + " --steps 3");
     CHECK(short_log.rc == 2);
-    CHECK(short_log.err.find("no entry for step 9") != std::string::npos);
-    CHECK(short_log.err.find("choose --steps <= 1") != std::string::npos);
+    // Without --tag: no tag is followed by 3 logged steps; the message names what would work.
+    CHECK(short_log.err.find("is followed by 3 logged step(s)") != std::string::npos);
+    CHECK(short_log.err.find("tags that would work: global_step7 (--steps <= 1)") !=
+          std::string::npos);
+    auto short_tag = Cli(dir, "verify-resume " + eng / "ckpt" + " --tag global_step7 --steps 3");
+    CHECK(short_tag.rc == 2);
+    CHECK(short_tag.err.find("no entry for step 9") != std::string::npos);
+    CHECK(short_tag.err.find("choose --steps <= 1") != std::string::npos);
     auto bad_ablate = Cli(dir, "verify-resume " + eng / "ckpt" + " --steps 1 --ablate weights");
     CHECK(bad_ablate.rc == 2);
     CHECK(bad_ablate.err.find("unknown component 'weights'") != std::string::npos);

@@ -133,7 +133,9 @@ std::function<int()> SetupVerifyResume(CLI::App& sub) {
   auto a = std::make_shared<Args>();
   sub.add_option("root", a->o.root, "checkpoint root or tag directory")->required();
   sub.add_option("--steps", a->o.steps, "optimizer steps to run after the checkpoint")->required();
-  sub.add_option("--tag", a->o.tag, "tag to resume (default: latest)");
+  sub.add_option("--tag", a->o.tag,
+                 "tag to resume (default: the newest tag the run log continues for --steps "
+                 "steps)");
   sub.add_option("--reference", a->o.reference, "original run log (default ROOT/trainlog.jsonl)");
   sub.add_option("--ablate", a->ablate,
                  "none|moments|step|rng|data|scheduler|all (or a comma list): also resume with "
@@ -165,7 +167,8 @@ std::function<int()> SetupVerify(CLI::App& sub) {
   };
   auto a = std::make_shared<Args>();
   sub.add_option("root", a->o.root, "checkpoint root or tag directory")->required();
-  sub.add_option("--tag", a->o.tag, "tag to verify (default: latest)");
+  sub.add_option("--tag", a->o.tag,
+                 "tag to verify (default: the newest tag the run log continues past)");
   sub.add_option("--junit", a->junit, "also write a JUnit XML report here");
   sub.add_option("--grad", a->o.grad_file, "next-update gradient for non-engine checkpoints");
   sub.add_option("--reference", a->o.reference, "original run log (default ROOT/trainlog.jsonl)");
@@ -195,7 +198,10 @@ std::function<int()> SetupVerify(CLI::App& sub) {
                          {"message", c.message},
                          {"seconds", c.seconds}});
       }
-      PrintJson({{"checkpoint", r.target}, {"ok", rc == 0}, {"exit_code", rc}, {"cases", cases}});
+      nlohmann::json j = {
+          {"checkpoint", r.target}, {"ok", rc == 0}, {"exit_code", rc}, {"cases", cases}};
+      if (!r.tag_note.empty()) j["tag_note"] = r.tag_note;
+      PrintJson(j);
     } else {
       std::cout << CiToText(r);
       for (const CiCase& c : r.cases) {

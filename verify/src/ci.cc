@@ -11,6 +11,7 @@
 #include "ckpt/root.h"
 #include "verify/next_update.h"
 #include "verify/resume.h"
+#include "verify/trainlog.h"
 
 namespace ckpt::verify {
 namespace {
@@ -75,12 +76,16 @@ int CiReport::ExitCode() const {
 CiReport RunCiVerify(const CiOptions& o) {
   CiReport rep;
   rep.target = o.root + (o.tag.empty() ? "" : " tag " + o.tag);
-  auto tag_dir = ResolveTagDir(o.root, o.tag);
-  if (!tag_dir.ok()) {
-    rep.cases.push_back(ErrorCase("deep_check", tag_dir.status()));
+  // The one-step resume needs a logged step after the tag: by default the newest tag that has
+  // one, not `latest` (the end of the run).
+  auto choice = ChooseTagToVerify(o.root, o.tag, o.reference, /*steps=*/1);
+  if (!choice.ok()) {
+    rep.cases.push_back(ErrorCase("deep_check", choice.status()));
     return rep;
   }
+  const std::string* tag_dir = &choice->tag_dir;
   rep.target = *tag_dir;
+  rep.tag_note = choice->note;
 
   rep.cases.push_back(Timed([&] {
     CiCase c;
@@ -111,14 +116,14 @@ CiReport RunCiVerify(const CiOptions& o) {
     return rep;
   }
   auto reader = CheckpointReader::Open(*tag_dir);
-  const bool engine = reader.ok() && !reader->manifest().engine_config.empty();
+  const bool engine = reader.ok() && HasEngineConfig(reader->manifest().engine_config);
 
   rep.cases.push_back(Timed([&] {
     CiCase c;
     c.name = "resume_parity";
     if (!engine) {
       c.outcome = CiCase::Outcome::kSkipped;
-      c.message = "skipped: not an engine_min checkpoint (no engine_config), nothing to relaunch";
+      c.message = "skipped: this checkpoint has no engine config, nothing to relaunch";
       return c;
     }
     ResumeOptions ro;
@@ -126,6 +131,7 @@ CiReport RunCiVerify(const CiOptions& o) {
     ro.steps = 1;
     ro.reference = o.reference;
     ro.bin_dir = o.bin_dir;
+    ro.checked = true;
     auto r = RunVerifyResume(ro);
     if (!r.ok()) return ErrorCase("resume_parity", r.status());
     c.details = ResumeToText(*r);
@@ -144,7 +150,7 @@ CiReport RunCiVerify(const CiOptions& o) {
     c.name = "next_update";
     if (!engine && o.grad_file.empty()) {
       c.outcome = CiCase::Outcome::kSkipped;
-      c.message = "skipped: not an engine_min checkpoint and no --grad file";
+      c.message = "skipped: this checkpoint has no engine config: pass --grad";
       return c;
     }
     NextUpdateOptions no;
@@ -222,6 +228,7 @@ std::string CiToJUnit(const CiReport& r) {
 std::string CiToText(const CiReport& r) {
   std::ostringstream os;
   os << "ckpt verify " << r.target << "\n";
+  if (!r.tag_note.empty()) os << r.tag_note << "\n";
   for (const CiCase& c : r.cases) {
     const char* tag = c.outcome == CiCase::Outcome::kPassed    ? "PASS"
                       : c.outcome == CiCase::Outcome::kFailed  ? "FAIL"

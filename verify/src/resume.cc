@@ -181,21 +181,91 @@ class ScratchRoot {
 
 }  // namespace
 
+namespace {
+
+// Logged steps that follow `step` without a gap.
+int64_t LoggedStepsAfter(const std::map<int64_t, TrainlogEntry>& log, int64_t step) {
+  int64_t n = 0;
+  while (log.count(step + n + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+Result<TagChoice> ChooseTagToVerify(const std::string& root, const std::string& tag,
+                                    const std::string& reference, int64_t steps) {
+  std::error_code ec;
+  if (!tag.empty() || fs::exists(fs::path(root) / "manifest.json", ec)) {
+    CKPT_ASSIGN_OR_RETURN(std::string dir, ResolveTagDir(root, tag), "open checkpoint " + root);
+    return TagChoice{dir, ""};
+  }
+  const std::string log_path = reference.empty() ? root + "/trainlog.jsonl" : reference;
+  auto log = ReadTrainlog(log_path);
+  if (!log.ok() && log.status().code() == StatusCode::kNotFound) {
+    CKPT_ASSIGN_OR_RETURN(std::string dir, ResolveTagDir(root), "open checkpoint " + root);
+    return TagChoice{dir, ""};
+  }
+  CKPT_RETURN_IF_ERROR(log.status(), "reference");
+  CKPT_ASSIGN_OR_RETURN(RootListing listing, ListRoot(root), "open checkpoint " + root);
+  const int64_t log_end = log->empty() ? -1 : log->rbegin()->first;
+  std::string workable;
+  for (auto t = listing.tags.rbegin(); t != listing.tags.rend(); ++t) {
+    if (!t->error.empty()) continue;
+    const int64_t after = LoggedStepsAfter(*log, t->global_step);
+    if (after >= steps) {
+      std::string note = "tag " + t->tag + " (default: the newest tag with at least " +
+                         std::to_string(steps) + " logged step(s) after it in " + log_path;
+      for (const TagInfo& l : listing.tags) {
+        if (l.latest && !t->latest) {
+          note += "; latest, " + l.tag + ", is followed by " +
+                  std::to_string(LoggedStepsAfter(*log, l.global_step)) + "; --tag chooses";
+        }
+      }
+      return TagChoice{t->path, note + ")"};
+    }
+    if (after > 0) {
+      workable += (workable.empty() ? "" : ", ") + t->tag + " (--steps <= " +
+                  std::to_string(after) + ")";
+    }
+  }
+  if (listing.tags.empty()) return NotFound(root + " holds no committed checkpoint");
+  return FailedPrecondition(
+      "no tag of " + root + " is followed by " + std::to_string(steps) + " logged step(s) in " +
+      log_path + " (it ends at step " + std::to_string(log_end) + "): " +
+      (workable.empty() ? "no tag has a logged step after it; train past a saved tag first"
+                        : "tags that would work: " + workable));
+}
+
 Result<ResumeReport> RunVerifyResume(const ResumeOptions& o) {
   if (o.steps < 1) return InvalidArgument("--steps must be at least 1");
   ResumeReport rep;
-  CKPT_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(o.root, o.tag),
+  CKPT_ASSIGN_OR_RETURN(TagChoice choice,
+                        ChooseTagToVerify(o.root, o.tag, o.reference, o.steps), "verify-resume");
+  rep.tag_note = choice.note;
+  CKPT_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(choice.tag_dir),
                         "open checkpoint " + o.root);
   const Manifest& m = reader.manifest();
   rep.tag_dir = reader.dir();
   rep.from_step = m.counters.global_step;
+  // engine_min would find a corrupt file too, but as a failed launch (exit 2); corruption is a
+  // finding (DataLoss, exit 1), reported before anything runs.
+  std::vector<Problem> problems;
+  if (!o.checked) {
+    CKPT_ASSIGN_OR_RETURN(problems, CheckCheckpoint(rep.tag_dir, /*deep=*/true),
+                          "check " + rep.tag_dir);
+  }
+  if (!problems.empty()) {
+    const Problem& p = problems.front();
+    return DataLoss(rep.tag_dir + " is corrupt (" + std::to_string(problems.size()) +
+                    " problem(s); ckpt check --deep lists them): " + p.file +
+                    (p.dataset.empty() ? "" : " " + p.dataset) + ": " + p.what);
+  }
   rep.steps = o.steps;
   rep.ranks = std::max(1, m.topology.dp_world_size);
   rep.zero_stage = m.topology.zero_stage;
-  if (m.engine_config.empty()) {
-    return FailedPrecondition(rep.tag_dir +
-                              " was not written by engine_min (no engine_config): "
-                              "verify-resume can only relaunch engine_min checkpoints");
+  if (!HasEngineConfig(m.engine_config)) {
+    return FailedPrecondition(NoEngineConfigMessage(
+        rep.tag_dir, "there is no engine to relaunch: verify-resume needs an engine_min checkpoint"));
   }
   const std::string orig_root = fs::path(rep.tag_dir).lexically_normal().parent_path().string();
   rep.reference = o.reference.empty() ? orig_root + "/trainlog.jsonl" : o.reference;
@@ -328,6 +398,7 @@ nlohmann::json ResumeToJson(const ResumeReport& r) {
   j["first_divergence"] = DivergenceJson(r.plain.first);
   j["from_step"] = r.from_step;
   j["checkpoint"] = r.tag_dir;
+  if (!r.tag_note.empty()) j["tag_note"] = r.tag_note;
   j["reference"] = r.reference;
   j["ranks"] = r.ranks;
   j["zero_stage"] = r.zero_stage;
@@ -354,6 +425,7 @@ nlohmann::json ResumeToJson(const ResumeReport& r) {
 std::string ResumeToText(const ResumeReport& r) {
   std::ostringstream os;
   char buf[512];
+  if (!r.tag_note.empty()) os << r.tag_note << "\n";
   os << "resumed " << r.tag_dir << " (global_step " << r.from_step << ", " << r.ranks
      << " ranks, ZeRO-" << r.zero_stage << ") for " << r.steps << " step(s); reference "
      << r.reference << "\n";

@@ -50,6 +50,15 @@ Result<std::map<int64_t, TrainlogEntry>> ReadTrainlog(const std::string& path) {
   return entries;
 }
 
+bool HasEngineConfig(const nlohmann::json& engine_config) {
+  return engine_config.is_object() && engine_config.contains("global_batch");
+}
+
+std::string NoEngineConfigMessage(const std::string& tag_dir, const std::string& what) {
+  return tag_dir + ": this checkpoint has no engine config (engine_min did not write it), so " +
+         what;
+}
+
 std::string EngineBinDir(const std::string& bin_dir) {
   if (!bin_dir.empty()) return bin_dir;
   if (const char* d = std::getenv("CKPT_BIN_DIR"); d && *d) return d;

@@ -30,6 +30,7 @@ struct CiCase {
 
 struct CiReport {
   std::string target;
+  std::string tag_note;  // how the tag was chosen when none was given (ChooseTagToVerify)
   std::vector<CiCase> cases;
   // 0 when every case passed or was skipped, 1 when one failed, 2 when one could not run.
   int ExitCode() const;

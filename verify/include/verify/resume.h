@@ -20,6 +20,19 @@ const std::vector<std::string>& AblationComponents();
 // "none" -> {}, "all" -> every component, "moments,step" -> those; InvalidArgument otherwise.
 Result<std::vector<std::string>> ParseAblate(const std::string& text);
 
+// The checkpoint a verification runs on. An explicit tag, or a tag directory, is taken as
+// given. Without one, the newest committed tag of `root` whose step the run log (`reference`,
+// default ROOT/trainlog.jsonl) continues for at least `steps` logged steps: `latest` is
+// usually the end of the run, which no log continues. A root without a run log (not written by
+// engine_min) resolves to `latest`. FailedPrecondition naming the tags that would work (and the
+// --steps each allows) when no tag qualifies.
+struct TagChoice {
+  std::string tag_dir;
+  std::string note;  // non-empty when chosen by default: which tag and why, for the output
+};
+Result<TagChoice> ChooseTagToVerify(const std::string& root, const std::string& tag,
+                                    const std::string& reference, int64_t steps);
+
 struct ResumeOptions {
   std::string root;
   std::string tag;
@@ -29,6 +42,7 @@ struct ResumeOptions {
   std::string bin_dir;              // empty: EngineBinDir("")
   std::string scratch;              // empty: a temporary directory, removed afterwards
   bool keep_scratch = false;
+  bool checked = false;  // the caller has deep-checked the checkpoint (ckpt verify)
 };
 
 struct Divergence {
@@ -59,6 +73,7 @@ struct AblationResult {
 
 struct ResumeReport {
   std::string tag_dir;
+  std::string tag_note;  // TagChoice::note
   int64_t from_step = 0;
   int64_t steps = 0;
   int ranks = 1;
@@ -69,9 +84,11 @@ struct ResumeReport {
   bool bitwise() const { return !plain.first.has_value(); }
 };
 
-// NotFound: checkpoint, reference log or engine_min missing. FailedPrecondition: not an
-// engine_min checkpoint, the log does not cover the K steps, or engine_min failed (its output
-// is in the message). DataLoss: unreadable checkpoint or log.
+// Without a tag, runs on ChooseTagToVerify's choice. The checkpoint is checked (sizes, file
+// checksums) before engine_min is launched. NotFound: checkpoint, reference log or engine_min
+// missing. FailedPrecondition: not an engine_min checkpoint, the log does not cover the K
+// steps, or engine_min failed (its output is in the message). DataLoss: a corrupt checkpoint
+// (exit 1) or an unreadable log.
 Result<ResumeReport> RunVerifyResume(const ResumeOptions& options);
 
 // `--json` contract (issue 5): {"verdict", "steps", "first_divergence", "ablations": [...]}.

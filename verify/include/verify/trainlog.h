@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "ckpt/status.h"
 
 namespace ckpt::verify {
@@ -28,6 +30,13 @@ struct TrainlogEntry {
 // log) keeps the last entry. NotFound when the file is missing; DataLoss naming the line when
 // a line is not a valid entry.
 Result<std::map<int64_t, TrainlogEntry>> ReadTrainlog(const std::string& path);
+
+// Whether engine_min wrote the checkpoint: its engine_config is engine_min's (it holds
+// global_batch), the condition for relaunching engine_min on it. Other writers may store
+// their own engine_config (ckpt synth: {"generator": ...}); those need --grad.
+bool HasEngineConfig(const nlohmann::json& engine_config);
+// The message when it is not: "<dir>: this checkpoint has no engine config: pass --grad ...".
+std::string NoEngineConfigMessage(const std::string& tag_dir, const std::string& what);
 
 // Directory holding engine_min: `bin_dir` when non-empty, else $CKPT_BIN_DIR, else the
 // directory of /proc/self/exe.

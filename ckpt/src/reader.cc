@@ -36,17 +36,23 @@ struct CheckpointReader::Impl {
     return d;
   }
 
+  Status CheckFile(const FileRecord& f) const {
+    const std::string path = dir + "/" + f.path;
+    if (!env->Exists(path)) return DataLoss(path + " is missing (the manifest lists it)");
+    CKPT_ASSIGN_OR_RETURN(uint64_t size, env->FileSize(path), "");
+    if (size != f.bytes)
+      return DataLoss(path + ": size " + std::to_string(size) + " bytes, manifest records " +
+                      std::to_string(f.bytes) + " (truncated or replaced)");
+    return Status::Ok();
+  }
+
   Result<internal::RankFile*> File(int rank) const {
     if (files.size() != manifest.files.size()) files.resize(manifest.files.size());
     auto& slot = files.at(static_cast<size_t>(rank));
     if (!slot) {
       const FileRecord* f = manifest.FileForRank(rank);
+      CKPT_RETURN_IF_ERROR(CheckFile(*f), "");
       const std::string path = dir + "/" + f->path;
-      if (!env->Exists(path)) return DataLoss(f->path + " is missing from " + dir);
-      CKPT_ASSIGN_OR_RETURN(uint64_t size, env->FileSize(path), "");
-      if (size != f->bytes)
-        return DataLoss(f->path + ": size " + std::to_string(size) + " bytes, manifest records " +
-                        std::to_string(f->bytes) + " (truncated or replaced)");
       CKPT_ASSIGN_OR_RETURN(slot, internal::RankFile::Open(path, f->path), "");
     }
     return slot.get();
@@ -81,6 +87,11 @@ Result<CheckpointReader> CheckpointReader::Open(const std::string& path, const s
 const Manifest& CheckpointReader::manifest() const { return impl_->manifest; }
 const std::string& CheckpointReader::dir() const { return impl_->dir; }
 const std::string& CheckpointReader::tag() const { return impl_->manifest.tag; }
+
+Status CheckpointReader::CheckFiles() const {
+  for (const FileRecord& f : impl_->manifest.files) CKPT_RETURN_IF_ERROR(impl_->CheckFile(f), "");
+  return Status::Ok();
+}
 uint64_t CheckpointReader::bytes_read() const { return impl_->bytes_read; }
 
 Status CheckpointReader::ReadDataset(int rank, std::string_view name, void* out,

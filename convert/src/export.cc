@@ -23,7 +23,7 @@
 
 #include "ckpt/progress.h"
 #include "convert/safetensors.h"
-#include "output_dir.h"
+#include "convert/output_dir.h"
 #include "state_source.h"
 
 namespace ckpt::convert {

@@ -1,4 +1,4 @@
-#include "output_dir.h"
+#include "convert/output_dir.h"
 
 #include <filesystem>
 #include <random>

@@ -25,7 +25,7 @@
 #include "ckpt/manifest.h"
 #include "ckpt/progress.h"
 #include "ckpt/writer.h"
-#include "output_dir.h"
+#include "convert/output_dir.h"
 #include "state_source.h"
 
 namespace ckpt::convert {

@@ -159,20 +159,6 @@ class ShardedSource final : public StateSource {
     return Status::Ok();
   }
 
-  // Checks that every rank file exists with its recorded size, so a missing or truncated
-  // file is reported before any output is written.
-  Status CheckFiles(Env* env) const {
-    for (const auto& f : manifest().files) {
-      const std::string path = dir() + "/" + f.path;
-      if (!env->Exists(path)) return DataLoss(path + " is missing (manifest lists it)");
-      CKPT_ASSIGN_OR_RETURN(uint64_t size, env->FileSize(path), path);
-      if (f.bytes != 0 && size != f.bytes)
-        return DataLoss(path + " has " + std::to_string(size) + " bytes, the manifest records " +
-                        std::to_string(f.bytes) + " (truncated or replaced)");
-    }
-    return Status::Ok();
-  }
-
  private:
   Status HashUpTo(int rank, const std::string& state, HashStream& s, int64_t target) {
     while (s.cursor < target) {
@@ -309,9 +295,9 @@ Result<std::unique_ptr<StateSource>> OpenStateSource(const std::string& path,
   o.env = env;
   o.verify_checksums = true;
   CKPT_ASSIGN_OR_RETURN(CheckpointReader r, CheckpointReader::Open(dir, "", o), "");
-  auto src = std::make_unique<ShardedSource>(std::move(r), stream_verify);
-  CKPT_RETURN_IF_ERROR(src->CheckFiles(env), "");
-  return std::unique_ptr<StateSource>(std::move(src));
+  // A missing or truncated rank file is reported before any output is written.
+  CKPT_RETURN_IF_ERROR(r.CheckFiles(), "");
+  return std::unique_ptr<StateSource>(new ShardedSource(std::move(r), stream_verify));
 }
 
 }  // namespace ckpt::convert

@@ -22,7 +22,7 @@
 #include "ckpt/root.h"
 #include "h5.h"
 #include "h5_dataspace.h"
-#include "output_dir.h"
+#include "convert/output_dir.h"
 #include "state_source.h"
 
 namespace ckpt::convert {

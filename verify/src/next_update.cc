@@ -16,6 +16,7 @@
 #include "ckpt/manifest.h"
 #include "ckpt/reader.h"
 #include "ckpt/root.h"
+#include "convert/output_dir.h"
 #include "convert/safetensors.h"
 #include "next_update_internal.h"
 #include "verify/trainlog.h"
@@ -272,8 +273,19 @@ Status RunSingleProcess(const CheckpointReader& reader, const convert::Safetenso
 
 Result<NextUpdateReport> RunNextUpdate(const NextUpdateOptions& o) {
   NextUpdateReport r;
+  // --out: refused when it holds anything, written in a staging directory and published by
+  // one rename at the end; on any failure nothing appears (convert/output_dir.h).
+  std::optional<convert::StagedOutput> out;
+  if (!o.out_dir.empty()) {
+    CKPT_ASSIGN_OR_RETURN(convert::StagedOutput staged,
+                          convert::StagedOutput::Begin(o.out_dir, Env::Default()), "--out");
+    out.emplace(std::move(staged));
+  }
   CKPT_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(o.root, o.tag),
                         "open checkpoint " + o.root);
+  // Every file of the checkpoint, as export and reshard check them: a missing or truncated
+  // rank file is DataLoss even when the pass reads nothing from it.
+  CKPT_RETURN_IF_ERROR(reader.CheckFiles(), "");
   const Manifest& m = reader.manifest();
   r.tag_dir = reader.dir();
   r.tag = reader.tag();
@@ -284,10 +296,9 @@ Result<NextUpdateReport> RunNextUpdate(const NextUpdateOptions& o) {
   std::string grad_path = o.grad_file;
   const bool engine_grad = grad_path.empty();
   if (engine_grad) {
-    if (m.engine_config.empty()) {
-      return FailedPrecondition(r.tag_dir +
-                                " was not written by engine_min (no engine_config), "
-                                "so its next batch is unknown: pass --grad GRADS.safetensors");
+    if (!HasEngineConfig(m.engine_config)) {
+      return FailedPrecondition(NoEngineConfigMessage(
+          r.tag_dir, "its next batch is unknown: pass --grad GRADS.safetensors"));
     }
     CKPT_ASSIGN_OR_RETURN(TempDir t, TempDir::Create("ckpt-next-update"), "scratch directory");
     scratch.emplace(std::move(t));
@@ -338,17 +349,14 @@ Result<NextUpdateReport> RunNextUpdate(const NextUpdateOptions& o) {
     if (p.trainable()) specs.push_back({p.name, DType::kF32, p.shape});
   }
   ResultSinks sinks;
-  if (!o.out_dir.empty()) {
-    std::error_code ec;
-    fs::create_directories(o.out_dir, ec);
-    if (ec) return IOError("create " + o.out_dir + ": " + ec.message());
+  if (out) {
     const std::map<std::string, std::string> meta = {{"source", r.tag_dir},
                                                      {"producer", "ckpt next-update"}};
     auto make = [&](const char* name, const char* path_kind,
                     std::optional<convert::SafetensorsWriter>& w) -> Status {
       auto meta2 = meta;
       meta2["path"] = path_kind;
-      auto writer = convert::SafetensorsWriter::Create(o.out_dir + "/" + name, specs, meta2);
+      auto writer = convert::SafetensorsWriter::Create(out->staging() + "/" + name, specs, meta2);
       CKPT_RETURN_IF_ERROR(writer, std::string("create ") + name);
       w.emplace(std::move(writer).value());
       return Status::Ok();
@@ -407,6 +415,8 @@ Result<NextUpdateReport> RunNextUpdate(const NextUpdateOptions& o) {
       }
     }
   }
+  // Last: nothing after publishing can fail.
+  if (out) CKPT_RETURN_IF_ERROR(out->Commit(), "publish " + o.out_dir);
   return r;
 }
 

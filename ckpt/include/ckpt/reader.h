@@ -59,6 +59,10 @@ class CheckpointReader {
   // Streams a dataset in bounded memory (8 MiB blocks) and checks its XXH3 against the
   // manifest. DataLoss naming the file and dataset on mismatch.
   Status VerifyDataset(int rank, std::string_view name) const;
+  // Every rank file the manifest lists exists with its recorded size: what every command that
+  // opens a checkpoint checks before it writes anything (a truncated file it would not read is
+  // still a damaged checkpoint). DataLoss naming the file.
+  Status CheckFiles() const;
   // Data bytes read from rank files so far (for reshard's read accounting).
   uint64_t bytes_read() const;
 

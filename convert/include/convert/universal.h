@@ -54,7 +54,7 @@ struct ToUniversalReport {
 // universal checkpoint is accepted too) into a universal checkpoint at `out`, which must not
 // exist or be empty. Reads each source dataset once, in order, and checks its XXH3 while
 // streaming; memory is bounded by a 4 Mi-element buffer. Output appears atomically
-// (convert/src/output_dir.h). Errors: NotFound / Unimplemented / DataLoss from the source,
+// (convert/output_dir.h). Errors: NotFound / Unimplemented / DataLoss from the source,
 // AlreadyExists for a non-empty `out`, IOError from the file system.
 Result<ToUniversalReport> ConvertToUniversal(const std::string& src, const std::string& out,
                                              const ToUniversalOptions& opts = {});

@@ -1,4 +1,5 @@
-// The output directory of export-fp32, to-universal and reshard appears whole or not at all.
+// The output directory of export-fp32, to-universal, reshard and next-update --out appears
+// whole or not at all.
 //
 // Protocol:
 //  1. OUT must not exist or must be an empty directory (AlreadyExists otherwise: nothing is

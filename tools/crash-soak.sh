@@ -166,7 +166,7 @@ for trial in $(seq 1 "$trials"); do
   else
     engine_trials=$((engine_trials + 1))
     root="$engine_root"
-    resume=()
+    resume=(--overwrite)  # a fresh start: no latest (a first save killed before its commit)
     [ -e "$root/latest" ] && resume=(--resume)
     setsid mpirun --allow-run-as-root --oversubscribe -n 2 "$engine" train --model tiny \
       --zero "$engine_zero" --steps 100000 --save-every 1 --keep-last 3 \

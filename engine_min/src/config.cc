@@ -109,6 +109,9 @@ ckpt::Result<CommandLine> ParseCommandLine(int argc, char** argv) {
   train->add_option("--resume-tag", cl.resume_tag, "tag to resume from (default: latest)");
   train->add_option("--trainlog", cl.trainlog, "run log (default: <ckpt-dir>/trainlog.jsonl)");
   train->add_flag("--no-final-save", cl.no_final_save, "do not save at the end of the run");
+  train->add_flag("--overwrite", cl.overwrite,
+                  "without --resume: start a new run in a root that holds one (its tags, latest "
+                  "and run log are removed first); with --resume: let saves move latest back");
   train
       ->add_option("--reset-on-resume", reset,
                    "after loading, reset these to fresh-start values: "

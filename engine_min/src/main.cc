@@ -14,6 +14,7 @@
 #include <optional>
 
 #include "ckpt/reader.h"
+#include "ckpt/root.h"
 #include "ckpt/writer.h"
 #include "convert/safetensors.h"
 #include "engine_min/comm.h"
@@ -64,6 +65,66 @@ ckpt::Status WriteGradients(const std::string& path, const Engine& engine,
       {"grad_norm_before_clip", norm},
       {"clipped", "true"}};
   return ckpt::convert::WriteSafetensors(path, views, meta).WithContext(path);
+}
+
+std::string RunLogPath(const CommandLine& cl) {
+  return cl.trainlog.empty() ? cl.ckpt_dir + "/trainlog.jsonl" : cl.trainlog;
+}
+
+// A root is never rewound by accident: `train` without --resume into a root that holds
+// committed tags or a run log, or a resume from a tag older than `latest` whose saves would
+// move `latest` back, is refused (exit 2, before anything is written) unless --overwrite. A
+// reset step counter (--reset-on-resume step) is itself the explicit request. Every rank sees
+// the same files, so every rank reaches the same verdict.
+ckpt::Status CheckNoRewind(const CommandLine& cl, const EngineConfig& config, int64_t start_step) {
+  if (cl.overwrite || cl.reset_on_resume.count("step")) return ckpt::Status::Ok();
+  std::error_code ec;
+  if (!std::filesystem::exists(cl.ckpt_dir, ec)) return ckpt::Status::Ok();
+  auto listing = ckpt::ListRoot(cl.ckpt_dir);
+  if (!listing.ok()) return ckpt::Status::Ok();  // not a root yet; the save reports problems
+  const ckpt::TagInfo* latest = nullptr;
+  for (const ckpt::TagInfo& t : listing->tags) {
+    if (t.latest) latest = &t;
+  }
+  if (!cl.resume) {
+    const std::string log = RunLogPath(cl);
+    const bool has_log = std::filesystem::file_size(log, ec) > 0 && !ec;
+    if (listing->tags.empty() && !has_log) return ckpt::Status::Ok();
+    std::string what = latest ? "committed checkpoints (latest " + latest->tag + ")"
+                       : !listing->tags.empty() ? "committed checkpoints"
+                                                : "a run log (" + log + ")";
+    return ckpt::FailedPrecondition(
+        cl.ckpt_dir + " already holds " + what +
+        ": pass --resume to continue that run, or --overwrite to start a new one there (its "
+        "tags, latest and run log are removed first)");
+  }
+  const bool saves = config.save_every > 0 || !cl.no_final_save;
+  if (latest && saves && start_step < latest->global_step && config.steps > start_step) {
+    return ckpt::FailedPrecondition(
+        "resuming at global_step " + std::to_string(start_step) + " in " + cl.ckpt_dir +
+        ", whose latest is " + latest->tag + ": the new saves would move latest back. Resume "
+        "into another root, add --no-final-save --save-every 0, or pass --overwrite to allow it");
+  }
+  return ckpt::Status::Ok();
+}
+
+// --overwrite of a fresh run (rank 0, before the first step): the root's committed tags,
+// `latest` and the run log go, under the root lock, so the new run does not mix with the old.
+ckpt::Status ClearRootForNewRun(const CommandLine& cl) {
+  std::error_code ec;
+  if (!std::filesystem::exists(cl.ckpt_dir, ec)) return ckpt::Status::Ok();
+  CKPT_ASSIGN_OR_RETURN(ckpt::RootListing listing, ckpt::ListRoot(cl.ckpt_dir), "--overwrite");
+  CKPT_ASSIGN_OR_RETURN(ckpt::RootLock lock, ckpt::RootLock::TryAcquire(cl.ckpt_dir),
+                        "--overwrite");
+  ckpt::Env* env = ckpt::Env::Default();
+  const std::string latest = cl.ckpt_dir + "/latest";
+  if (env->Exists(latest)) CKPT_RETURN_IF_ERROR(env->RemoveFile(latest), "--overwrite");
+  for (const ckpt::TagInfo& t : listing.tags) {
+    CKPT_RETURN_IF_ERROR(env->RemoveDirRecursive(t.path), "--overwrite");
+  }
+  const std::string log = RunLogPath(cl);
+  if (env->Exists(log)) CKPT_RETURN_IF_ERROR(env->RemoveFile(log), "--overwrite");
+  return env->SyncDir(cl.ckpt_dir);
 }
 
 int Run(int argc, char** argv) {
@@ -134,6 +195,10 @@ int Run(int argc, char** argv) {
       ckpt::Status s = engine.InitFresh();
       if (!s.ok()) AbortJob(s);
     }
+    if (cl.command == "train") {
+      ckpt::Status s = CheckNoRewind(cl, *config, engine.counters().global_step);
+      if (!s.ok()) return Fail(s);
+    }
 
     if (cl.command == "grad") {
       double norm = 0;
@@ -157,9 +222,13 @@ int Run(int argc, char** argv) {
 
     std::FILE* trainlog = nullptr;
     if (mpi.rank() == 0) {
+      if (cl.overwrite && !cl.resume) {
+        ckpt::Status s = ClearRootForNewRun(cl);
+        if (!s.ok()) AbortJob(s);
+      }
       std::error_code ec;
       std::filesystem::create_directories(cl.ckpt_dir, ec);
-      const std::string path = cl.trainlog.empty() ? cl.ckpt_dir + "/trainlog.jsonl" : cl.trainlog;
+      const std::string path = RunLogPath(cl);
       trainlog = std::fopen(path.c_str(), "a");
       if (!trainlog) AbortJob(ckpt::ErrnoError("open run log " + path, errno));
       std::printf(

@@ -2,6 +2,7 @@
 // ZeRO 0-3 × DP 1, 2, 4 × grad-accum 1, 4; the RNG (and every other component) being restored;
 // a rank dying mid-save; refusals that leave the disk alone; `grad`; and the loss falling.
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -469,4 +470,47 @@ TEST_CASE("a checkpoint resharded 4 -> 2 ranks resumes the same sample stream", 
     CHECK(std::fabs(x["loss"].get<double>() - y["loss"].get<double>()) <=
           1e-5 * std::fabs(x["loss"].get<double>()));
   }
+}
+
+// Issue 18: training into a root that holds a run, without --resume, silently rewound it
+// (latest 30 -> 5, a second sequence appended to the run log).
+TEST_CASE("train without --resume into an existing root is refused unless --overwrite", "[mpi]") {
+  ScratchDir dir("engine-rewind");
+  const std::string root = dir / "run";
+  const std::string train = "train " + kModel + " --zero 1 --micro-batch 1 --save-every 2 ";
+  REQUIRE(Engine(2, train + "--steps 4 --ckpt-dir " + root, dir / "a.log") == 0);
+  auto snapshot = [&]() {
+    std::vector<std::string> names;
+    for (const auto& e : fs::recursive_directory_iterator(root)) {
+      names.push_back(e.path().string() + ":" +
+                      (e.is_regular_file() ? Slurp(e.path().string()) : "d"));
+    }
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  const auto before = snapshot();
+  std::string log;
+  CHECK(Engine(2, train + "--steps 2 --ckpt-dir " + root, dir / "b.log", &log) == 2);
+  CHECK(log.find("already holds committed checkpoints (latest global_step4)") !=
+        std::string::npos);
+  CHECK(log.find("--overwrite") != std::string::npos);
+  CHECK(snapshot() == before);
+
+  // Resuming from an older tag whose saves would move latest back: refused too.
+  CHECK(Engine(2, "train --resume --resume-tag global_step2 --steps 4 --ckpt-dir " + root,
+               dir / "c.log", &log) == 2);
+  CHECK(log.find("would move latest back") != std::string::npos);
+  CHECK(snapshot() == before);
+  // Not saving is fine (what verify-style replays of an old tag do).
+  CHECK(Engine(2,
+               "train --resume --resume-tag global_step2 --steps 3 --save-every 0 "
+               "--no-final-save --trainlog " + dir / "replay.jsonl" + " --ckpt-dir " + root,
+               dir / "d.log", &log) == 0);
+  CHECK(ckpt::ReadLatest(root).value() == "global_step4");
+
+  // --overwrite: an explicit new run; the old tags and run log are gone, latest is the new one.
+  REQUIRE(Engine(2, train + "--steps 2 --overwrite --ckpt-dir " + root, dir / "e.log", &log) == 0);
+  CHECK(ckpt::ReadLatest(root).value() == "global_step2");
+  CHECK(!fs::exists(root + "/global_step4"));
+  CHECK(Lines(root + "/trainlog.jsonl").size() == 2);
 }

@@ -57,6 +57,9 @@ struct CommandLine {
   std::string resume_tag;
   std::string trainlog;  // empty: <ckpt-dir>/trainlog.jsonl
   bool no_final_save = false;
+  // A fresh run into a root that holds one, or a resume whose saves move `latest` back
+  // (main.cc, CheckNoRewind); a fresh run first removes the root's tags and run log.
+  bool overwrite = false;
   std::set<std::string> reset_on_resume;  // moments, step, rng, data, scheduler
   nlohmann::json client_state = nlohmann::json::object();
   std::string grad_out;  // grad: output safetensors path

@@ -41,7 +41,7 @@ struct CheckpointReader::Impl {
     if (!env->Exists(path)) return DataLoss(path + " is missing (the manifest lists it)");
     CKPT_ASSIGN_OR_RETURN(uint64_t size, env->FileSize(path), "");
     if (size != f.bytes)
-      return DataLoss(path + ": size " + std::to_string(size) + " bytes, manifest records " +
+      return DataLoss(path + " has " + std::to_string(size) + " bytes, the manifest records " +
                       std::to_string(f.bytes) + " (truncated or replaced)");
     return Status::Ok();
   }

@@ -224,6 +224,77 @@ TEST_CASE("bad inputs: clear messages and documented exit codes", "[io]") {
     CHECK(junit.find("<failure") != std::string::npos);
     CHECK(junit.find("name=\"deep_check\"") != std::string::npos);
   }
+  SECTION("next-update --out is staged: a non-empty OUT is refused, a failure leaves nothing") {
+    REQUIRE(WriteStateTensors(dir / "g.safetensors", s).ok());
+    fs::create_directories(dir / "busy");
+    std::ofstream(dir / "busy/keep.txt") << "mine";
+    auto busy = Cli(dir, "next-update " + root + " --grad " + dir / "g.safetensors" + " --out " +
+                             dir / "busy");
+    CHECK(busy.rc == 2);
+    CHECK(busy.err.find("is not empty") != std::string::npos);
+    CHECK(ReadText(dir / "busy/keep.txt") == "mine");
+    CHECK(std::distance(fs::directory_iterator(dir / "busy"), fs::directory_iterator()) == 1);
+
+    // A rank file the pass would read nothing from (ZeRO-0: rank 1 holds no optimizer
+    // state) truncated: data loss (exit 1) as for check/export/reshard, and no OUT at all.
+    ScratchDir z("verify-zero0");
+    REQUIRE(WriteStateCheckpoint(z / "ckpt", s, 2, 0).ok());
+    const std::string rank1 = z / "ckpt/global_step7/rank_00001.h5";
+    fs::resize_file(rank1, fs::file_size(rank1) / 2);
+    auto trunc = Cli(dir, "next-update " + z / "ckpt" + " --grad " + dir / "g.safetensors" +
+                              " --out " + dir / "fresh");
+    CHECK(trunc.rc == 1);
+    CHECK(trunc.err.find("rank_00001.h5 has") != std::string::npos);
+    CHECK(!fs::exists(dir / "fresh"));
+    for (const auto& e : fs::directory_iterator(dir.path())) {
+      CHECK(e.path().filename().string().rfind(".tmp-", 0) != 0);
+    }
+    auto check = Cli(dir, "check " + z / "ckpt");
+    CHECK(check.rc == 1);
+
+    auto ok = Cli(dir, "next-update " + root + " --grad " + dir / "g.safetensors" + " --out " +
+                           dir / "fresh");
+    CHECK(ok.rc == 0);
+    CHECK(fs::exists(dir / "fresh/full_state.safetensors"));
+    CHECK(fs::exists(dir / "fresh/weights_only.safetensors"));
+    CHECK(fs::exists(dir / "fresh/moments_dropped.safetensors"));
+  }
+  SECTION("a checkpoint with another writer's engine_config: pass --grad, nothing launched") {
+    auto synth = Cli(dir, "synth " + dir / "synth" + " --ranks 2 --params 2k");
+    REQUIRE(synth.rc == 0);
+    for (const std::string cmd : {"next-update ", "verify-resume "}) {
+      auto cli = Cli(dir, cmd + dir / "synth" + " --steps 1");
+      if (cmd == "next-update ") cli = Cli(dir, cmd + dir / "synth");
+      INFO(cmd << cli.err);
+      CHECK(cli.rc == 2);
+      CHECK(cli.err.find("this checkpoint has no engine config") != std::string::npos);
+      CHECK(cli.err.find("mpirun") == std::string::npos);
+      CHECK(cli.err.find("engine_min grad exited") == std::string::npos);
+    }
+    auto ci = Cli(dir, "verify " + dir / "synth" + " --json");
+    CHECK(ci.rc == 0);
+    auto j = nlohmann::json::parse(ci.out);
+    CHECK(j["cases"][1]["message"].get<std::string>().find("no engine config") !=
+          std::string::npos);
+    CHECK(j["cases"][2]["message"] == "skipped: this checkpoint has no engine config: pass --grad");
+  }
+  SECTION("verify-resume on a corrupt checkpoint is a finding (exit 1), nothing launched") {
+    ScratchDir eng("verify-corrupt");
+    REQUIRE(WriteStateCheckpoint(eng / "ckpt", s, 2, 1, {{"model", "tiny"}, {"global_batch", 8}})
+                .ok());
+    std::ofstream(eng / "ckpt/trainlog.jsonl")
+        << R"({"step": 8, "loss": 1.5, "grad_norm": 0.5, "lr": 0.001, "tokens": 64, "weights_xxh3": "0000000000000001", "exp_avg_xxh3": "0000000000000002", "exp_avg_sq_xxh3": "0000000000000003"})"
+        << "\n";
+    const std::string file = eng / "ckpt/global_step7/rank_00001.h5";
+    std::string bytes = ReadText(file);
+    bytes[bytes.size() - 9] ^= 0x40;
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
+    auto cli = Cli(dir, "verify-resume " + eng / "ckpt" + " --steps 1 --json");
+    INFO(cli.err);
+    CHECK(cli.rc == 1);
+    CHECK(cli.err.find("is corrupt") != std::string::npos);
+    CHECK(nlohmann::json::parse(cli.out)["error"]["code"] == "DataLoss");
+  }
   SECTION("verify-resume needs an engine checkpoint and a reference log") {
     auto cli = Cli(dir, "verify-resume " + root + " --steps 1");
     CHECK(cli.rc == 2);

@@ -6,41 +6,45 @@
 #include <sstream>
 
 #include "ckpt/writer.h"
+#include "engine_min/exact_sum.h"
 
 namespace engine_min {
 
 std::string DefaultCorpusPath() { return std::string(ENGINE_MIN_SOURCE_DIR) + "/data/corpus.txt"; }
 
 nlohmann::json EngineConfig::ToJson() const {
-  return {{"model", model},
-          {"d_model", shape.d_model},
-          {"layers", shape.layers},
-          {"context", shape.context},
-          {"vocab", ModelShape::kVocab},
-          {"dropout", dropout},
-          {"zero", zero_stage},
-          {"steps", steps},
-          {"micro_batch", micro_batch},
-          {"grad_accum", grad_accum},
-          {"global_batch", global_batch},
-          {"dp_world_size", dp_world_size},
-          {"lr", lr},
-          {"min_lr", min_lr},
-          {"warmup", warmup},
-          {"lr_decay_steps", lr_decay_steps},
-          {"weight_decay", weight_decay},
-          {"grad_clip", grad_clip},
-          {"beta1", beta1},
-          {"beta2", beta2},
-          {"eps", eps},
-          {"seed", seed},
-          {"save_every", save_every},
-          {"keep_last", keep_last},
-          {"compress", compress},
-          {"corpus", corpus},
-          {"sample_min", sample_min},
-          {"sample_max", sample_max},
-          {"comm", comm}};
+  nlohmann::json j = {{"model", model},
+                      {"d_model", shape.d_model},
+                      {"layers", shape.layers},
+                      {"context", shape.context},
+                      {"vocab", ModelShape::kVocab},
+                      {"dropout", dropout},
+                      {"zero", zero_stage},
+                      {"steps", steps},
+                      {"micro_batch", micro_batch},
+                      {"grad_accum", grad_accum},
+                      {"global_batch", global_batch},
+                      {"dp_world_size", dp_world_size},
+                      {"lr", lr},
+                      {"min_lr", min_lr},
+                      {"warmup", warmup},
+                      {"lr_decay_steps", lr_decay_steps},
+                      {"weight_decay", weight_decay},
+                      {"grad_clip", grad_clip},
+                      {"beta1", beta1},
+                      {"beta2", beta2},
+                      {"eps", eps},
+                      {"seed", seed},
+                      {"save_every", save_every},
+                      {"keep_last", keep_last},
+                      {"compress", compress},
+                      {"corpus", corpus},
+                      {"sample_min", sample_min},
+                      {"sample_max", sample_max},
+                      {"comm", comm}};
+  // Only when on, so a default run's engine_config is what it always was.
+  if (invariant) j["invariant"] = true;
+  return j;
 }
 
 namespace {
@@ -89,6 +93,13 @@ void AddTrainingOptions(CLI::App& app, GivenOptions& g) {
   g.Add<int>(app, "--sample-min", "sample_min", "shortest sample in bytes (default 8)");
   g.Add<int>(app, "--sample-max", "sample_max", "longest sample in bytes (default 48)");
   g.Add<std::string>(app, "--comm", "comm", "data-parallel backend: mpi | nccl");
+  auto invariant = std::make_shared<bool>(false);
+  app.add_flag("--invariant", *invariant,
+               "topology-invariant mode: bitwise the same run on any world size, ZeRO stage or "
+               "accumulation split (kept on resume)");
+  g.collect.push_back([invariant](nlohmann::json& j) {
+    if (*invariant) j["invariant"] = true;
+  });
 }
 
 }  // namespace
@@ -225,6 +236,7 @@ ckpt::Result<EngineConfig> ResolveConfig(const nlohmann::json& given, const nloh
     c.sample_min = Pick<int>(given, base, "sample_min", c.sample_min);
     c.sample_max = Pick<int>(given, base, "sample_max", c.sample_max);
     c.comm = Pick<std::string>(given, base, "comm", c.comm);
+    c.invariant = Pick<bool>(given, base, "invariant", c.invariant);
   } catch (const nlohmann::json::exception& e) {
     return ckpt::InvalidArgument(std::string("engine_config has a value of the wrong type: ") +
                                  e.what());
@@ -312,6 +324,18 @@ ckpt::Result<EngineConfig> ResolveConfig(const nlohmann::json& given, const nloh
   c.micro_batch = m;
   c.grad_accum = a;
   c.global_batch = g;
+  if (c.invariant) {
+    // The counters of the dropout generator and the fixed-point bounds (exact_sum.h).
+    if (g > (int64_t{1} << kFixedMaxTermsLog2)) {
+      return ckpt::InvalidArgument("--invariant supports global batches of up to 2^20 samples");
+    }
+    if (c.steps >= (int64_t{1} << 32)) {
+      return ckpt::InvalidArgument("--invariant supports up to 2^32 - 1 steps");
+    }
+    if (static_cast<int64_t>(c.sample_max) * c.shape.d_model / 4 >= (int64_t{1} << 32)) {
+      return ckpt::InvalidArgument("--invariant: --sample-max x --d-model must stay below 2^34");
+    }
+  }
   return c;
 }
 

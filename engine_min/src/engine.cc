@@ -212,6 +212,48 @@ class Engine::PartitionedAccess final : public ParamAccess<float> {
   std::map<int, std::vector<float>> grads_;
 };
 
+// Invariant mode: the model runs one sample at a time. Weights come from the stage's own access;
+// each parameter's gradient of the sample is added to the fixed-point sums (and its float
+// scratch zeroed) as soon as the backward is done with it. ZeRO-3 reduce-scatters that
+// parameter's sums right away and keeps only the owned share, as the default mode does.
+class Engine::SampleGradAccess final : public ParamAccess<float> {
+ public:
+  SampleGradAccess(Engine& e, ParamAccess<float>& weights) : e_(e), weights_(weights) {}
+  ckpt::Result<const float*> Acquire(int id) override { return weights_.Acquire(id); }
+  ckpt::Status Release(int id) override { return weights_.Release(id); }
+  ckpt::Result<float*> Grad(int id) override {
+    if (e_.stage_ <= 2) return e_.grad_full_.data() + e_.flat_offset_[id];
+    auto it = grads_.find(id);
+    if (it == grads_.end()) {
+      it = grads_.emplace(id, std::vector<float>(static_cast<size_t>(e_.numel_[id]), 0.0f)).first;
+    }
+    return it->second.data();
+  }
+  ckpt::Status GradDone(int id) override {
+    const size_t n = static_cast<size_t>(e_.numel_[id]);
+    if (e_.stage_ <= 2) {
+      const int64_t off = e_.flat_offset_[id];
+      e_.window_out_of_range_ +=
+          AddFixedTerms(e_.grad_full_.data() + off, e_.fixed_full_.data() + off, n);
+      return ckpt::Status::Ok();
+    }
+    auto it = grads_.find(id);
+    if (it == grads_.end()) return ckpt::Internal("GradDone without a gradient");
+    const int64_t share = e_.share_numel_[id];
+    std::vector<FixedGrad> padded(static_cast<size_t>(share * e_.world_), 0);
+    e_.window_out_of_range_ += AddFixedTerms(it->second.data(), padded.data(), n);
+    grads_.erase(it);
+    return e_
+        .ReduceScatterFixed(padded.data(), share, e_.fixed_owned_.data() + e_.share_offset_[id])
+        .WithContext("reduce-scatter " + TrainableName(id));
+  }
+
+ private:
+  Engine& e_;
+  ParamAccess<float>& weights_;
+  std::map<int, std::vector<float>> grads_;
+};
+
 Engine::Engine(const EngineConfig& config, const Corpus& corpus, MpiComm& mpi, DataParallelComm& dp)
     : config_(config),
       corpus_(corpus),
@@ -326,6 +368,10 @@ ckpt::Status Engine::BuildLayout() {
   } else {
     compute_shard_.assign(shard_numel_, 0);
   }
+  if (config_.invariant) {
+    if (stage_ <= 2) fixed_full_.assign(grad_full_.size(), 0);
+    if (stage_ >= 1) fixed_owned_.assign(shard_numel_, 0);
+  }
   pos_ = MakePositionalTable(config_.shape);
   return ckpt::Status::Ok();
 }
@@ -390,6 +436,34 @@ DropoutMasks Engine::DrawMasks(int64_t tokens) {
   return masks;
 }
 
+DropoutMasks Engine::SampleMasks(int64_t tokens, int64_t position) const {
+  DropoutMasks masks;
+  const double p = config_.dropout;
+  if (p <= 0.0) return masks;
+  const float keep_scale = static_cast<float>(1.0 / (1.0 - p));
+  // An element is dropped when its 32-bit draw is below p × 2^32 (p to within 2^-32).
+  const uint32_t threshold = static_cast<uint32_t>(std::ldexp(p, 32));
+  const PhiloxKey key = {static_cast<uint32_t>(config_.seed),
+                         static_cast<uint32_t>(config_.seed >> 32)};
+  // ResolveConfig bounds step (< 2^32), position (< 2^20) and elements / 4 (< 2^32).
+  const uint32_t step = static_cast<uint32_t>(counters_.global_step);
+  const size_t n = static_cast<size_t>(tokens) * config_.shape.d_model;
+  masks.per_layer.resize(config_.shape.layers);
+  for (int l = 0; l < config_.shape.layers; ++l) {
+    std::vector<float>& m = masks.per_layer[l];
+    m.resize(n);
+    for (size_t block = 0; block * 4 < n; ++block) {
+      const PhiloxCounter draw = Philox4x32({static_cast<uint32_t>(block), static_cast<uint32_t>(l),
+                                             static_cast<uint32_t>(position), step},
+                                            key);
+      for (size_t j = 0; j < 4 && block * 4 + j < n; ++j) {
+        m[block * 4 + j] = draw[j] < threshold ? 0.0f : keep_scale;
+      }
+    }
+  }
+  return masks;
+}
+
 std::vector<TokenBatch> Engine::MyMicroBatches(const std::vector<int64_t>& ids) const {
   // Micro-step a of rank r takes the micro_batch samples at (a × world + r) × micro_batch.
   std::vector<TokenBatch> out(static_cast<size_t>(config_.grad_accum));
@@ -406,10 +480,16 @@ void Engine::BeginGlobalBatch(int64_t global_tokens) {
   window_tokens_ = global_tokens;
   window_micro_ = 0;
   window_loss_sum_ = 0;
+  window_loss_exact_ = ExactSum();
+  window_out_of_range_ = 0;
 }
 
 ckpt::Result<MicroResult> Engine::ForwardBackward(const TokenBatch& batch) {
   if (window_tokens_ <= 0) return ckpt::Internal("ForwardBackward before BeginGlobalBatch");
+  if (config_.invariant) {
+    return ckpt::FailedPrecondition(
+        "invariant mode runs the model per sample: train with TrainStep, not ForwardBackward");
+  }
   const DropoutMasks masks = DrawMasks(batch.tokens);
   const double scale = 1.0 / static_cast<double>(window_tokens_);
   ckpt::Result<MicroResult> r = ckpt::Internal("unreachable");
@@ -433,6 +513,115 @@ ckpt::Result<MicroResult> Engine::ForwardBackward(const TokenBatch& batch) {
   return r;
 }
 
+ckpt::Status Engine::ForwardBackwardSamples(const std::vector<int64_t>& ids, int64_t a) {
+  if (window_tokens_ <= 0) return ckpt::Internal("ForwardBackwardSamples before BeginGlobalBatch");
+  const double scale = 1.0 / static_cast<double>(window_tokens_);
+  // The same samples as MyMicroBatches; `position` (in the global batch) keys the dropout.
+  const int64_t start = (a * world_ + rank_) * config_.micro_batch;
+  for (int64_t position = start; position < start + config_.micro_batch; ++position) {
+    TokenBatch batch;
+    corpus_.AppendTokens(ids[static_cast<size_t>(position)], config_.shape.context, batch);
+    const DropoutMasks masks = SampleMasks(batch.tokens, position);
+    ckpt::Result<MicroResult> r = ckpt::Internal("unreachable");
+    if (stage_ <= 2) {
+      ReplicatedAccess weights(*this);
+      SampleGradAccess access(*this, weights);
+      r = engine_min::ForwardBackward<float>(config_.shape, pos_.data(), batch, masks, scale,
+                                             access);
+    } else {
+      PartitionedAccess weights(*this);
+      SampleGradAccess access(*this, weights);
+      r = engine_min::ForwardBackward<float>(config_.shape, pos_.data(), batch, masks, scale,
+                                             access);
+    }
+    if (!r.ok()) {
+      return r.status().WithContext("forward/backward of sample " + std::to_string(position) +
+                                    " of the global batch");
+    }
+    window_loss_exact_.Add(r->loss_sum);
+  }
+  if (stage_ == 2) {
+    // Reduce-scatter this micro-step's sums now; keep only the owned share.
+    CKPT_RETURN_IF_ERROR(ReduceScatterFixed(fixed_full_.data(), shard_numel_, fixed_owned_.data()),
+                         "reduce-scatter gradients");
+    std::fill(fixed_full_.begin(), fixed_full_.end(), 0);
+  }
+  return ckpt::Status::Ok();
+}
+
+ckpt::Status Engine::ReduceScatterFixed(const FixedGrad* in, int64_t count, FixedGrad* owned) {
+  const size_t n = static_cast<size_t>(count);
+  std::vector<int64_t> wire(n * world_ * kWireLimbs);
+  FixedToWire(in, n * world_, wire.data());
+  std::vector<int64_t> mine(n * kWireLimbs);
+  CKPT_RETURN_IF_ERROR(dp_.ReduceScatterSumInt64(wire.data(), mine.data(), mine.size()),
+                       "integer reduce-scatter");
+  for (size_t i = 0; i < n; ++i) owned[i] += WireToFixed(mine.data() + kWireLimbs * i);
+  return ckpt::Status::Ok();
+}
+
+ckpt::Result<Engine::ExactTotals> Engine::ReduceExactAndClip() {
+  std::vector<float>* g = &grad_owned_;
+  if (stage_ == 0) {
+    std::vector<int64_t> wire(fixed_full_.size() * kWireLimbs);
+    FixedToWire(fixed_full_.data(), fixed_full_.size(), wire.data());
+    CKPT_RETURN_IF_ERROR(dp_.AllReduceSumInt64(wire.data(), wire.size()),
+                         "integer all-reduce gradients");
+    for (size_t i = 0; i < fixed_full_.size(); ++i) {
+      grad_full_[i] = FixedToFloat(WireToFixed(wire.data() + kWireLimbs * i));
+    }
+    std::fill(fixed_full_.begin(), fixed_full_.end(), 0);
+    g = &grad_full_;
+  } else {
+    if (stage_ == 1) {
+      CKPT_RETURN_IF_ERROR(
+          ReduceScatterFixed(fixed_full_.data(), shard_numel_, fixed_owned_.data()),
+          "reduce-scatter gradients");
+      std::fill(fixed_full_.begin(), fixed_full_.end(), 0);
+    }
+    for (int64_t i = 0; i < shard_numel_; ++i) grad_owned_[i] = FixedToFloat(fixed_owned_[i]);
+    std::fill(fixed_owned_.begin(), fixed_owned_.end(), 0);
+  }
+  // One integer all-reduce for the scalars: the loss, the out-of-range count and the sum of
+  // squares (ZeRO-0: every rank holds the whole gradient, so rank 0 alone contributes it).
+  ExactSum sumsq;
+  if (stage_ != 0 || rank_ == 0) {
+    for (float x : *g) sumsq.Add(static_cast<double>(x) * x);  // exact: 48-bit products
+  }
+  std::vector<int64_t> scalars = window_loss_exact_.Digits();
+  scalars.push_back(window_out_of_range_);
+  const std::vector<int64_t> sq = sumsq.Digits();
+  scalars.insert(scalars.end(), sq.begin(), sq.end());
+  CKPT_RETURN_IF_ERROR(mpi_.AllReduceSumInt64(scalars.data(), scalars.size()),
+                       "loss and gradient norm");
+  const auto loss_end = scalars.begin() + ExactSum::kDigitsSize;
+  const int64_t out_of_range = *loss_end;
+  if (out_of_range > 0) {
+    return ckpt::FailedPrecondition(
+        "invariant mode: " + std::to_string(out_of_range) +
+        " per-sample gradient element(s) of this step are not finite or >= 2^" +
+        std::to_string(kFixedTermExp) +
+        " in magnitude, outside the fixed-point range (docs/engine.md, \"Invariant mode\"); "
+        "the run stops rather than apply a wrong gradient");
+  }
+  ExactTotals totals;
+  totals.loss_sum = ExactSum::FromDigits({scalars.begin(), loss_end}).ToDouble();
+  totals.norm = std::sqrt(ExactSum::FromDigits({loss_end + 1, scalars.end()}).ToDouble());
+  ClipGradient(totals.norm, *g);
+  return totals;
+}
+
+void Engine::ClipGradient(double norm, std::vector<float>& g) const {
+  if (config_.grad_clip > 0) {
+    // torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), applied when < 1.
+    const double coef = config_.grad_clip / (norm + 1e-6);
+    if (coef < 1.0) {
+      const float c = static_cast<float>(coef);
+      for (float& x : g) x *= c;
+    }
+  }
+}
+
 ckpt::Result<double> Engine::ReduceAndClip() {
   double sumsq = 0;
   std::vector<float>* g = &grad_owned_;
@@ -453,14 +642,7 @@ ckpt::Result<double> Engine::ReduceAndClip() {
     CKPT_ASSIGN_OR_RETURN(sumsq, mpi_.SumDoubles(mine), "gradient norm");
   }
   const double norm = std::sqrt(sumsq);
-  if (config_.grad_clip > 0) {
-    // torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), applied when < 1.
-    const double coef = config_.grad_clip / (norm + 1e-6);
-    if (coef < 1.0) {
-      const float c = static_cast<float>(coef);
-      for (float& x : *g) x *= c;
-    }
-  }
+  ClipGradient(norm, *g);
   return norm;
 }
 
@@ -470,10 +652,16 @@ ckpt::Result<std::optional<StepStats>> Engine::Step(bool digests) {
   if (window_micro_ < config_.grad_accum) return std::optional<StepStats>();
 
   StepStats stats;
-  CKPT_ASSIGN_OR_RETURN(const double loss_sum, mpi_.SumDoubles(window_loss_sum_), "loss");
-  stats.loss = loss_sum / static_cast<double>(window_tokens_);
   stats.tokens = window_tokens_;
-  CKPT_ASSIGN_OR_RETURN(stats.grad_norm, ReduceAndClip(), "gradients");
+  if (config_.invariant) {
+    CKPT_ASSIGN_OR_RETURN(const ExactTotals totals, ReduceExactAndClip(), "gradients");
+    stats.loss = totals.loss_sum / static_cast<double>(window_tokens_);
+    stats.grad_norm = totals.norm;
+  } else {
+    CKPT_ASSIGN_OR_RETURN(const double loss_sum, mpi_.SumDoubles(window_loss_sum_), "loss");
+    stats.loss = loss_sum / static_cast<double>(window_tokens_);
+    CKPT_ASSIGN_OR_RETURN(stats.grad_norm, ReduceAndClip(), "gradients");
+  }
   stats.lr = schedule_.CurrentLr();
 
   std::vector<float>& g = stage_ == 0 ? grad_full_ : grad_owned_;
@@ -509,9 +697,11 @@ ckpt::Result<StepStats> Engine::TrainStep(bool digests) {
   int64_t tokens = 0;
   for (int64_t id : ids) tokens += corpus_.samples()[static_cast<size_t>(id)].length;
   BeginGlobalBatch(tokens);
-  const std::vector<TokenBatch> micro = MyMicroBatches(ids);
-  for (const TokenBatch& b : micro) {
-    CKPT_RETURN_IF_ERROR(ForwardBackward(b), "step " + std::to_string(counters_.global_step + 1));
+  const std::vector<TokenBatch> micro =
+      config_.invariant ? std::vector<TokenBatch>() : MyMicroBatches(ids);
+  for (int64_t a = 0; a < config_.grad_accum; ++a) {
+    CKPT_RETURN_IF_ERROR(RunMicroStep(ids, micro, a),
+                         "step " + std::to_string(counters_.global_step + 1));
     CKPT_ASSIGN_OR_RETURN(std::optional<StepStats> stats, Step(digests),
                           "step " + std::to_string(counters_.global_step + 1));
     if (stats) return *stats;
@@ -519,15 +709,29 @@ ckpt::Result<StepStats> Engine::TrainStep(bool digests) {
   return ckpt::Internal("accumulation window did not close");
 }
 
+ckpt::Status Engine::RunMicroStep(const std::vector<int64_t>& ids,
+                                  const std::vector<TokenBatch>& micro, int64_t a) {
+  if (config_.invariant) return ForwardBackwardSamples(ids, a);
+  return ForwardBackward(micro[static_cast<size_t>(a)]).status();
+}
+
 ckpt::Result<std::vector<std::vector<float>>> Engine::NextGradient(double* grad_norm) {
   const std::vector<int64_t> ids = order_->Next(config_.global_batch);
   int64_t tokens = 0;
   for (int64_t id : ids) tokens += corpus_.samples()[static_cast<size_t>(id)].length;
   BeginGlobalBatch(tokens);
-  for (const TokenBatch& b : MyMicroBatches(ids)) {
-    CKPT_RETURN_IF_ERROR(ForwardBackward(b), "next gradient");
+  const std::vector<TokenBatch> micro =
+      config_.invariant ? std::vector<TokenBatch>() : MyMicroBatches(ids);
+  for (int64_t a = 0; a < config_.grad_accum; ++a) {
+    CKPT_RETURN_IF_ERROR(RunMicroStep(ids, micro, a), "next gradient");
   }
-  CKPT_ASSIGN_OR_RETURN(const double norm, ReduceAndClip(), "next gradient");
+  double norm = 0;
+  if (config_.invariant) {
+    CKPT_ASSIGN_OR_RETURN(const ExactTotals totals, ReduceExactAndClip(), "next gradient");
+    norm = totals.norm;
+  } else {
+    CKPT_ASSIGN_OR_RETURN(norm, ReduceAndClip(), "next gradient");
+  }
   if (grad_norm) *grad_norm = norm;
   std::vector<float> full;
   if (stage_ == 0) {
@@ -636,8 +840,12 @@ ckpt::Status Engine::Save(const std::string& root, const nlohmann::json& client_
   const std::string position =
       order_->position().ToJson(static_cast<int64_t>(corpus_.samples().size())).dump();
   const std::string scheduler = schedule_.ToJson().dump();
-  mine.datasets.push_back(
-      ckpt::DatasetSpec::Blob(kRngDropout, std::string(kMt19937BlobKind), dropout_state));
+  if (!config_.invariant) {
+    // Invariant mode's dropout stream is stateless (Philox keyed by the seed and the step,
+    // both in the manifest), so there is no generator to save.
+    mine.datasets.push_back(
+        ckpt::DatasetSpec::Blob(kRngDropout, std::string(kMt19937BlobKind), dropout_state));
+  }
   mine.datasets.push_back(
       ckpt::DatasetSpec::Blob(kRngShuffle, std::string(kMt19937BlobKind), shuffle_state));
   mine.datasets.push_back(ckpt::DatasetSpec::Json(std::string(ckpt::kDataPosition), position));
@@ -741,7 +949,8 @@ ckpt::Status Engine::Restore(const ckpt::CheckpointReader& reader,
   counters_ = m.counters;
   auto has = [&](int rank, std::string_view name) { return m.FindDataset(rank, name) != nullptr; };
   // Per-rank generator; a rank file without one gets a deterministic fresh generator.
-  if (has(rank_, kRngDropout)) {
+  // Invariant mode's dropout is stateless; its generator below is never drawn from.
+  if (!config_.invariant && has(rank_, kRngDropout)) {
     CKPT_ASSIGN_OR_RETURN(std::string blob, reader.ReadBlob(rank_, kRngDropout), "restore");
     CKPT_ASSIGN_OR_RETURN(dropout_rng_, ParseRng(blob), "restore rng/dropout");
   } else {

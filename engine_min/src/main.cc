@@ -233,14 +233,14 @@ int Run(int argc, char** argv) {
       if (!trainlog) AbortJob(ckpt::ErrnoError("open run log " + path, errno));
       std::printf(
           "engine_min: %d ranks, ZeRO-%d, %s (d %d, layers %d, context %d, %lld "
-          "trainable), global batch %lld = %lld x %lld x %d, from step %lld to %lld\n",
+          "trainable), global batch %lld = %lld x %lld x %d, from step %lld to %lld%s\n",
           mpi.world_size(), config->zero_stage, config->model.c_str(), config->shape.d_model,
           config->shape.layers, config->shape.context,
           static_cast<long long>(config->shape.TrainableNumel()),
           static_cast<long long>(config->global_batch), static_cast<long long>(config->micro_batch),
           static_cast<long long>(config->grad_accum), mpi.world_size(),
           static_cast<long long>(engine.counters().global_step),
-          static_cast<long long>(config->steps));
+          static_cast<long long>(config->steps), config->invariant ? ", invariant mode" : "");
       std::fflush(stdout);
     }
     const KillInSave kill{cl.kill_rank, cl.kill_step};

@@ -108,6 +108,27 @@ ckpt::Status MpiComm::AllReduceSum(float* data, size_t count) {
   return ckpt::Status::Ok();
 }
 
+ckpt::Status MpiComm::ReduceScatterSumInt64(const int64_t* in, int64_t* out, size_t count) {
+  if (auto s = CheckCount(count, "reduce-scatter"); !s.ok()) return s;
+  if (world_ == 1) {
+    std::memcpy(out, in, count * sizeof(int64_t));
+    return ckpt::Status::Ok();
+  }
+  ENGINE_MPI(
+      MPI_Reduce_scatter_block(in, out, static_cast<int>(count), MPI_INT64_T, MPI_SUM, comm_),
+      "MPI_Reduce_scatter_block");
+  return ckpt::Status::Ok();
+}
+
+ckpt::Status MpiComm::AllReduceSumInt64(int64_t* data, size_t count) {
+  if (auto s = CheckCount(count, "all-reduce"); !s.ok()) return s;
+  if (world_ == 1) return ckpt::Status::Ok();
+  ENGINE_MPI(
+      MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_INT64_T, MPI_SUM, comm_),
+      "MPI_Allreduce");
+  return ckpt::Status::Ok();
+}
+
 ckpt::Status MpiComm::Broadcast(void* data, size_t bytes, int root) {
   if (auto s = CheckCount(bytes, "broadcast"); !s.ok()) return s;
   if (world_ == 1) return ckpt::Status::Ok();

@@ -123,6 +123,28 @@ class NcclComm final : public DataParallelComm {
     return Download(data, send_.get(), bytes).WithContext("all-reduce");
   }
 
+  ckpt::Status ReduceScatterSumInt64(const int64_t* in, int64_t* out, size_t count) override {
+    const size_t in_bytes = count * world_ * sizeof(int64_t);
+    CKPT_RETURN_IF_ERROR(Prepare(in_bytes, count * sizeof(int64_t)), "reduce-scatter");
+    CKPT_RETURN_IF_ERROR(Upload(in, in_bytes), "reduce-scatter");
+    CKPT_RETURN_IF_ERROR(NcclStatus(ncclReduceScatter(send_.get(), recv_.get(), count, ncclInt64,
+                                                      ncclSum, comm_, stream_),
+                                    "ncclReduceScatter"),
+                         "reduce-scatter");
+    return Download(out, recv_.get(), count * sizeof(int64_t)).WithContext("reduce-scatter");
+  }
+
+  ckpt::Status AllReduceSumInt64(int64_t* data, size_t count) override {
+    const size_t bytes = count * sizeof(int64_t);
+    CKPT_RETURN_IF_ERROR(Prepare(bytes, 0), "all-reduce");
+    CKPT_RETURN_IF_ERROR(Upload(data, bytes), "all-reduce");
+    CKPT_RETURN_IF_ERROR(NcclStatus(ncclAllReduce(send_.get(), send_.get(), count, ncclInt64,
+                                                  ncclSum, comm_, stream_),
+                                    "ncclAllReduce"),
+                         "all-reduce");
+    return Download(data, send_.get(), bytes).WithContext("all-reduce");
+  }
+
   ckpt::Status Broadcast(void* data, size_t bytes, int root) override {
     CKPT_RETURN_IF_ERROR(Prepare(bytes, 0), "broadcast");
     if (rank_ == root) CKPT_RETURN_IF_ERROR(Upload(data, bytes), "broadcast");

@@ -12,46 +12,21 @@
 #include "ckpt/reader.h"
 #include "ckpt/root.h"
 #include "convert/safetensors.h"
+#include "engine_run.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
 using ckpt::testing::BinDir;
+using ckpt::testing::Engine;
+using ckpt::testing::Lines;
 using ckpt::testing::RunShell;
 using ckpt::testing::ScratchDir;
+using ckpt::testing::Slurp;
 
 namespace {
 
 // Small enough that the whole matrix runs in a couple of minutes on 2 cores.
 const std::string kModel = "--model tiny --d-model 32 --layers 2 --context 8 --sample-max 24";
-
-std::string Mpirun(int n) {
-  return "timeout 300 mpirun --allow-run-as-root --oversubscribe --bind-to none -n " +
-         std::to_string(n) + " " + BinDir() + "/engine_min ";
-}
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// Runs engine_min with n ranks; returns the exit code, output in *log.
-int Engine(int n, const std::string& args, const std::string& log_path,
-           std::string* log = nullptr) {
-  const int rc = RunShell(Mpirun(n) + args + " > " + log_path + " 2>&1");
-  if (log) *log = Slurp(log_path);
-  return rc;
-}
-
-std::vector<std::string> Lines(const std::string& path) {
-  std::vector<std::string> out;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) {
-    if (!line.empty()) out.push_back(line);
-  }
-  return out;
-}
 
 nlohmann::json J(const std::string& line) { return nlohmann::json::parse(line); }
 

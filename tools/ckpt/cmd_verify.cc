@@ -141,6 +141,9 @@ std::function<int()> SetupVerifyResume(CLI::App& sub) {
                  "none|moments|step|rng|data|scheduler|all (or a comma list): also resume with "
                  "that component reset to its fresh-start value");
   sub.add_option("--scratch", a->o.scratch, "directory for the resumed runs (kept)");
+  sub.add_option("--dp", a->o.dp,
+                 "resume on M ranks: the checkpoint goes through to-universal + reshard --dp M "
+                 "first (default: the checkpoint's own world size, no conversion)");
   sub.add_flag("--keep-scratch", a->o.keep_scratch, "keep the temporary scratch directory");
   sub.add_flag("--json", a->json, "machine-readable report");
   return [a]() -> int {

@@ -15,6 +15,8 @@
 #include "ckpt/manifest.h"
 #include "ckpt/reader.h"
 #include "ckpt/root.h"
+#include "convert/reshard.h"
+#include "convert/universal.h"
 #include "verify/trainlog.h"
 
 namespace ckpt::verify {
@@ -69,6 +71,31 @@ Status StageCheckpoint(const std::string& tag_dir, const std::string& tag,
   if (!latest) return IOError("write " + run_root + "/latest");
   return Status::Ok();
 }
+
+// --dp M: the checkpoint converted once to the universal layout, then resharded for M ranks
+// into each run's root (a normal root holding the tag, as `ckpt reshard` writes it).
+class ReshardedSource {
+ public:
+  static Result<ReshardedSource> Create(const std::string& tag_dir, const std::string& scratch,
+                                        int dp) {
+    ReshardedSource r(scratch + "/universal", dp);
+    CKPT_RETURN_IF_ERROR(convert::ConvertToUniversal(tag_dir, r.universal_).status(),
+                         "to-universal " + tag_dir);
+    return r;
+  }
+  Status StageRun(const std::string& run_root) const {
+    convert::ReshardOptions opts;
+    opts.dp = dp_;
+    return convert::Reshard(universal_, run_root, opts)
+        .status()
+        .WithContext("reshard to " + std::to_string(dp_) + " ranks");
+  }
+
+ private:
+  ReshardedSource(std::string universal, int dp) : universal_(std::move(universal)), dp_(dp) {}
+  std::string universal_;
+  int dp_;
+};
 
 struct StateGap {
   double master = 0, exp_avg = 0, exp_avg_sq = 0;
@@ -261,7 +288,9 @@ Result<ResumeReport> RunVerifyResume(const ResumeOptions& o) {
                     (p.dataset.empty() ? "" : " " + p.dataset) + ": " + p.what);
   }
   rep.steps = o.steps;
-  rep.ranks = std::max(1, m.topology.dp_world_size);
+  rep.source_ranks = std::max(1, m.topology.dp_world_size);
+  if (o.dp < 0) return InvalidArgument("--dp must be at least 1");
+  rep.ranks = o.dp > 0 ? o.dp : rep.source_ranks;
   rep.zero_stage = m.topology.zero_stage;
   if (!HasEngineConfig(m.engine_config)) {
     return FailedPrecondition(NoEngineConfigMessage(
@@ -289,13 +318,19 @@ Result<ResumeReport> RunVerifyResume(const ResumeOptions& o) {
   CKPT_ASSIGN_OR_RETURN(ScratchRoot scratch, ScratchRoot::Create(o.scratch, o.keep_scratch),
                         "scratch directory");
 
+  std::optional<ReshardedSource> resharded;
+  if (o.dp > 0) {
+    CKPT_ASSIGN_OR_RETURN(resharded, ReshardedSource::Create(rep.tag_dir, scratch.path(), o.dp),
+                          "--dp " + std::to_string(o.dp));
+  }
   std::vector<RunSpec> runs = {{"plain", ""}};
   for (const auto& c : o.ablate) runs.push_back({"ablate-" + c, c});
   const int64_t target = rep.from_step + o.steps;
   std::string plain_final;
   for (const RunSpec& run : runs) {
     const std::string run_root = scratch.path() + "/" + run.name;
-    CKPT_RETURN_IF_ERROR(StageCheckpoint(rep.tag_dir, reader.tag(), run_root),
+    CKPT_RETURN_IF_ERROR(resharded ? resharded->StageRun(run_root)
+                                   : StageCheckpoint(rep.tag_dir, reader.tag(), run_root),
                          "stage " + run.name + " run");
     const std::string log = run_root + "/trainlog.jsonl";
     // A reset step counter starts the run at 0: it runs K steps to global_step K. Its final
@@ -401,6 +436,7 @@ nlohmann::json ResumeToJson(const ResumeReport& r) {
   if (!r.tag_note.empty()) j["tag_note"] = r.tag_note;
   j["reference"] = r.reference;
   j["ranks"] = r.ranks;
+  j["source_ranks"] = r.source_ranks;
   j["zero_stage"] = r.zero_stage;
   j["steps_compared"] = r.plain.steps_compared;
   j["max_weight_gap"] = OptNumber(r.plain.max_weight_gap);
@@ -427,8 +463,11 @@ std::string ResumeToText(const ResumeReport& r) {
   char buf[512];
   if (!r.tag_note.empty()) os << r.tag_note << "\n";
   os << "resumed " << r.tag_dir << " (global_step " << r.from_step << ", " << r.ranks
-     << " ranks, ZeRO-" << r.zero_stage << ") for " << r.steps << " step(s); reference "
-     << r.reference << "\n";
+     << " ranks, ZeRO-" << r.zero_stage;
+  if (r.ranks != r.source_ranks) {
+    os << "; saved by " << r.source_ranks << " ranks, resharded";
+  }
+  os << ") for " << r.steps << " step(s); reference " << r.reference << "\n";
   if (r.bitwise()) {
     os << "verdict: bitwise (loss, grad_norm, weights and moment digests equal at every step)\n";
   } else {

@@ -36,6 +36,12 @@ class DataParallelComm {
   // data: count floats, replaced by the element-wise sum over ranks.
   virtual ckpt::Status AllReduceSum(float* data, size_t count) = 0;
   virtual ckpt::Status Broadcast(void* data, size_t bytes, int root) = 0;
+  // Integer versions of ReduceScatterSum and AllReduceSum, for invariant mode's fixed-point
+  // gradients (engine_min/exact_sum.h). Integer addition is associative, so the result is the
+  // same bits whatever order or algorithm the library uses. The caller keeps the sums within
+  // int64 (signed overflow is not detected).
+  virtual ckpt::Status ReduceScatterSumInt64(const int64_t* in, int64_t* out, size_t count) = 0;
+  virtual ckpt::Status AllReduceSumInt64(int64_t* data, size_t count) = 0;
 };
 
 // Owns MPI_Init/MPI_Finalize for the process (one per process).
@@ -73,6 +79,8 @@ class MpiComm final : public DataParallelComm {
   ckpt::Status AllGather(const void* in, void* out, size_t bytes) override;
   ckpt::Status AllReduceSum(float* data, size_t count) override;
   ckpt::Status Broadcast(void* data, size_t bytes, int root) override;
+  ckpt::Status ReduceScatterSumInt64(const int64_t* in, int64_t* out, size_t count) override;
+  ckpt::Status AllReduceSumInt64(int64_t* data, size_t count) override;
 
   // Doubles from every rank summed in rank order (identical result on every rank).
   ckpt::Result<double> SumDoubles(double mine);

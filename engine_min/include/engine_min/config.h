@@ -42,6 +42,10 @@ struct EngineConfig {
   int sample_min = 8;
   int sample_max = 48;
   std::string comm = "mpi";  // "mpi" | "nccl"
+  // Topology-invariant mode (docs/engine.md, "Invariant mode"): dropout keyed by the sample,
+  // gradients, loss and norm summed exactly; the trajectory is the same bits for every world
+  // size, ZeRO stage and accumulation split of the same global batch.
+  bool invariant = false;
 
   int64_t DecaySteps() const { return lr_decay_steps > 0 ? lr_decay_steps : steps; }
   // engine_config as saved in the manifest.

@@ -17,6 +17,13 @@
 //           backward is done with it.
 // Every cross-rank sum runs in rank order, so a run is bitwise reproducible.
 //
+// Invariant mode (config.invariant, docs/engine.md "Invariant mode") runs the model one sample
+// at a time with dropout drawn from Philox keyed by (seed, global step, sample's position in
+// the global batch, layer, element), adds each sample's gradient exactly in fixed point
+// (exact_sum.h), reduces with integer collectives and rounds to fp32 once; loss and norm are
+// exact sums too. The trajectory is then the same bits for every world size, ZeRO stage and
+// micro-batch × grad-accum split of the global batch.
+//
 // All public methods are collective: every rank calls them in the same order. Not
 // thread-safe.
 #pragma once
@@ -37,6 +44,7 @@
 #include "engine_min/comm.h"
 #include "engine_min/config.h"
 #include "engine_min/data.h"
+#include "engine_min/exact_sum.h"
 #include "engine_min/model.h"
 #include "engine_min/schedule.h"
 
@@ -124,12 +132,33 @@ class Engine {
  private:
   class ReplicatedAccess;
   class PartitionedAccess;
+  class SampleGradAccess;
+  struct ExactTotals {
+    double loss_sum = 0;  // exact sum of the global batch's token losses, rounded once
+    double norm = 0;      // global L2 norm before clipping, from an exact sum of squares
+  };
   Engine(const EngineConfig& config, const Corpus& corpus, MpiComm& mpi, DataParallelComm& dp);
   ckpt::Status BuildLayout();
   ckpt::Status RefreshComputeWeights();
   // Reduces (per stage) and clips the accumulated gradient into grad_owned_; returns the
   // norm before clipping.
   ckpt::Result<double> ReduceAndClip();
+  // Multiplies g by torch's clip coefficient when the norm exceeds --grad-clip.
+  void ClipGradient(double norm, std::vector<float>& g) const;
+  // Micro-step `a` of this rank on the global batch `ids` (TrainStep, NextGradient).
+  ckpt::Status RunMicroStep(const std::vector<int64_t>& ids, const std::vector<TokenBatch>& micro,
+                            int64_t a);
+  // Invariant mode: micro-step `a` one sample at a time into the fixed-point accumulators.
+  ckpt::Status ForwardBackwardSamples(const std::vector<int64_t>& ids, int64_t a);
+  // Invariant mode: the dropout masks of the sample at `position` of this step's global batch.
+  DropoutMasks SampleMasks(int64_t tokens, int64_t position) const;
+  // Invariant mode: `in` holds world × count fixed-point sums (chunk r for rank r); adds the
+  // exact sum over ranks of this rank's chunk into `owned`.
+  ckpt::Status ReduceScatterFixed(const FixedGrad* in, int64_t count, FixedGrad* owned);
+  // Invariant mode: reduces the fixed-point gradient, rounds it to fp32 once (into
+  // grad_full_ / grad_owned_ as ReduceAndClip leaves them), reduces loss and norm exactly and
+  // clips. FailedPrecondition on every rank when a term was out of the fixed-point range.
+  ckpt::Result<ExactTotals> ReduceExactAndClip();
   ckpt::Result<std::vector<float>> GatherFull(const std::vector<float>& shard);
   DropoutMasks DrawMasks(int64_t tokens);
   std::vector<TokenBatch> MyMicroBatches(const std::vector<int64_t>& global_ids) const;
@@ -158,6 +187,8 @@ class Engine {
   std::vector<float> compute_full_;      // ZeRO-0..2: bf16-rounded weights as float
   std::vector<uint16_t> compute_shard_;  // ZeRO-3: bf16 compute shard
   std::vector<float> pos_;               // frozen
+  std::vector<FixedGrad> fixed_full_;    // invariant, ZeRO-0..2: this rank's unreduced sums
+  std::vector<FixedGrad> fixed_owned_;   // invariant, ZeRO-1..3: reduced sums of the owned shard
 
   ckpt::Counters counters_;
   WarmupCosine schedule_;
@@ -168,6 +199,8 @@ class Engine {
   int64_t window_tokens_ = 0;
   int64_t window_micro_ = 0;
   double window_loss_sum_ = 0;
+  ExactSum window_loss_exact_;       // invariant mode
+  int64_t window_out_of_range_ = 0;  // invariant mode: terms outside the fixed-point range
 };
 
 }  // namespace engine_min

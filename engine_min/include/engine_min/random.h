@@ -4,6 +4,7 @@
 // standard's text serialization (blob_kind "mt19937_64").
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -24,6 +25,14 @@ double UniformDouble(std::mt19937_64& gen);
 double NormalDouble(std::mt19937_64& gen);
 // Uniform in [0, bound) by rejection (no modulo bias); bound > 0.
 uint64_t UniformBelow(std::mt19937_64& gen, uint64_t bound);
+
+// Philox4x32-10 (Salmon et al., SC'11; the generator behind cuRAND's and JAX's counter-based
+// streams): a keyed bijection of a 128-bit counter, so draw number `counter` under `key` is
+// computed directly, with no state to save, restore or advance. Bit-exact with Random123's
+// philox4x32_R(10, ctr, key) (its known-answer vectors are in the unit test).
+using PhiloxCounter = std::array<uint32_t, 4>;
+using PhiloxKey = std::array<uint32_t, 2>;
+PhiloxCounter Philox4x32(PhiloxCounter counter, PhiloxKey key);
 
 std::string SerializeRng(const std::mt19937_64& gen);
 // DataLoss when the text is not a valid mt19937_64 state.

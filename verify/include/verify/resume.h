@@ -43,6 +43,10 @@ struct ResumeOptions {
   std::string scratch;              // empty: a temporary directory, removed afterwards
   bool keep_scratch = false;
   bool checked = false;  // the caller has deep-checked the checkpoint (ckpt verify)
+  // > 0: resume on this many ranks instead of the checkpoint's, through `ckpt to-universal`
+  // + `ckpt reshard --dp` of the checkpoint (into the scratch directory). The grad-accum split
+  // is derived by engine_min from the kept global batch.
+  int dp = 0;
 };
 
 struct Divergence {
@@ -76,7 +80,8 @@ struct ResumeReport {
   std::string tag_note;  // TagChoice::note
   int64_t from_step = 0;
   int64_t steps = 0;
-  int ranks = 1;
+  int ranks = 1;         // ranks of the resumed runs
+  int source_ranks = 1;  // ranks that wrote the checkpoint (differs from `ranks` with --dp)
   int zero_stage = 0;
   std::string reference;
   RunOutcome plain;

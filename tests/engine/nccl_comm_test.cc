@@ -11,16 +11,22 @@ using namespace engine_min;
 namespace {
 
 float Value(int rank, size_t i) { return static_cast<float>((rank + 1) * 0.25 + (i % 13) * 0.5); }
+// Large and negative, so a sum that lost a bit (or wrapped at 32 bits) would show.
+int64_t IntValue(int rank, size_t i) {
+  return (int64_t{1} << 52) + static_cast<int64_t>(i) * 7919 - (rank + 1) * 1000003;
+}
 
 struct RankResult {
   ckpt::Status status;
   std::vector<float> reduce_scattered, all_reduced;
+  std::vector<int64_t> int_reduce_scattered, int_all_reduced;
   std::vector<uint8_t> gathered, broadcast;
 };
 
 }  // namespace
 
-TEST_CASE("NCCL backend: reduce-scatter, all-gather, all-reduce, broadcast", "[cuda]") {
+TEST_CASE("NCCL backend: reduce-scatter, all-gather, all-reduce (float, int64), broadcast",
+          "[cuda]") {
   if (!NcclAvailable()) {
     WARN("skipped: engine_min was built without CUDA/NCCL");
     return;
@@ -55,6 +61,12 @@ TEST_CASE("NCCL backend: reduce-scatter, all-gather, all-reduce, broadcast", "[c
       std::vector<uint8_t> mine(37, static_cast<uint8_t>(r + 1));
       out.gathered.resize(mine.size() * world);
       if (s.ok()) s = c.AllGather(mine.data(), out.gathered.data(), mine.size());
+      std::vector<int64_t> ints(count * world);
+      for (size_t i = 0; i < ints.size(); ++i) ints[i] = IntValue(r, i);
+      out.int_reduce_scattered.resize(count);
+      if (s.ok()) s = c.ReduceScatterSumInt64(ints.data(), out.int_reduce_scattered.data(), count);
+      out.int_all_reduced = ints;
+      if (s.ok()) s = c.AllReduceSumInt64(out.int_all_reduced.data(), ints.size());
       out.broadcast.assign(64, static_cast<uint8_t>(r == 0 ? 0xab : 0));
       if (s.ok()) s = c.Broadcast(out.broadcast.data(), out.broadcast.size(), 0);
       out.status = s;
@@ -73,6 +85,15 @@ TEST_CASE("NCCL backend: reduce-scatter, all-gather, all-reduce, broadcast", "[c
       float expect = 0;
       for (int q = 0; q < world; ++q) expect += Value(q, i);
       REQUIRE(results[r].all_reduced[i] == Approx(expect).epsilon(1e-6));
+    }
+    // Integer sums are exact: equality, not a tolerance.
+    for (size_t i = 0; i < count * world; ++i) {
+      int64_t expect = 0;
+      for (int q = 0; q < world; ++q) expect += IntValue(q, i);
+      if (i / count == static_cast<size_t>(r)) {
+        REQUIRE(results[r].int_reduce_scattered[i % count] == expect);
+      }
+      REQUIRE(results[r].int_all_reduced[i] == expect);
     }
     for (int q = 0; q < world; ++q) CHECK(results[r].gathered[q * 37] == q + 1);
     CHECK(results[r].broadcast == std::vector<uint8_t>(64, 0xab));

@@ -92,14 +92,7 @@ class NcclComm final : public DataParallelComm {
   std::string name() const override { return "nccl"; }
 
   ckpt::Status ReduceScatterSum(const float* in, float* out, size_t count) override {
-    const size_t in_bytes = count * world_ * sizeof(float);
-    CKPT_RETURN_IF_ERROR(Prepare(in_bytes, count * sizeof(float)), "reduce-scatter");
-    CKPT_RETURN_IF_ERROR(Upload(in, in_bytes), "reduce-scatter");
-    CKPT_RETURN_IF_ERROR(NcclStatus(ncclReduceScatter(send_.get(), recv_.get(), count, ncclFloat,
-                                                      ncclSum, comm_, stream_),
-                                    "ncclReduceScatter"),
-                         "reduce-scatter");
-    return Download(out, recv_.get(), count * sizeof(float)).WithContext("reduce-scatter");
+    return ReduceScatter(in, out, count, sizeof(float), ncclFloat);
   }
 
   ckpt::Status AllGather(const void* in, void* out, size_t bytes) override {
@@ -113,36 +106,15 @@ class NcclComm final : public DataParallelComm {
   }
 
   ckpt::Status AllReduceSum(float* data, size_t count) override {
-    const size_t bytes = count * sizeof(float);
-    CKPT_RETURN_IF_ERROR(Prepare(bytes, 0), "all-reduce");
-    CKPT_RETURN_IF_ERROR(Upload(data, bytes), "all-reduce");
-    CKPT_RETURN_IF_ERROR(NcclStatus(ncclAllReduce(send_.get(), send_.get(), count, ncclFloat,
-                                                  ncclSum, comm_, stream_),
-                                    "ncclAllReduce"),
-                         "all-reduce");
-    return Download(data, send_.get(), bytes).WithContext("all-reduce");
+    return AllReduce(data, count, sizeof(float), ncclFloat);
   }
 
   ckpt::Status ReduceScatterSumInt64(const int64_t* in, int64_t* out, size_t count) override {
-    const size_t in_bytes = count * world_ * sizeof(int64_t);
-    CKPT_RETURN_IF_ERROR(Prepare(in_bytes, count * sizeof(int64_t)), "reduce-scatter");
-    CKPT_RETURN_IF_ERROR(Upload(in, in_bytes), "reduce-scatter");
-    CKPT_RETURN_IF_ERROR(NcclStatus(ncclReduceScatter(send_.get(), recv_.get(), count, ncclInt64,
-                                                      ncclSum, comm_, stream_),
-                                    "ncclReduceScatter"),
-                         "reduce-scatter");
-    return Download(out, recv_.get(), count * sizeof(int64_t)).WithContext("reduce-scatter");
+    return ReduceScatter(in, out, count, sizeof(int64_t), ncclInt64);
   }
 
   ckpt::Status AllReduceSumInt64(int64_t* data, size_t count) override {
-    const size_t bytes = count * sizeof(int64_t);
-    CKPT_RETURN_IF_ERROR(Prepare(bytes, 0), "all-reduce");
-    CKPT_RETURN_IF_ERROR(Upload(data, bytes), "all-reduce");
-    CKPT_RETURN_IF_ERROR(NcclStatus(ncclAllReduce(send_.get(), send_.get(), count, ncclInt64,
-                                                  ncclSum, comm_, stream_),
-                                    "ncclAllReduce"),
-                         "all-reduce");
-    return Download(data, send_.get(), bytes).WithContext("all-reduce");
+    return AllReduce(data, count, sizeof(int64_t), ncclInt64);
   }
 
   ckpt::Status Broadcast(void* data, size_t bytes, int root) override {
@@ -157,6 +129,29 @@ class NcclComm final : public DataParallelComm {
 
  private:
   NcclComm(int rank, int world, int device) : rank_(rank), world_(world), device_(device) {}
+
+  ckpt::Status ReduceScatter(const void* in, void* out, size_t count, size_t elem,
+                             ncclDataType_t type) {
+    const size_t in_bytes = count * world_ * elem;
+    CKPT_RETURN_IF_ERROR(Prepare(in_bytes, count * elem), "reduce-scatter");
+    CKPT_RETURN_IF_ERROR(Upload(in, in_bytes), "reduce-scatter");
+    CKPT_RETURN_IF_ERROR(NcclStatus(ncclReduceScatter(send_.get(), recv_.get(), count, type,
+                                                      ncclSum, comm_, stream_),
+                                    "ncclReduceScatter"),
+                         "reduce-scatter");
+    return Download(out, recv_.get(), count * elem).WithContext("reduce-scatter");
+  }
+
+  ckpt::Status AllReduce(void* data, size_t count, size_t elem, ncclDataType_t type) {
+    const size_t bytes = count * elem;
+    CKPT_RETURN_IF_ERROR(Prepare(bytes, 0), "all-reduce");
+    CKPT_RETURN_IF_ERROR(Upload(data, bytes), "all-reduce");
+    CKPT_RETURN_IF_ERROR(
+        NcclStatus(ncclAllReduce(send_.get(), send_.get(), count, type, ncclSum, comm_, stream_),
+                   "ncclAllReduce"),
+        "all-reduce");
+    return Download(data, send_.get(), bytes).WithContext("all-reduce");
+  }
 
   ckpt::Status Prepare(size_t send_bytes, size_t recv_bytes) {
     CKPT_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"), "NCCL device");

@@ -46,32 +46,30 @@ struct Layout {
 
 bool HaveCkptCli() { return fs::exists(BinDir() + "/ckpt"); }
 
-// The straight run of `l` to kSteps; returns its run-log lines.
-std::vector<std::string> Straight(const ScratchDir& dir, const std::string& name, const Layout& l,
-                                  const std::string& mode) {
+// Trains `l` from scratch to `steps` under dir/name with `extra` flags; returns the root.
+std::string Train(const ScratchDir& dir, const std::string& name, const Layout& l,
+                  const std::string& mode, int steps, const std::string& extra) {
   const std::string root = dir / name;
   std::string log;
   const int rc = Engine(l.ranks,
                         "train " + kInvariantModel + mode + l.Flags() + " --steps " +
-                            std::to_string(kSteps) + " --no-final-save --ckpt-dir " + root,
-                        dir / (name + ".log"), &log);
-  INFO(log);
-  REQUIRE(rc == 0);
-  return Lines(root + "/trainlog.jsonl");
-}
-
-// Trains `from` to kSaveAt and saves; returns the root.
-std::string SaveAtK(const ScratchDir& dir, const std::string& name, const Layout& from,
-                    const std::string& mode) {
-  const std::string root = dir / name;
-  std::string log;
-  const int rc = Engine(from.ranks,
-                        "train " + kInvariantModel + mode + from.Flags() + " --steps " +
-                            std::to_string(kSaveAt) + " --ckpt-dir " + root,
+                            std::to_string(steps) + extra + " --ckpt-dir " + root,
                         dir / (name + ".log"), &log);
   INFO(log);
   REQUIRE(rc == 0);
   return root;
+}
+
+// The straight run of `l` to kSteps; returns its run-log lines.
+std::vector<std::string> Straight(const ScratchDir& dir, const std::string& name, const Layout& l,
+                                  const std::string& mode) {
+  return Lines(Train(dir, name, l, mode, kSteps, " --no-final-save") + "/trainlog.jsonl");
+}
+
+// Trains `from` to kSaveAt and saves there; returns the root.
+std::string SaveAtK(const ScratchDir& dir, const std::string& name, const Layout& from,
+                    const std::string& mode) {
+  return Train(dir, name, from, mode, kSaveAt, "");
 }
 
 // The checkpoint of `src` converted to the universal layout and resharded for `to`, resumed
@@ -176,13 +174,8 @@ TEST_CASE("verify-resume --dp: bitwise for an invariant run, the divergence for 
   }
   ScratchDir dir("invariant-verify");
   for (const std::string mode : {kInvariant, std::string()}) {
-    const std::string root = dir / (mode.empty() ? "default" : "invariant");
-    std::string log;
-    REQUIRE(Engine(4,
-                   "train " + kInvariantModel + mode + Layout{4, 2, 3}.Flags() + " --steps " +
-                       std::to_string(kSteps) + " --save-every " + std::to_string(kSaveAt) +
-                       " --ckpt-dir " + root,
-                   root + ".log", &log) == 0);
+    const std::string root = Train(dir, mode.empty() ? "default" : "invariant", {4, 2, 3}, mode,
+                                   kSteps, " --save-every " + std::to_string(kSaveAt));
     const std::string out = root + "-verify.json";
     const int rc = RunShell(BinDir() + "/ckpt verify-resume " + root + " --tag global_step" +
                             std::to_string(kSaveAt) + " --steps 2 --dp 3 --json > " + out + " 2> " +

@@ -143,7 +143,7 @@ TEST_CASE("invariant mode: save, reshard to another world size or split, resume:
   }
   // The mode is recorded in the checkpoint, survives the reshard, and the resume (which did
   // not repeat --invariant) ran in it: its output says so.
-  for (const std::string root : {dir / "case0-src", dir / "case0-dst"}) {
+  for (const std::string& root : {dir / "case0-src", dir / "case0-dst"}) {
     auto reader = ckpt::CheckpointReader::Open(root);
     REQUIRE(reader.ok());
     CHECK(reader->manifest().engine_config.value("invariant", false));
@@ -173,7 +173,7 @@ TEST_CASE("verify-resume --dp: bitwise for an invariant run, the divergence for 
     return;
   }
   ScratchDir dir("invariant-verify");
-  for (const std::string mode : {kInvariant, std::string()}) {
+  for (const std::string& mode : {kInvariant, std::string()}) {
     const std::string root = Train(dir, mode.empty() ? "default" : "invariant", {4, 2, 3}, mode,
                                    kSteps, " --save-every " + std::to_string(kSaveAt));
     const std::string out = root + "-verify.json";

@@ -7,6 +7,7 @@ CKPT_PACKAGES=(
   libhdf5-dev libzstd-dev nlohmann-json3-dev catch2 libcli11-dev libxxhash-dev
   libopenmpi-dev openmpi-bin jq
   python3 python3-h5py python3-hdf5plugin python3-numpy python3-torch python3-zstandard
+  python3-dev pybind11-dev python3-pybind11
 )
 
 ckpt_log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }

@@ -346,7 +346,7 @@ Status ValidateManifest(const Manifest& m) {
   if (!sharded && m.kind != "universal") return InvalidArgument("unknown kind '" + m.kind + "'");
   if (sharded) {
     if (m.partition.scheme != "replicated" && m.partition.scheme != "flat" &&
-        m.partition.scheme != "per_param")
+        m.partition.scheme != "per_param" && m.partition.scheme != "param_owner")
       return InvalidArgument("unknown partition scheme '" + m.partition.scheme + "'");
     if (m.partition.alignment < 1) return InvalidArgument("partition alignment < 1");
     if (static_cast<int>(m.partition.shard_numel.size()) != world)
@@ -392,6 +392,9 @@ Status ValidateManifest(const Manifest& m) {
     if (!sharded) continue;
     if (p.dtype != DType::kF32)
       return InvalidArgument("trainable parameter '" + p.name + "' must have fp32 masters");
+    if (m.partition.scheme == "param_owner" && p.ranges.size() > 1)
+      return InvalidArgument("parameter '" + p.name +
+                             "' spans several ranks under the param_owner scheme");
     std::vector<PartitionRange> ranges = p.ranges;
     std::sort(ranges.begin(), ranges.end(),
               [](const PartitionRange& a, const PartitionRange& b) { return a.begin < b.begin; });
@@ -478,6 +481,36 @@ Status ValidateManifest(const Manifest& m) {
 
 // ---------------------------------------------------------------------------------------------
 // Partitioning
+
+int RequiredMinorVersion(const Manifest& m) {
+  return m.kind == "sharded" && m.partition.scheme == "param_owner" ? 1 : kFormatMinor;
+}
+
+Result<Partition> BuildOwnerPartition(std::vector<ParamEntry>& params, int world,
+                                      const std::vector<int>& owners, int64_t alignment) {
+  if (world < 1) return InvalidArgument("world size must be at least 1, got " + std::to_string(world));
+  if (alignment < 1) return InvalidArgument("alignment must be at least 1");
+  if (owners.size() != params.size())
+    return InvalidArgument(std::to_string(owners.size()) + " owners for " +
+                           std::to_string(params.size()) + " parameters");
+  Partition part;
+  part.scheme = "param_owner";
+  part.alignment = alignment;
+  part.shard_numel.assign(static_cast<size_t>(world), 0);
+  for (size_t i = 0; i < params.size(); ++i) {
+    ParamEntry& p = params[i];
+    p.ranges.clear();
+    if (!p.trainable() || p.numel == 0) continue;
+    const int owner = owners[i];
+    if (owner < 0 || owner >= world)
+      return InvalidArgument("parameter '" + p.name + "': owner rank " + std::to_string(owner) +
+                             " outside [0, " + std::to_string(world) + ")");
+    int64_t& used = part.shard_numel[static_cast<size_t>(owner)];
+    p.ranges.push_back({owner, 0, p.numel, used});
+    used += (p.numel + alignment - 1) / alignment * alignment;
+  }
+  return part;
+}
 
 Result<Partition> BuildPartition(std::vector<ParamEntry>& params, int world, int zero_stage,
                                  int64_t alignment) {

@@ -269,4 +269,50 @@ Result<std::vector<Problem>> CheckCheckpoint(const std::string& tag_dir, bool de
   return problems;
 }
 
+nlohmann::json InspectToJson(const CheckpointReader& reader) {
+  using nlohmann::json;
+  const Manifest& m = reader.manifest();
+  json params = json::array();
+  for (const auto& p : m.params) {
+    params.push_back({{"name", p.name},
+                      {"shape", p.shape},
+                      {"dtype", std::string(DTypeName(p.dtype))},
+                      {"numel", p.numel},
+                      {"frozen", p.frozen},
+                      {"tied_to", p.tied_to.empty() ? json(nullptr) : json(p.tied_to)}});
+  }
+  uint64_t bytes = 0;
+  for (const auto& f : m.files) bytes += f.bytes;
+  json full = ManifestToJson(m);
+  return {{"tag", m.tag},
+          {"dir", reader.dir()},
+          {"format_version", full["format_version"]},
+          {"writer", m.writer},
+          {"created_utc", m.created_utc},
+          {"global_step", m.counters.global_step},
+          {"counters", full["counters"]},
+          {"dp_world_size", m.topology.dp_world_size},
+          {"zero_stage", m.topology.zero_stage},
+          {"topology", full["topology"]},
+          {"optimizer", m.optimizer},
+          {"dtypes", m.dtypes},
+          {"partition", full["partition"]},
+          {"params", params},
+          {"total_params", m.UniqueParamCount()},
+          {"bytes", bytes},
+          {"client_state", m.client_state},
+          {"engine_config", m.engine_config}};
+}
+
+nlohmann::json CheckReportToJson(const std::vector<Problem>& problems, const std::string& dir,
+                                 bool deep) {
+  nlohmann::json pj = nlohmann::json::array();
+  for (const auto& p : problems)
+    pj.push_back({{"file", p.file}, {"dataset", p.dataset}, {"what", p.what}});
+  return {{"ok", problems.empty()},
+          {"dir", dir.empty() ? nlohmann::json(nullptr) : nlohmann::json(dir)},
+          {"deep", deep},
+          {"problems", std::move(pj)}};
+}
+
 }  // namespace ckpt

@@ -228,4 +228,20 @@ Result<GcReport> CollectGarbage(const std::string& root, int keep_last, Env* env
   return report;
 }
 
+nlohmann::json RootListingToJson(const RootListing& listing) {
+  nlohmann::json tags = nlohmann::json::array();
+  for (const auto& t : listing.tags) {
+    nlohmann::json tj = {{"tag", t.tag},     {"global_step", t.global_step}, {"ranks", t.ranks},
+                         {"bytes", t.bytes}, {"latest", t.latest},           {"path", t.path},
+                         {"created_unix", t.created_unix}};
+    if (!t.error.empty()) tj["error"] = t.error;
+    tags.push_back(std::move(tj));
+  }
+  return {{"root", listing.root},
+          {"latest", listing.latest.empty() ? nlohmann::json(nullptr) : nlohmann::json(listing.latest)},
+          {"latest_inferred", listing.latest_inferred},
+          {"tags", std::move(tags)},
+          {"temporary", listing.temporary}};
+}
+
 }  // namespace ckpt

@@ -181,7 +181,7 @@ Status Commit(const std::string& root, const std::string& tmp_dir, Manifest meta
   meta.created_utc = UtcNow(&meta.created_unix);
   meta.format = std::string(kFormatName);
   meta.version_major = kFormatMajor;
-  meta.version_minor = kFormatMinor;
+  meta.version_minor = RequiredMinorVersion(meta);
   meta.writer = std::string(kWriterVersion);
   CKPT_RETURN_IF_ERROR(ValidateManifest(meta), "manifest");
   const std::string text = ManifestToJson(meta).dump(1) + "\n";

@@ -50,19 +50,7 @@ std::function<int()> SetupLs(CLI::App& sub) {
     auto listing = ListRoot(a->root);
     if (!listing.ok()) return ReportError("ls", listing.status(), a->json);
     if (a->json) {
-      json tags = json::array();
-      for (const auto& t : listing->tags) {
-        json tj = {{"tag", t.tag},         {"global_step", t.global_step}, {"ranks", t.ranks},
-                   {"bytes", t.bytes},     {"latest", t.latest},           {"path", t.path},
-                   {"created_unix", t.created_unix}};
-        if (!t.error.empty()) tj["error"] = t.error;
-        tags.push_back(tj);
-      }
-      PrintJson({{"root", listing->root},
-                 {"latest", listing->latest.empty() ? json(nullptr) : json(listing->latest)},
-                 {"latest_inferred", listing->latest_inferred},
-                 {"tags", tags},
-                 {"temporary", listing->temporary}});
+      PrintJson(RootListingToJson(*listing));
       return 0;
     }
     std::printf("%-24s %12s %6s %12s %6s\n", "TAG", "STEP", "RANKS", "SIZE", "AGE");
@@ -103,36 +91,7 @@ std::function<int()> SetupInspect(CLI::App& sub) {
     if (!reader.ok()) return ReportError("inspect", reader.status(), a->json);
     const Manifest& m = reader->manifest();
     if (a->json) {
-      json params = json::array();
-      for (const auto& p : m.params) {
-        params.push_back({{"name", p.name},
-                          {"shape", p.shape},
-                          {"dtype", std::string(DTypeName(p.dtype))},
-                          {"numel", p.numel},
-                          {"frozen", p.frozen},
-                          {"tied_to", p.tied_to.empty() ? json(nullptr) : json(p.tied_to)}});
-      }
-      uint64_t bytes = 0;
-      for (const auto& f : m.files) bytes += f.bytes;
-      json full = ManifestToJson(m);
-      PrintJson({{"tag", m.tag},
-                 {"dir", reader->dir()},
-                 {"format_version", full["format_version"]},
-                 {"writer", m.writer},
-                 {"created_utc", m.created_utc},
-                 {"global_step", m.counters.global_step},
-                 {"counters", full["counters"]},
-                 {"dp_world_size", m.topology.dp_world_size},
-                 {"zero_stage", m.topology.zero_stage},
-                 {"topology", full["topology"]},
-                 {"optimizer", m.optimizer},
-                 {"dtypes", m.dtypes},
-                 {"partition", full["partition"]},
-                 {"params", params},
-                 {"total_params", m.UniqueParamCount()},
-                 {"bytes", bytes},
-                 {"client_state", m.client_state},
-                 {"engine_config", m.engine_config}});
+      PrintJson(InspectToJson(*reader));
       return 0;
     }
     std::printf("tag            %s  (%s)\n", m.tag.c_str(), reader->dir().c_str());
@@ -286,13 +245,7 @@ std::function<int()> SetupCheck(CLI::App& sub) {
       problems = std::move(*found);
     }
     if (a->json) {
-      json pj = json::array();
-      for (const auto& p : problems)
-        pj.push_back({{"file", p.file}, {"dataset", p.dataset}, {"what", p.what}});
-      PrintJson({{"ok", problems.empty()},
-                 {"dir", dir.ok() ? json(*dir) : json(nullptr)},
-                 {"deep", a->deep},
-                 {"problems", pj}});
+      PrintJson(CheckReportToJson(problems, dir.ok() ? *dir : std::string(), a->deep));
     } else if (problems.empty()) {
       std::printf("ok: %s (%s)\n", dir->c_str(), a->deep ? "structure, sizes and every checksum"
                                                           : "structure and sizes; --deep for checksums");

@@ -17,7 +17,7 @@ namespace ckpt {
 
 inline constexpr std::string_view kFormatName = "ckpt";
 inline constexpr int kFormatMajor = 1;
-inline constexpr int kFormatMinor = 0;
+inline constexpr int kFormatMinor = 0;  // manifests with the "param_owner" scheme say 1.1
 inline constexpr std::string_view kWriterVersion = "ckpt 0.1.0";
 inline constexpr std::string_view kManifestFile = "manifest.json";
 inline constexpr std::string_view kLatestFile = "latest";
@@ -82,6 +82,9 @@ struct ParamEntry {
 //  "per_param":  ZeRO-3, each parameter split into world shares of
 //                ceil(numel / world) rounded up to alignment; rank r's shard is the
 //                concatenation of its shares in table order, zero-padded.
+//  "param_owner": ZeRO-1 by whole parameters (torch ZeroRedundancyOptimizer): each trainable
+//                parameter lives whole on one rank; a rank's shard is its parameters in table
+//                order, each starting at a multiple of alignment (format 1.1).
 struct Partition {
   std::string scheme = "flat";
   int64_t alignment = kDefaultAlignment;
@@ -146,10 +149,20 @@ Result<Manifest> ManifestFromJson(const nlohmann::json& j, std::string_view sour
 // one file per rank, dataset sizes = dtype × shape.
 Status ValidateManifest(const Manifest& m);
 
+// The format minor version a manifest needs: 1 with the "param_owner" scheme, else 0 (so files
+// that older 1.0 readers can read still say 1.0).
+int RequiredMinorVersion(const Manifest& m);
+
 // Fills params[i].ranges and returns the partition for `world` ranks and ZeRO `zero_stage`
 // (0 replicated, 1-2 flat, 3 per_param). Frozen and tied parameters get no ranges.
 // Errors: world < 1, stage outside 0..3, alignment < 1.
 Result<Partition> BuildPartition(std::vector<ParamEntry>& params, int world, int zero_stage,
                                  int64_t alignment = kDefaultAlignment);
+// The "param_owner" partition: trainable params[i] lives whole on rank owners[i] (entries of
+// frozen and tied parameters are ignored). InvalidArgument: owners.size() != params.size(), an
+// owner outside [0, world), world < 1, alignment < 1.
+Result<Partition> BuildOwnerPartition(std::vector<ParamEntry>& params, int world,
+                                      const std::vector<int>& owners,
+                                      int64_t alignment = kDefaultAlignment);
 
 }  // namespace ckpt

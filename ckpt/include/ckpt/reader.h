@@ -72,6 +72,11 @@ class CheckpointReader {
   std::unique_ptr<Impl> impl_;
 };
 
+// `ckpt inspect --json`: the manifest's summary (tag, dir, format_version, writer, counters,
+// topology, optimizer, dtypes, partition, params without ranges, total_params, bytes,
+// client_state, engine_config).
+nlohmann::json InspectToJson(const CheckpointReader& reader);
+
 struct Problem {
   std::string file;     // relative to the tag directory, e.g. "rank_00001.h5"
   std::string dataset;  // empty when the problem is the file itself
@@ -82,6 +87,10 @@ struct Problem {
 // recorded size, opens as HDF5 and has every dataset with the recorded dtype and shape;
 // with `deep`, every file and dataset checksum. Returns the problems (empty = healthy);
 // an error status only when the check itself cannot run.
+// `ckpt check --json` of a checkpoint: {"ok", "dir" (null when unresolved), "deep",
+// "problems": [{"file", "dataset", "what"}]}.
+nlohmann::json CheckReportToJson(const std::vector<Problem>& problems, const std::string& dir,
+                                 bool deep);
 Result<std::vector<Problem>> CheckCheckpoint(const std::string& tag_dir, bool deep,
                                              Env* env = nullptr);
 

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "ckpt/env.h"
 #include "ckpt/status.h"
 
@@ -31,6 +33,10 @@ struct RootListing {
 };
 
 Result<RootListing> ListRoot(const std::string& root, Env* env = nullptr);
+// `ckpt ls --json`: {"root", "latest" (null when none), "latest_inferred", "tags": [{"tag",
+// "global_step", "ranks", "bytes", "latest", "path", "created_unix", "error" when unreadable}],
+// "temporary"}.
+nlohmann::json RootListingToJson(const RootListing& listing);
 // The tag `latest` names; DataLoss when it names a missing tag. When the file is absent but the
 // root holds committed tags (a first save killed between committing its tag and writing
 // `latest`), the newest readable committed tag, with *inferred set; NotFound when there is none.

@@ -3,7 +3,8 @@
 # ZeRO-2, save, resume, inspect and deep-check, show what corruption looks like, export to
 # safetensors, convert to the universal layout, reshard 4 -> 2 ranks and resume there, then
 # verify the next update and resume parity; then a topology-invariant run trained on 4 ranks and
-# resumed on 3, bitwise. Ends with a summary table.
+# resumed on 3, bitwise; then a PyTorch run (2 ranks, DDP + ZeroRedundancyOptimizer, saved
+# through the ckpt Python package). Ends with a summary table.
 #
 # CKPT_DEMO_DIR (default /tmp/ckpt-demo) holds everything it writes; it is recreated.
 set -euo pipefail
@@ -11,7 +12,7 @@ source "$(dirname "$0")/lib.sh"
 cd "$CKPT_ROOT"
 
 ckpt_install_packages
-ckpt_build build ckpt_cli engine_min ckpt_h5zstd
+ckpt_build build ckpt_cli engine_min ckpt_h5zstd ckpt_python
 
 DEMO="${CKPT_DEMO_DIR:-/tmp/ckpt-demo}"
 BIN="$CKPT_ROOT/build/bin"
@@ -126,9 +127,35 @@ set +e
 irc=$?
 set -e
 note "invariant: 4 ranks -> resume on 3" "$([ $irc -eq 0 ] && echo bitwise || echo "DIVERGED (exit $irc)")"
+ckpt_log "12. PyTorch: 2 ranks, DDP + ZeroRedundancyOptimizer(AdamW), saved through ckpt.torch"
+PT="$DEMO/torch"
+tools/torchrun.sh 2 examples/torch/train.py --zero 1 --steps 8 --save-every 4 --ckpt-dir "$PT"
+tools/torchrun.sh 2 examples/torch/train.py --resume --ckpt-dir "$PT" --steps 12
+show_losses "$PT/trainlog.jsonl" 7 10
+"$CKPT" ls "$PT"
+"$CKPT" check "$PT" --deep
+note "torch 2 ranks ZeRO-1, 8 + 4 steps" "loss $(first_loss "$PT/trainlog.jsonl") -> $(last_loss "$PT/trainlog.jsonl"), check --deep ok"
+ckpt_log "13. PyTorch resume parity through the trainer: verify-resume --launch (4 steps from global_step4)"
+set +e
+"$CKPT" verify-resume "$PT" --tag global_step4 --steps 4 --launch \
+  "tools/torchrun.sh {world} examples/torch/train.py --resume --ckpt-dir {root} --resume-tag {tag} --steps {until} --trainlog {trainlog}"
+trc=$?
+set -e
+note "torch verify-resume --launch" "$([ $trc -eq 0 ] && echo bitwise || echo "DIVERGED (exit $trc)")"
+ckpt_log "14. PyTorch export-fp32, loaded back with load_state_dict(strict=True)"
+"$CKPT" export-fp32 "$PT" "$DEMO/torch-export"
+PYTHONPATH="$CKPT_ROOT/build/python:$CKPT_ROOT/examples/torch" /usr/bin/python3 - "$PT" "$DEMO/torch-export" <<'PY'
+import sys, torch, ckpt, ckpt.torch, train
+cfg = ckpt.inspect(sys.argv[1])["client_state"]["train_config"]
+model = train.TinyGPT(cfg["d_model"], cfg["layers"], cfg["heads"], cfg["context"], cfg["dropout"])
+print("    load_state_dict(strict=True):", model.load_state_dict(ckpt.torch.load_export(sys.argv[2]), strict=True))
+w = ckpt.Reader(sys.argv[1]).read_param("blocks.0.qkv.weight")
+assert torch.equal(model.blocks[0].qkv.weight.detach(), torch.from_numpy(w)), "export differs"
+PY
+note "torch export-fp32 -> strict load" "ok"
 
 echo
 ckpt_log "summary"
 for line in "${SUMMARY[@]}"; do echo "  $line"; done
 echo "  everything is under $DEMO"
-[ "$rc" -eq 0 ] && [ "$vrc" -eq 0 ] && [ "$irc" -eq 0 ]
+[ "$rc" -eq 0 ] && [ "$vrc" -eq 0 ] && [ "$irc" -eq 0 ] && [ "$trc" -eq 0 ]

@@ -34,10 +34,10 @@ DEFAULT_CORPUS = os.path.join(HERE, "..", "..", "engine_min", "data", "corpus.tx
 # Settings a resumed run takes from the checkpoint unless given again.
 CONFIG_KEYS = ("zero", "d_model", "layers", "heads", "context", "dropout", "micro_batch",
                "grad_accum", "lr", "min_lr", "warmup", "weight_decay", "grad_clip", "seed",
-               "corpus", "save_every", "keep_last")
+               "corpus", "save_every", "keep_last", "schedule_steps")
 DEFAULTS = dict(zero=0, d_model=32, layers=2, heads=2, context=32, dropout=0.1, micro_batch=4,
                 grad_accum=2, lr=3e-3, min_lr=3e-4, warmup=4, weight_decay=0.1, grad_clip=1.0,
-                seed=1234, corpus=DEFAULT_CORPUS, save_every=0, keep_last=0)
+                seed=1234, corpus=DEFAULT_CORPUS, save_every=0, keep_last=0, schedule_steps=0)
 RESETTABLE = ("moments", "step", "rng", "data", "scheduler")
 
 
@@ -184,7 +184,7 @@ def build(cfg, world):
 
 
 def schedule(cfg):
-    warm, total, floor = cfg["warmup"], cfg["total_steps"], cfg["min_lr"] / cfg["lr"]
+    warm, total, floor = cfg["warmup"], cfg["schedule_steps"], cfg["min_lr"] / cfg["lr"]
 
     def factor(step):  # step: updates already applied
         if step < warm:
@@ -264,7 +264,11 @@ def main(argv):
     torch.set_num_threads(1)  # deterministic and polite on small machines
     rank, world = init_distributed()
     cfg = resolve_config(args)
+    # --steps says where this run stops; the cosine's horizon is fixed by the first run (or
+    # --schedule-steps), so a resumed run follows the same learning-rate curve.
     cfg["total_steps"] = args.steps if args.steps is not None else cfg.get("total_steps", 10)
+    if cfg["schedule_steps"] <= 0:
+        cfg["schedule_steps"] = cfg["total_steps"]
     model, ddp, opt, sched = build(cfg, world)
     data = Data(cfg["corpus"], cfg["context"], cfg["seed"])
     state = {"step": 0}

@@ -182,10 +182,11 @@ def write_safetensors(path, tensors, metadata=None):
     _write_safetensors(path, items, dict(metadata or {}))
 
 
-def read_safetensors(path):
+def read_safetensors(path, with_metadata=False):
     """{name: numpy array} (bf16 as uint16 bit patterns), verified against the file's integrity
-    record when it has one (CorruptionError on a mismatch)."""
+    record when it has one (CorruptionError on a mismatch); with_metadata: (tensors, metadata)."""
+    tensors, metadata = _read_safetensors(path)
     out = {}
-    for name, (dtype, shape, data) in _read_safetensors(path).items():
+    for name, (dtype, shape, data) in tensors.items():
         out[name] = _np.frombuffer(data, dtype=_NUMPY_DTYPES[dtype]).reshape(shape).copy()
-    return out
+    return (out, metadata) if with_metadata else out

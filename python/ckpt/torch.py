@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 import ckpt
 
-__all__ = ["save", "load", "LoadInfo", "TorchCollective", "param_table", "trainable_parameters",
+__all__ = ["save", "load", "load_export", "LoadInfo", "TorchCollective", "param_table", "trainable_parameters",
            "owner_ranks"]
 
 _RNG_TORCH = "rng/torch_cpu"
@@ -428,3 +428,30 @@ def load(root, model, optimizer, *, tag=None, scheduler=None, restore_rng=True,
 def _from_numpy(raw, dtype):
     t = torch.from_numpy(np.ascontiguousarray(raw))
     return t.view(dtype) if dtype in (torch.bfloat16,) else t.to(dtype)
+
+
+def load_export(path):
+    """The state_dict of a `ckpt export-fp32` output (a directory or one .safetensors file),
+    tied aliases restored from its `tied_weights` metadata, as torch tensors: what
+    model.load_state_dict(..., strict=True) takes."""
+    import os
+    if os.path.isdir(path):
+        index = os.path.join(path, "model.safetensors.index.json")
+        if os.path.exists(index):
+            with open(index) as f:
+                files = sorted(set(json.load(f)["weight_map"].values()))
+        else:
+            files = ["model.safetensors"]
+        paths = [os.path.join(path, f) for f in files]
+    else:
+        paths = [path]
+    state, tied = {}, {}
+    for p in paths:
+        tensors, meta = ckpt.read_safetensors(p, with_metadata=True)
+        tied.update(json.loads(meta.get("tied_weights", "{}")))
+        for name, arr in tensors.items():
+            t = torch.from_numpy(arr)
+            state[name] = t.view(torch.bfloat16) if arr.dtype == np.uint16 else t
+    for alias, owner in tied.items():
+        state[alias] = state[owner]
+    return state

@@ -514,10 +514,11 @@ void WriteSafetensorsFile(const std::string& path, py::list tensors,
   ThrowIfError(s);
 }
 
-// read_safetensors(path) -> {name: (dtype name, shape, bytes)}, every tensor verified against
-// its recorded digest when the file carries the integrity record.
-py::dict ReadSafetensorsFile(const std::string& path) {
+// read_safetensors(path) -> ({name: (dtype name, shape, bytes)}, metadata), every tensor
+// verified against its recorded digest when the file carries the integrity record.
+py::tuple ReadSafetensorsFile(const std::string& path) {
   std::vector<std::pair<convert::SafetensorsTensor, std::vector<uint8_t>>> loaded;
+  std::map<std::string, std::string> metadata;
   Status s;
   {
     py::gil_scoped_release nogil;
@@ -525,6 +526,7 @@ py::dict ReadSafetensorsFile(const std::string& path) {
     if (!header.ok()) {
       s = header.status();
     } else {
+      metadata = header->metadata;
       for (const auto& t : header->tensors) {
         auto bytes = convert::ReadSafetensorsTensor(path, *header, t.name);
         if (!bytes.ok()) {
@@ -542,7 +544,7 @@ py::dict ReadSafetensorsFile(const std::string& path) {
         py::make_tuple(std::string(DTypeName(t.dtype)), t.shape,
                        py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
   }
-  return out;
+  return py::make_tuple(out, metadata);
 }
 
 }  // namespace

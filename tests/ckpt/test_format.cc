@@ -187,6 +187,46 @@ TEST_CASE("ranges that do not tile a tensor are rejected", "[unit]") {
   }
 }
 
+TEST_CASE("param_owner partition: whole parameters on their owners, format 1.1", "[unit]") {
+  Manifest m = SmallModel("t", 2, 1);
+  std::vector<int> owners(m.params.size(), 0);
+  for (size_t i = 0; i < owners.size(); ++i) owners[i] = static_cast<int>(i % 2 == 0 ? 1 : 0);
+  m.partition = BuildOwnerPartition(m.params, 2, owners).value();
+  CHECK(m.partition.scheme == "param_owner");
+  REQUIRE(ValidateManifest(m).ok());
+  CHECK(RequiredMinorVersion(m) == 1);
+  int64_t used[2] = {0, 0};
+  for (size_t i = 0; i < m.params.size(); ++i) {
+    const ParamEntry& p = m.params[i];
+    if (!p.trainable()) continue;
+    REQUIRE(p.ranges.size() == 1);
+    CHECK(p.ranges[0].rank == owners[i]);
+    CHECK(p.ranges[0].begin == 0);
+    CHECK(p.ranges[0].end == p.numel);
+    CHECK(p.ranges[0].shard_offset == used[owners[i]]);
+    used[owners[i]] += (p.numel + 15) / 16 * 16;
+  }
+  CHECK(m.partition.shard_numel == std::vector<int64_t>{used[0], used[1]});
+  SECTION("a parameter split over ranks is not param_owner") {
+    ParamEntry& p = m.params[0];
+    const int64_t half = p.numel / 2;
+    PartitionRange whole = p.ranges[0];
+    p.ranges = {{whole.rank, 0, half, whole.shard_offset},
+                {whole.rank, half, p.numel, whole.shard_offset + half}};
+    CHECK_THAT(ValidateManifest(m).message(), Catch::Contains("spans several ranks"));
+  }
+  SECTION("bad owners are refused") {
+    owners[0] = 2;
+    CHECK_FALSE(BuildOwnerPartition(m.params, 2, owners).ok());
+    owners.pop_back();
+    CHECK_FALSE(BuildOwnerPartition(m.params, 2, owners).ok());
+  }
+  SECTION("the other schemes stay 1.0") {
+    m.partition = BuildPartition(m.params, 2, 1).value();
+    CHECK(RequiredMinorVersion(m) == 0);
+  }
+}
+
 TEST_CASE("manifest parsing refuses bad input with a clear message", "[unit]") {
   Manifest m = SmallModel("t", 1, 1);
   nlohmann::json j = ManifestToJson(m);

@@ -144,6 +144,9 @@ std::function<int()> SetupVerifyResume(CLI::App& sub) {
   sub.add_option("--dp", a->o.dp,
                  "resume on M ranks: the checkpoint goes through to-universal + reshard --dp M "
                  "first (default: the checkpoint's own world size, no conversion)");
+  sub.add_option("--launch", a->o.launch,
+                 "relaunch your trainer instead of engine_min: a shell command template with "
+                 "{world} {root} {tag} {until} [{trainlog}] [{extra}] (docs/verify.md)");
   sub.add_flag("--keep-scratch", a->o.keep_scratch, "keep the temporary scratch directory");
   sub.add_flag("--json", a->json, "machine-readable report");
   return [a]() -> int {
@@ -175,6 +178,8 @@ std::function<int()> SetupVerify(CLI::App& sub) {
   sub.add_option("--junit", a->junit, "also write a JUnit XML report here");
   sub.add_option("--grad", a->o.grad_file, "next-update gradient for non-engine checkpoints");
   sub.add_option("--reference", a->o.reference, "original run log (default ROOT/trainlog.jsonl)");
+  sub.add_option("--launch", a->o.launch,
+                 "resume parity through your trainer (the template of verify-resume --launch)");
   sub.add_option("--device", a->device, "auto|cpu|cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   sub.add_flag("--json", a->json, "machine-readable report");

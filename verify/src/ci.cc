@@ -121,9 +121,9 @@ CiReport RunCiVerify(const CiOptions& o) {
   rep.cases.push_back(Timed([&] {
     CiCase c;
     c.name = "resume_parity";
-    if (!engine) {
+    if (!engine && o.launch.empty()) {
       c.outcome = CiCase::Outcome::kSkipped;
-      c.message = "skipped: this checkpoint has no engine config, nothing to relaunch";
+      c.message = "skipped: this checkpoint has no engine config, nothing to relaunch (pass --launch to relaunch your trainer)";
       return c;
     }
     ResumeOptions ro;
@@ -132,6 +132,7 @@ CiReport RunCiVerify(const CiOptions& o) {
     ro.reference = o.reference;
     ro.bin_dir = o.bin_dir;
     ro.checked = true;
+    ro.launch = o.launch;
     auto r = RunVerifyResume(ro);
     if (!r.ok()) return ErrorCase("resume_parity", r.status());
     c.details = ResumeToText(*r);

@@ -172,6 +172,15 @@ std::optional<Divergence> CompareLogs(const std::map<int64_t, TrainlogEntry>& re
   return std::nullopt;
 }
 
+std::string ShellQuote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'') out += "'\\''";
+    else out += c;
+  }
+  return out + "'";
+}
+
 struct RunSpec {
   std::string name;       // "plain" or the component
   std::string component;  // empty for the plain run
@@ -263,6 +272,33 @@ Result<TagChoice> ChooseTagToVerify(const std::string& root, const std::string& 
                         : "tags that would work: " + workable));
 }
 
+std::string ExpandLaunchTemplate(const std::string& launch, int world, const std::string& root,
+                                 const std::string& tag, int64_t until,
+                                 const std::string& trainlog,
+                                 const std::vector<std::string>& extra) {
+  std::string extra_text;
+  for (const auto& e : extra) extra_text += (extra_text.empty() ? "" : " ") + ShellQuote(e);
+  const std::vector<std::pair<std::string, std::string>> values = {
+      {"{world}", std::to_string(world)}, {"{root}", ShellQuote(root)},
+      {"{tag}", ShellQuote(tag)},         {"{until}", std::to_string(until)},
+      {"{trainlog}", ShellQuote(trainlog)}, {"{extra}", extra_text}};
+  std::string out;
+  for (size_t i = 0; i < launch.size();) {
+    bool replaced = false;
+    for (const auto& [key, value] : values) {
+      if (launch.compare(i, key.size(), key) == 0) {
+        out += value;
+        i += key.size();
+        replaced = true;
+        break;
+      }
+    }
+    if (!replaced) out += launch[i++];
+  }
+  if (launch.find("{extra}") == std::string::npos && !extra_text.empty()) out += " " + extra_text;
+  return out;
+}
+
 Result<ResumeReport> RunVerifyResume(const ResumeOptions& o) {
   if (o.steps < 1) return InvalidArgument("--steps must be at least 1");
   ResumeReport rep;
@@ -292,9 +328,11 @@ Result<ResumeReport> RunVerifyResume(const ResumeOptions& o) {
   if (o.dp < 0) return InvalidArgument("--dp must be at least 1");
   rep.ranks = o.dp > 0 ? o.dp : rep.source_ranks;
   rep.zero_stage = m.topology.zero_stage;
-  if (!HasEngineConfig(m.engine_config)) {
+  const bool launch = !o.launch.empty();
+  if (!HasEngineConfig(m.engine_config) && !launch) {
     return FailedPrecondition(NoEngineConfigMessage(
-        rep.tag_dir, "there is no engine to relaunch: verify-resume needs an engine_min checkpoint"));
+        rep.tag_dir, "there is no engine to relaunch: verify-resume needs an engine_min "
+                     "checkpoint, or --launch with the command that resumes your trainer"));
   }
   const std::string orig_root = fs::path(rep.tag_dir).lexically_normal().parent_path().string();
   rep.reference = o.reference.empty() ? orig_root + "/trainlog.jsonl" : o.reference;
@@ -312,7 +350,7 @@ Result<ResumeReport> RunVerifyResume(const ResumeOptions& o) {
     }
   }
   const std::string bin_dir = EngineBinDir(o.bin_dir);
-  if (!fs::exists(bin_dir + "/engine_min")) {
+  if (!launch && !fs::exists(bin_dir + "/engine_min")) {
     return NotFound("engine_min not found at " + bin_dir + "/engine_min (set CKPT_BIN_DIR)");
   }
   CKPT_ASSIGN_OR_RETURN(ScratchRoot scratch, ScratchRoot::Create(o.scratch, o.keep_scratch),
@@ -349,11 +387,23 @@ Result<ResumeReport> RunVerifyResume(const ResumeOptions& o) {
       args.push_back(run.component);
     }
     const std::string engine_log = run_root + "/engine.log";
-    auto rc = RunProcess(EngineCommand(bin_dir, rep.ranks, args), engine_log);
-    CKPT_RETURN_IF_ERROR(rc, "engine_min train (" + run.name + ")");
+    std::vector<std::string> argv = EngineCommand(bin_dir, rep.ranks, args);
+    std::string what = "engine_min train";
+    if (launch) {
+      std::vector<std::string> extra;
+      if (!run.component.empty()) extra = {"--reset-on-resume", run.component};
+      if (!final_save) extra.push_back("--no-final-save");
+      argv = {"/bin/sh", "-c",
+              ExpandLaunchTemplate(o.launch, rep.ranks, run_root, reader.tag(), run_target, log,
+                                   extra)};
+      what = "--launch command";
+    }
+    auto rc = RunProcess(argv, engine_log);
+    CKPT_RETURN_IF_ERROR(rc, what + " (" + run.name + ")");
     if (*rc != 0) {
-      return FailedPrecondition("engine_min train (" + run.name + " resume) exited with status " +
-                                std::to_string(*rc) + "; its output:\n" + TailOfFile(engine_log));
+      return FailedPrecondition(what + " (" + run.name + " resume) exited with status " +
+                                std::to_string(*rc) + ": " + argv.back() + "\nits output:\n" +
+                                TailOfFile(engine_log));
     }
     CKPT_ASSIGN_OR_RETURN(auto run_log, ReadTrainlog(log), run.name + " run log");
     RunOutcome out;

@@ -18,6 +18,7 @@ struct CiOptions {
   std::string reference;  // run log; empty: ROOT/trainlog.jsonl
   std::string bin_dir;
   Device device = Device::kAuto;
+  std::string launch;  // resume parity through the user's trainer (ResumeOptions::launch)
 };
 
 struct CiCase {

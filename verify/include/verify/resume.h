@@ -47,7 +47,23 @@ struct ResumeOptions {
   // + `ckpt reshard --dp` of the checkpoint (into the scratch directory). The grad-accum split
   // is derived by engine_min from the kept global batch.
   int dp = 0;
+  // Non-empty: relaunch the user's trainer instead of engine_min (any writer, no engine_config
+  // needed). A shell command template (run with /bin/sh -c from the current directory) whose
+  // placeholders are replaced by shell-quoted values: {world} the checkpoint's data-parallel
+  // size, {root} the scratch root holding the staged checkpoint (the trainer resumes from it and
+  // may save there), {tag} the tag to resume, {until} the total step count to stop at,
+  // {trainlog} the run log the trainer appends to (default when absent from the template:
+  // {root}/trainlog.jsonl), {extra} the flags verify-resume adds (`--reset-on-resume C` for an
+  // ablation, `--no-final-save` when the run ends at the checkpoint's own step), appended to the
+  // command when the template has no {extra}. The contract is the run log
+  // (docs/architecture.md): one entry per optimizer step.
+  std::string launch;
 };
+
+// The command of one --launch run: the template with its placeholders replaced (see above).
+std::string ExpandLaunchTemplate(const std::string& launch, int world, const std::string& root,
+                                 const std::string& tag, int64_t until,
+                                 const std::string& trainlog, const std::vector<std::string>& extra);
 
 struct Divergence {
   int64_t step = 0;
@@ -91,7 +107,8 @@ struct ResumeReport {
 
 // Without a tag, runs on ChooseTagToVerify's choice. The checkpoint is checked (sizes, file
 // checksums) before engine_min is launched. NotFound: checkpoint, reference log or engine_min
-// missing. FailedPrecondition: not an engine_min checkpoint, the log does not cover the K
+// missing. FailedPrecondition: not an engine_min checkpoint and
+// no launch template, the log does not cover the K
 // steps, or engine_min failed (its output is in the message). DataLoss: a corrupt checkpoint
 // (exit 1) or an unreadable log.
 Result<ResumeReport> RunVerifyResume(const ResumeOptions& options);

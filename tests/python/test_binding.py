@@ -1,0 +1,184 @@
+"""The binding: every dtype and shape round-trips through save_shard / Reader, without copies
+where promised; ls/inspect/check equal the CLI's --json; errors are exceptions; the GIL is
+released during I/O."""
+import os
+import threading
+import unittest
+
+import numpy as np
+import torch
+
+import ckpt
+import util
+
+SHAPES = [(), (0,), (7,), (2, 3, 5)]
+NUMPY = {"fp32": np.float32, "fp64": np.float64, "fp16": np.float16, "int64": np.int64,
+         "int32": np.int32, "uint8": np.uint8, "uint16": np.uint16}
+TORCH = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16,
+         "fp16": torch.float16, "int64": torch.int64, "int32": torch.int32, "uint8": torch.uint8}
+PARAMS = [{"name": "w", "shape": [3, 4]}, {"name": "b", "shape": [5]}]
+
+
+def save_one(root, datasets, step=1, params=PARAMS):
+    planned = ckpt.plan(params, 1, zero_stage=0)
+    n = planned["partition"]["shard_numel"][0]
+    state = np.arange(n, dtype=np.float32)
+    manifest = {"tag": f"global_step{step}", "counters": {"global_step": step},
+                "topology": {"dp_world_size": 1, "zero_stage": 0},
+                "optimizer": {"type": "adamw", "lr": 1e-3, "step": step},
+                "partition": planned["partition"], "params": planned["params"]}
+    base = [ckpt.Dataset.tensor(k, state * (i + 1))
+            for i, k in enumerate(("master", "exp_avg", "exp_avg_sq"))]
+    ckpt.save_shard(root, manifest, base + datasets)
+    return state
+
+
+class Binding(unittest.TestCase):
+    def test_every_dtype_and_shape_round_trips(self):
+        root = util.tempdir(self)
+        rng = np.random.default_rng(1)
+        want = {}
+        datasets = []
+        for dt, npt in NUMPY.items():
+            for shape in SHAPES:
+                a = (rng.standard_normal(shape) * 100).astype(npt)
+                name = f"np/{dt}/{len(shape)}_{int(np.prod(shape))}"
+                want[name] = a
+                datasets.append(ckpt.Dataset.tensor(name, a))
+        for dt, tt in TORCH.items():
+            for shape in SHAPES:
+                t = (torch.randn(shape, dtype=torch.float64) * 100).to(tt)
+                name = f"torch/{dt}/{len(shape)}_{t.numel()}"
+                want[name] = t
+                datasets.append(ckpt.Dataset.tensor(name, t))
+        bits = torch.randn(4, 3).to(torch.bfloat16)
+        want["np/bf16_bits"] = bits.view(torch.int16).numpy().view(np.uint16)
+        datasets.append(ckpt.Dataset.tensor("np/bf16_bits", want["np/bf16_bits"], "bf16"))
+        save_one(root, datasets)
+        r = ckpt.Reader(root)
+        for name, a in want.items():
+            rec = r.dataset_record(0, name)
+            self.assertEqual(rec["shape"], list(a.shape), name)
+            if isinstance(a, torch.Tensor):
+                out = torch.empty_like(a)
+                ptr = out.data_ptr()
+                r.read_dataset(0, name, out)
+                self.assertEqual(out.data_ptr(), ptr)  # filled in place
+                self.assertTrue(torch.equal(out.view(-1).view(torch.uint8) if a.numel() else out,
+                                            a.view(-1).view(torch.uint8) if a.numel() else a), name)
+                self.assertEqual(rec["dtype"], [k for k, v in TORCH.items() if v == a.dtype][0])
+            else:
+                got = r.read_dataset(0, name)
+                self.assertEqual(got.tobytes(), a.tobytes(), name)
+        self.assertEqual(r.dataset_record(0, "np/bf16_bits")["dtype"], "bf16")
+        got = torch.from_numpy(r.read_dataset(0, "np/bf16_bits").view(np.int16)).view(torch.bfloat16)
+        self.assertTrue(torch.equal(got, bits))
+
+    def test_zero_copy_and_refusals(self):
+        root = util.tempdir(self)
+        save_one(root, [])
+        r = ckpt.Reader(root)
+        out = np.zeros(12, dtype=np.float32)
+        self.assertIs(r.read_param_range("w", "master", 0, 12, out), out)
+        np.testing.assert_array_equal(out, np.arange(12, dtype=np.float32))
+        # A view into a larger buffer is written through: no hidden copy.
+        big = np.full(20, -1, dtype=np.float32)
+        r.read_param_range("w", "exp_avg", 2, 7, big[5:10])
+        np.testing.assert_array_equal(big[5:10], 2 * np.arange(2, 7, dtype=np.float32))
+        self.assertEqual(big[4], -1)
+        with self.assertRaises(ckpt.Error):  # strided: would need a copy, refused
+            r.read_param_range("w", "master", 0, 6, np.zeros(12, dtype=np.float32)[::2])
+        with self.assertRaises(ckpt.Error):
+            ckpt.save_shard(util.tempdir(self), {}, [("x", "tensor", torch.zeros(4, 4).t(), "")])
+        with self.assertRaises(ckpt.Error):  # wrong size
+            r.read_param_range("w", "master", 0, 12, np.zeros(11, dtype=np.float32))
+
+    def test_dicts_match_cli_json(self):
+        root = util.tempdir(self)
+        save_one(root, [], step=1)
+        save_one(root, [], step=2)
+        for fn, args in ((ckpt.ls, [root]), (ckpt.inspect, [root])):
+            got = fn(*args)
+            want, _ = util.cli_json(fn.__name__, *args)
+            self.assertEqual(got, want)
+        got = ckpt.check(root, deep=True)
+        want, rc = util.cli_json("check", root, "--deep")
+        self.assertEqual(got, want)
+        self.assertTrue(got["ok"])
+        self.assertEqual([t["tag"] for t in ckpt.ls(root)["tags"]], ["global_step1", "global_step2"])
+
+    def test_errors_are_exceptions(self):
+        root = util.tempdir(self)
+        with self.assertRaises(ckpt.Error) as e:
+            ckpt.Reader(os.path.join(root, "missing"))
+        self.assertNotIsInstance(e.exception, ckpt.CorruptionError)
+        self.assertEqual(e.exception.code, "NotFound")
+        self.assertIn("missing", str(e.exception))
+        save_one(root, [ckpt.Dataset.tensor("payload", np.arange(1000, dtype=np.float32))])
+        r = ckpt.Reader(root)
+        path = os.path.join(r.dir, "rank_00000.h5")
+        raw = r.read_dataset(0, "payload").tobytes()
+        with open(path, "r+b") as f:  # flip one byte of the payload's data
+            data = f.read()
+            off = data.find(raw[400:432])
+            self.assertGreater(off, 0)
+            f.seek(off)
+            f.write(bytes([data[off] ^ 0xFF]))
+        with self.assertRaises(ckpt.CorruptionError) as e:
+            ckpt.Reader(root).read_dataset(0, "payload")
+        self.assertIn("rank_00000.h5", str(e.exception))
+        self.assertEqual(e.exception.exit_code, 1)
+        report = ckpt.check(root, deep=True)
+        self.assertFalse(report["ok"])
+        with open(os.path.join(r.dir, "manifest.json"), "w") as f:
+            f.write("{ not json")
+        with self.assertRaises(ckpt.CorruptionError):
+            ckpt.Reader(root)
+        with self.assertRaises(ckpt.Error):  # a collective that raises: an error, not a crash
+            class Broken(ckpt.SingleCollective):
+                def gather(self, payload):
+                    raise RuntimeError("peer died")
+            planned = ckpt.plan(PARAMS, 1, zero_stage=0)
+            ckpt.save_shard(util.tempdir(self), {
+                "tag": "t", "topology": {"dp_world_size": 1, "zero_stage": 0},
+                "partition": planned["partition"], "params": planned["params"]},
+                [ckpt.Dataset.tensor(k, np.zeros(32, np.float32))
+                 for k in ("master", "exp_avg", "exp_avg_sq")], Broken())
+
+    def test_gil_released_during_io(self):
+        root = util.tempdir(self)
+        big = np.random.default_rng(0).standard_normal(16 << 20).astype(np.float32)  # 64 MiB
+        save_one(root, [ckpt.Dataset.tensor("big", big)])
+        r = ckpt.Reader(root)
+        out = np.empty_like(big)
+        ticks = 0
+        done = threading.Event()
+
+        def read():
+            r.read_dataset(0, "big", out)
+            done.set()
+        t = threading.Thread(target=read)
+        t.start()
+        while not done.is_set():
+            ticks += 1
+        t.join()
+        self.assertGreater(ticks, 1000)  # this thread kept running while the read went on
+        np.testing.assert_array_equal(out, big)
+
+    def test_xxh3_and_safetensors(self):
+        a = np.arange(10, dtype=np.float32)
+        h = ckpt.Xxh3()
+        h.update(a[:4])
+        h.update(torch.from_numpy(a[4:].copy()))
+        self.assertEqual(h.hexdigest(), ckpt.xxh3(a))
+        path = os.path.join(util.tempdir(self), "t.safetensors")
+        ckpt.write_safetensors(path, {"a": a, "b": torch.ones(2, 2, dtype=torch.bfloat16)})
+        got = ckpt.read_safetensors(path)
+        np.testing.assert_array_equal(got["a"], a)
+        self.assertEqual(got["b"].dtype, np.uint16)
+        check, rc = util.cli_json("check", path, "--deep")
+        self.assertTrue(check["ok"])
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -66,6 +66,16 @@ class TorchCollective:
         return box[0]
 
 
+_COLLECTIVES = {}
+
+
+def _collective(group):
+    """One TorchCollective per process group (creating a gloo group is itself collective)."""
+    if group not in _COLLECTIVES:
+        _COLLECTIVES[group] = TorchCollective(group)
+    return _COLLECTIVES[group]
+
+
 def _world():
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
@@ -212,7 +222,7 @@ def save(root, step, model, optimizer, *, scheduler=None, data_state=None, clien
     tensors = {n: t for n, t, _ in param_table(model)}
     shard_numel = planned["partition"]["shard_numel"][rank]
     shards = {k: np.zeros(shard_numel, dtype=np.float32)
-              for k in (ckpt_name for ckpt_name in ("master", "exp_avg", "exp_avg_sq"))}
+              for k in ("master", "exp_avg", "exp_avg_sq")}
     steps = {}
     for entry in planned["params"]:
         for r in entry["ranges"]:
@@ -265,7 +275,7 @@ def save(root, step, model, optimizer, *, scheduler=None, data_state=None, clien
         "params": planned["params"],
         "client_state": client_state if client_state is not None else {},
     }
-    collective = TorchCollective(group) if world > 1 else None
+    collective = _collective(group) if world > 1 else None
     ckpt.save_shard(root, manifest, datasets, collective, compression=compression,
                     keep_last=keep_last or 0)
     return manifest["tag"]

@@ -1,6 +1,7 @@
 """Shared helpers of the Python suites: where the build is, running the CLI and the launcher."""
 import json
 import os
+import socket
 import subprocess
 import tempfile
 
@@ -28,6 +29,12 @@ def cli_json(*args, check=True):
 
 def torchrun(n, *args, check=True, timeout=300):
     return run([TORCHRUN, str(n), TRAIN, *args], check=check, timeout=timeout)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def tree_digest(root):

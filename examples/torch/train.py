@@ -281,6 +281,9 @@ def main(argv):
         if bad:
             raise SystemExit(f"--reset-on-resume: unknown component {bad[0]}")
         reset_components(which, cfg, model, opt, sched, data, state)
+        if "step" in which:
+            # Steps restart at 0: periodic saves would land on the tags of the real trajectory.
+            cfg["save_every"] = 0
     else:
         torch.manual_seed(cfg["seed"] * 1000 + rank + 1)  # dropout differs per rank
     if args.command == "grad":

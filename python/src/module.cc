@@ -40,6 +40,13 @@ struct StatusError {
   Status status;
 };
 
+// Runs f() with the GIL released (f must not touch Python objects) and returns its result.
+template <typename F>
+auto WithoutGil(F&& f) {
+  py::gil_scoped_release nogil;
+  return f();
+}
+
 void ThrowIfError(const Status& s) {
   if (!s.ok()) throw StatusError{s};
 }
@@ -240,42 +247,20 @@ std::vector<ParamEntry> ParamsFromJson(const json& params) {
   return out;
 }
 
-json ParamsToJson(const std::vector<ParamEntry>& params) {
-  json out = json::array();
-  for (const auto& p : params) {
-    json ranges = json::array();
-    for (const auto& r : p.ranges)
-      ranges.push_back(
-          {{"rank", r.rank}, {"begin", r.begin}, {"end", r.end}, {"shard_offset", r.shard_offset}});
-    out.push_back({{"name", p.name},
-                   {"shape", p.shape},
-                   {"dtype", std::string(DTypeName(p.dtype))},
-                   {"numel", p.numel},
-                   {"frozen", p.frozen},
-                   {"tied_to", p.tied_to.empty() ? json(nullptr) : json(p.tied_to)},
-                   {"ranges", ranges}});
-  }
-  return out;
-}
-
 // plan(params, world, zero_stage=None, owners=None, alignment=16) -> {"partition", "params"}.
 py::object Plan(py::handle params, int world, py::object zero_stage, py::object owners,
                 int64_t alignment) {
-  std::vector<ParamEntry> table = ParamsFromJson(FromPython(params, "params"));
-  Partition part;
+  Manifest m;  // the manifest's own JSON form of the table and partition
+  m.params = ParamsFromJson(FromPython(params, "params"));
   if (!owners.is_none()) {
-    part = ValueOrThrow(BuildOwnerPartition(table, world, owners.cast<std::vector<int>>(),
-                                            alignment));
+    m.partition = ValueOrThrow(
+        BuildOwnerPartition(m.params, world, owners.cast<std::vector<int>>(), alignment));
   } else {
-    part = ValueOrThrow(BuildPartition(table, world, zero_stage.is_none() ? 0 : zero_stage.cast<int>(),
-                                       alignment));
+    m.partition = ValueOrThrow(BuildPartition(
+        m.params, world, zero_stage.is_none() ? 0 : zero_stage.cast<int>(), alignment));
   }
-  json out = {{"partition",
-               {{"scheme", part.scheme},
-                {"alignment", part.alignment},
-                {"shard_numel", part.shard_numel}}},
-              {"params", ParamsToJson(table)}};
-  return ToPython(out);
+  json j = ManifestToJson(m);
+  return ToPython({{"partition", j["partition"]}, {"params", j["params"]}});
 }
 
 // The manifest a saver passes (rank 0's is written; files[], format and times are the writer's).
@@ -353,15 +338,23 @@ void SaveShard(const std::string& root, py::handle manifest, py::list datasets,
 
 // A CheckpointReader shared by Python threads: one call at a time, without the GIL.
 class Reader {
+  std::unique_ptr<CheckpointReader> reader_;
+  std::mutex mu_;
+
+  // f() (a Status or a Result) with the GIL released and this reader locked.
+  template <typename F>
+  auto Locked(F&& f) {
+    return WithoutGil([&] {
+      std::lock_guard<std::mutex> lock(mu_);
+      return f();
+    });
+  }
+
  public:
   Reader(const std::string& path, const std::string& tag, bool verify_checksums) {
     OpenOptions o;
     o.verify_checksums = verify_checksums;
-    Result<CheckpointReader> r = Status();
-    {
-      py::gil_scoped_release nogil;
-      r = CheckpointReader::Open(path, tag, o);
-    }
+    auto r = WithoutGil([&] { return CheckpointReader::Open(path, tag, o); });
     reader_ = std::make_unique<CheckpointReader>(ValueOrThrow(std::move(r)));
   }
   py::object Manifest() const { return ToPython(ManifestToJson(reader_->manifest())); }
@@ -374,31 +367,17 @@ class Reader {
     if (d && d->dtype != a.dtype && DTypeSize(d->dtype) != DTypeSize(a.dtype))
       throw StatusError{InvalidArgument("out: dataset " + name + " is " +
                                         std::string(DTypeName(d->dtype)))};
-    Locked([&] { return reader_->ReadDataset(rank, name, a.data, a.bytes); });
+    ThrowIfError(Locked([&] { return reader_->ReadDataset(rank, name, a.data, a.bytes); }));
   }
   py::bytes ReadDatasetBytes(int rank, const std::string& name) {
-    Result<std::vector<uint8_t>> r = Status();
-    Locked([&] {
-      r = reader_->ReadDatasetBytes(rank, name);
-      return r.status();
-    });
-    return py::bytes(reinterpret_cast<const char*>(r->data()), r->size());
+    auto r = ValueOrThrow(Locked([&] { return reader_->ReadDatasetBytes(rank, name); }));
+    return py::bytes(reinterpret_cast<const char*>(r.data()), r.size());
   }
   py::bytes ReadBlob(int rank, const std::string& name) {
-    Result<std::string> r = Status();
-    Locked([&] {
-      r = reader_->ReadBlob(rank, name);
-      return r.status();
-    });
-    return py::bytes(*r);
+    return py::bytes(ValueOrThrow(Locked([&] { return reader_->ReadBlob(rank, name); })));
   }
   py::object ReadJson(int rank, const std::string& name) {
-    Result<json> r = Status();
-    Locked([&] {
-      r = reader_->ReadJson(rank, name);
-      return r.status();
-    });
-    return ToPython(*r);
+    return ToPython(ValueOrThrow(Locked([&] { return reader_->ReadJson(rank, name); })));
   }
   void ReadParamRangeInto(const std::string& param, const std::string& state, int64_t begin,
                           int64_t end, py::handle out) {
@@ -409,44 +388,22 @@ class Reader {
       throw StatusError{InvalidArgument("out holds " + std::to_string(a.bytes / 4) +
                                         " floats for the range [" + std::to_string(begin) + ", " +
                                         std::to_string(end) + ")")};
-    Locked([&] {
+    ThrowIfError(Locked([&] {
       return reader_->ReadParamRange(param, state, begin, end, static_cast<float*>(a.data));
-    });
+    }));
   }
   void VerifyDataset(int rank, const std::string& name) {
-    Locked([&] { return reader_->VerifyDataset(rank, name); });
+    ThrowIfError(Locked([&] { return reader_->VerifyDataset(rank, name); }));
   }
 
- private:
-  template <typename F>
-  void Locked(F&& f) {
-    Status s;
-    {
-      py::gil_scoped_release nogil;
-      std::lock_guard<std::mutex> lock(mu_);
-      s = f();
-    }
-    ThrowIfError(s);
-  }
-  std::unique_ptr<CheckpointReader> reader_;
-  std::mutex mu_;
 };
 
 py::object Ls(const std::string& root) {
-  Result<RootListing> r = Status();
-  {
-    py::gil_scoped_release nogil;
-    r = ListRoot(root);
-  }
-  return ToPython(RootListingToJson(ValueOrThrow(std::move(r))));
+  return ToPython(RootListingToJson(ValueOrThrow(WithoutGil([&] { return ListRoot(root); }))));
 }
 
 py::object Inspect(const std::string& path, const std::string& tag) {
-  Result<CheckpointReader> r = Status();
-  {
-    py::gil_scoped_release nogil;
-    r = CheckpointReader::Open(path, tag);
-  }
+  auto r = WithoutGil([&] { return CheckpointReader::Open(path, tag); });
   return ToPython(InspectToJson(ValueOrThrow(std::move(r))));
 }
 

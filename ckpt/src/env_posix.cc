@@ -1,6 +1,8 @@
-// PosixEnv: the real file system. Every call maps errno to an IOError naming the step and path.
+// PosixEnv: the real file system. Every call maps errno through PosixError, naming the step and
+// the path (leveldb's util/env_posix.cc).
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,21 +11,127 @@
 #include <random>
 
 #include "ckpt/env.h"
+#include "ckpt/unique_fd.h"
 
 namespace ckpt {
 
+void UniqueFd::reset(int fd) {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = fd;
+}
+
+Status UniqueFd::Close(std::string_view path) {
+  const int fd = std::exchange(fd_, -1);
+  if (fd >= 0 && ::close(fd) != 0) return PosixError("close " + std::string(path), errno);
+  return Status::Ok();
+}
+
 namespace {
+
+Status PreadExact(int fd, uint64_t offset, size_t n, void* out, const std::string& path) {
+  auto* p = static_cast<uint8_t*>(out);
+  while (n > 0) {
+    const ssize_t r = ::pread(fd, p, n, static_cast<off_t>(offset));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return PosixError("read " + path, errno);
+    }
+    if (r == 0) return DataLoss(path + ": unexpected end of file at byte " + std::to_string(offset));
+    p += r;
+    n -= static_cast<size_t>(r);
+    offset += static_cast<uint64_t>(r);
+  }
+  return Status::Ok();
+}
+
+Status PwriteAll(int fd, uint64_t offset, std::string_view data, const std::string& path) {
+  const char* p = data.data();
+  size_t n = data.size();
+  while (n > 0) {
+    const ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(offset));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return PosixError("write " + path, errno);
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+    offset += static_cast<uint64_t>(w);
+  }
+  return Status::Ok();
+}
+
+Result<uint64_t> SizeOf(int fd, const std::string& path) {
+  struct stat st{};
+  if (::fstat(fd, &st) != 0) return PosixError("stat " + path, errno);
+  return static_cast<uint64_t>(st.st_size);
+}
+
+class PosixRandomAccessFile final : public RandomAccessFile {
+ public:
+  PosixRandomAccessFile(std::string path, UniqueFd fd, uint64_t size)
+      : path_(std::move(path)), fd_(std::move(fd)), size_(size) {}
+  Status Read(uint64_t offset, size_t n, void* out) const override {
+    return PreadExact(fd_.get(), offset, n, out, path_);
+  }
+  uint64_t size() const override { return size_; }
+
+ private:
+  std::string path_;
+  UniqueFd fd_;
+  uint64_t size_;
+};
+
+class PosixRandomWriteFile final : public RandomWriteFile {
+ public:
+  PosixRandomWriteFile(std::string path, UniqueFd fd) : path_(std::move(path)), fd_(std::move(fd)) {}
+  Status Write(uint64_t offset, std::string_view data) override {
+    return PwriteAll(fd_.get(), offset, data, path_);
+  }
+  Status Read(uint64_t offset, size_t n, void* out) override {
+    return PreadExact(fd_.get(), offset, n, out, path_);
+  }
+  Result<uint64_t> Size() override { return SizeOf(fd_.get(), path_); }
+  Status Reserve(uint64_t size) override {
+    if (size > 0 && ::fallocate(fd_.get(), 0, 0, static_cast<off_t>(size)) != 0 &&
+        errno != EOPNOTSUPP && errno != ENOSYS && errno != EINVAL) {
+      return PosixError("reserve " + std::to_string(size) + " bytes for " + path_, errno);
+    }
+    return Status::Ok();
+  }
+  void StartWriteback(uint64_t offset, uint64_t n) override {
+    ::sync_file_range(fd_.get(), static_cast<off_t>(offset), static_cast<off_t>(n),
+                      SYNC_FILE_RANGE_WRITE);
+  }
+  Status Sync() override {
+    if (::fsync(fd_.get()) != 0) return PosixError("fsync " + path_, errno);
+    return Status::Ok();
+  }
+  Status Close() override { return fd_.Close(path_); }
+
+ private:
+  std::string path_;
+  UniqueFd fd_;
+};
+
+// Holding the descriptor holds the flock; closing it releases the lock.
+class PosixFileLock final : public FileLock {
+ public:
+  explicit PosixFileLock(UniqueFd fd) : fd_(std::move(fd)) {}
+
+ private:
+  UniqueFd fd_;
+};
 
 class PosixWritableFile final : public WritableFile {
  public:
-  PosixWritableFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  PosixWritableFile(std::string path, UniqueFd fd) : path_(std::move(path)), fd_(std::move(fd)) {}
   ~PosixWritableFile() override { Close().IgnoreError(); }
 
   Status Append(std::string_view data) override {
     const char* p = data.data();
     size_t left = data.size();
     while (left > 0) {
-      ssize_t n = ::write(fd_, p, left);
+      ssize_t n = ::write(fd_.get(), p, left);
       if (n < 0) {
         if (errno == EINTR) continue;
         return ErrnoError("write " + path_, errno);
@@ -34,38 +142,35 @@ class PosixWritableFile final : public WritableFile {
     return Status::Ok();
   }
   Status Sync() override {
-    if (::fsync(fd_) != 0) return ErrnoError("fsync " + path_, errno);
+    if (::fsync(fd_.get()) != 0) return ErrnoError("fsync " + path_, errno);
     return Status::Ok();
   }
-  Status Close() override {
-    if (fd_ < 0) return Status::Ok();
-    int rc = ::close(fd_);
-    fd_ = -1;
-    if (rc != 0) return ErrnoError("close " + path_, errno);
-    return Status::Ok();
-  }
+  Status Close() override { return fd_.Close(path_); }
 
  private:
   std::string path_;
-  int fd_;
+  UniqueFd fd_;
 };
 
 Status SyncPath(const std::string& path, int flags, std::string_view what) {
-  int fd = ::open(path.c_str(), flags | O_CLOEXEC);
-  if (fd < 0) return ErrnoError(std::string("open for ") + std::string(what) + " " + path, errno);
-  int rc = ::fsync(fd);
-  int err = errno;
-  ::close(fd);
-  if (rc != 0) return ErrnoError(std::string(what) + " " + path, err);
+  UniqueFd fd(::open(path.c_str(), flags | O_CLOEXEC));
+  if (!fd.valid())
+    return ErrnoError(std::string("open for ") + std::string(what) + " " + path, errno);
+  if (::fsync(fd.get()) != 0) return ErrnoError(std::string(what) + " " + path, errno);
   return Status::Ok();
+}
+
+std::string ParentDir(const std::string& path) {
+  const std::string d = std::filesystem::path(path).parent_path().string();
+  return d.empty() ? "." : d;
 }
 
 class PosixEnv final : public Env {
  public:
   Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
-    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return ErrnoError("create " + path, errno);
-    return std::unique_ptr<WritableFile>(new PosixWritableFile(path, fd));
+    UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    if (!fd.valid()) return ErrnoError("create " + path, errno);
+    return std::unique_ptr<WritableFile>(new PosixWritableFile(path, std::move(fd)));
   }
   Status BeginExternalWrite(const std::string&) override { return Status::Ok(); }
   Status SyncFile(const std::string& path) override { return SyncPath(path, O_RDONLY, "fsync"); }
@@ -93,25 +198,22 @@ class PosixEnv final : public Env {
     return Status::Ok();
   }
   Result<std::string> ReadFileToString(const std::string& path) override {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
+    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd.valid()) {
       if (errno == ENOENT) return NotFound(path + ": no such file");
       return ErrnoError("open " + path, errno);
     }
     std::string out;
     char buf[1 << 16];
     for (;;) {
-      ssize_t n = ::read(fd, buf, sizeof buf);
+      ssize_t n = ::read(fd.get(), buf, sizeof buf);
       if (n < 0) {
         if (errno == EINTR) continue;
-        int err = errno;
-        ::close(fd);
-        return ErrnoError("read " + path, err);
+        return ErrnoError("read " + path, errno);
       }
       if (n == 0) break;
       out.append(buf, static_cast<size_t>(n));
     }
-    ::close(fd);
     return out;
   }
   Result<std::vector<DirEntry>> ListDir(const std::string& path) override {
@@ -143,6 +245,58 @@ class PosixEnv final : public Env {
     }
     return static_cast<uint64_t>(st.st_size);
   }
+
+  Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(
+      const std::string& path) override {
+    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd.valid()) {
+      if (errno == ENOENT) return NotFound(path + ": no such file");
+      return PosixError("open " + path, errno);
+    }
+    CKPT_ASSIGN_OR_RETURN(const uint64_t size, SizeOf(fd.get(), path));
+    return std::unique_ptr<RandomAccessFile>(
+        new PosixRandomAccessFile(path, std::move(fd), size));
+  }
+  Result<std::unique_ptr<RandomWriteFile>> OpenRandomWriteFile(const std::string& path) override {
+    UniqueFd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC));
+    if (!fd.valid()) return PosixError("open " + path, errno);
+    return std::unique_ptr<RandomWriteFile>(new PosixRandomWriteFile(path, std::move(fd)));
+  }
+  Result<std::unique_ptr<FileLock>> TryLockFile(const std::string& path) override {
+    UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+    if (!fd.valid()) return PosixError("open lock " + path, errno);
+    if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      if (err != EWOULDBLOCK) return PosixError("lock " + path, err);
+      char buf[32] = {0};
+      const ssize_t n = ::pread(fd.get(), buf, sizeof buf - 1, 0);
+      std::string holder = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
+      while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' '))
+        holder.pop_back();
+      return FailedPrecondition(path + " is held by pid " + (holder.empty() ? "unknown" : holder));
+    }
+    const std::string pid = std::to_string(::getpid()) + "\n";
+    if (::ftruncate(fd.get(), 0) == 0) {
+      // The pid is a hint for the message of the next contender; the lock holds without it.
+      const ssize_t w = ::pwrite(fd.get(), pid.data(), pid.size(), 0);
+      (void)w;
+    }
+    return std::unique_ptr<FileLock>(new PosixFileLock(std::move(fd)));
+  }
+  Status CreateDirs(const std::string& path) override {
+    struct stat st;
+    if (::stat(path.c_str(), &st) == 0) {
+      if (S_ISDIR(st.st_mode)) return Status::Ok();
+      return AlreadyExists(path + " exists and is not a directory");
+    }
+    const std::string parent = ParentDir(path);
+    if (parent != path && parent != "." && parent != "/") CKPT_RETURN_IF_ERROR(CreateDirs(parent));
+    if (::mkdir(path.c_str(), 0755) != 0) {
+      if (errno == EEXIST) return Status::Ok();  // created concurrently
+      return PosixError("mkdir " + path, errno);
+    }
+    return SyncDir(parent);
+  }
 };
 
 }  // namespace
@@ -156,14 +310,14 @@ Status WriteFileAtomic(Env* env, const std::string& path, std::string_view data)
   if (env == nullptr) env = Env::Default();
   std::random_device rd;
   const std::string tmp = path + ".tmp-" + std::to_string(rd());
-  const std::string dir = std::filesystem::path(path).parent_path().string();
+  const std::string dir = ParentDir(path);
   Status s = [&]() -> Status {
     CKPT_ASSIGN_OR_RETURN(auto file, env->NewWritableFile(tmp), "");
     CKPT_RETURN_IF_ERROR(file->Append(data), "");
     CKPT_RETURN_IF_ERROR(file->Sync(), "");
     CKPT_RETURN_IF_ERROR(file->Close(), "");
     CKPT_RETURN_IF_ERROR(env->RenameFile(tmp, path), "");
-    return env->SyncDir(dir.empty() ? "." : dir);
+    return env->SyncDir(dir);
   }();
   if (!s.ok() && env->Exists(tmp)) env->RemoveFile(tmp).IgnoreError();
   return s;

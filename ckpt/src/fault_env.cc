@@ -17,7 +17,7 @@ std::string DirOf(const std::string& path) {
 }  // namespace
 
 struct FaultInjectionEnv::Impl {
-  Env* base;
+  Env* base;  // the wrapped Env (EnvWrapper::target())
   std::mutex mu;
   std::map<Op, int> counts;
   Op fail_op = Op::kAny;
@@ -35,7 +35,7 @@ struct FaultInjectionEnv::Impl {
   Status Step(Op op, const std::string& what) {
     std::lock_guard<std::mutex> lock(mu);
     int n_op = ++counts[op];
-    int n_any = ++counts[Op::kAny];
+    int n_any = op == Op::kRead ? -1 : ++counts[Op::kAny];
     bool fail = fail_at > 0 && ((fail_op == Op::kAny && n_any == fail_at) ||
                                 (fail_op == op && n_op == fail_at));
     if (!fail) return Status::Ok();
@@ -68,8 +68,67 @@ class FaultWritableFile final : public WritableFile {
   std::unique_ptr<WritableFile> base_;
 };
 
-FaultInjectionEnv::FaultInjectionEnv(Env* base) : impl_(std::make_unique<Impl>()) {
-  impl_->base = base ? base : Env::Default();
+// Offset reads of a file opened through the fault env: each one is a kRead step.
+class FaultRandomAccessFile final : public RandomAccessFile {
+ public:
+  FaultRandomAccessFile(FaultInjectionEnv::Impl* impl, std::string path,
+                        std::unique_ptr<RandomAccessFile> base)
+      : impl_(impl), path_(std::move(path)), base_(std::move(base)) {}
+  Status Read(uint64_t offset, size_t n, void* out) const override {
+    CKPT_RETURN_IF_ERROR(impl_->Step(FaultInjectionEnv::Op::kRead,
+                                     "read " + path_ + " at " + std::to_string(offset)));
+    return base_->Read(offset, n, out);
+  }
+  uint64_t size() const override { return base_->size(); }
+
+ private:
+  FaultInjectionEnv::Impl* impl_;
+  std::string path_;
+  std::unique_ptr<RandomAccessFile> base_;
+};
+
+// Offset writes into a rank file: each write and the reservation are kWrite steps; the file
+// stays unsynced until SyncFile(path) or Sync().
+class FaultRandomWriteFile final : public RandomWriteFile {
+ public:
+  FaultRandomWriteFile(FaultInjectionEnv::Impl* impl, std::string path,
+                       std::unique_ptr<RandomWriteFile> base)
+      : impl_(impl), path_(std::move(path)), base_(std::move(base)) {}
+  Status Write(uint64_t offset, std::string_view data) override {
+    CKPT_RETURN_IF_ERROR(impl_->Step(FaultInjectionEnv::Op::kWrite,
+                                     "write " + path_ + " at " + std::to_string(offset)));
+    return base_->Write(offset, data);
+  }
+  Status Read(uint64_t offset, size_t n, void* out) override {
+    CKPT_RETURN_IF_ERROR(impl_->Step(FaultInjectionEnv::Op::kRead,
+                                     "read " + path_ + " at " + std::to_string(offset)));
+    return base_->Read(offset, n, out);
+  }
+  Result<uint64_t> Size() override { return base_->Size(); }
+  Status Reserve(uint64_t size) override {
+    CKPT_RETURN_IF_ERROR(impl_->Step(FaultInjectionEnv::Op::kWrite,
+                                     "reserve " + std::to_string(size) + " bytes for " + path_));
+    return base_->Reserve(size);
+  }
+  void StartWriteback(uint64_t offset, uint64_t n) override { base_->StartWriteback(offset, n); }
+  Status Sync() override {
+    CKPT_RETURN_IF_ERROR(impl_->Step(FaultInjectionEnv::Op::kSync, "fsync " + path_));
+    CKPT_RETURN_IF_ERROR(base_->Sync());
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->unsynced.erase(path_);
+    return Status::Ok();
+  }
+  Status Close() override { return base_->Close(); }
+
+ private:
+  FaultInjectionEnv::Impl* impl_;
+  std::string path_;
+  std::unique_ptr<RandomWriteFile> base_;
+};
+
+FaultInjectionEnv::FaultInjectionEnv(Env* base)
+    : EnvWrapper(base), impl_(std::make_unique<Impl>()) {
+  impl_->base = target();
 }
 FaultInjectionEnv::~FaultInjectionEnv() = default;
 
@@ -177,21 +236,35 @@ Status FaultInjectionEnv::CreateDir(const std::string& path) {
   CKPT_RETURN_IF_ERROR(impl_->Step(Op::kCreateDir, "mkdir " + path), "");
   return impl_->base->CreateDir(path);
 }
-Status FaultInjectionEnv::RemoveFile(const std::string& path) {
-  return impl_->base->RemoveFile(path);
-}
-Status FaultInjectionEnv::RemoveDirRecursive(const std::string& path) {
-  return impl_->base->RemoveDirRecursive(path);
+Status FaultInjectionEnv::CreateDirs(const std::string& path) {
+  CKPT_RETURN_IF_ERROR(impl_->Step(Op::kCreateDir, "mkdir -p " + path));
+  return impl_->base->CreateDirs(path);
 }
 Result<std::string> FaultInjectionEnv::ReadFileToString(const std::string& path) {
+  CKPT_RETURN_IF_ERROR(impl_->Step(Op::kRead, "read " + path));
   return impl_->base->ReadFileToString(path);
 }
-Result<std::vector<DirEntry>> FaultInjectionEnv::ListDir(const std::string& path) {
-  return impl_->base->ListDir(path);
+Result<std::unique_ptr<RandomAccessFile>> FaultInjectionEnv::NewRandomAccessFile(
+    const std::string& path) {
+  CKPT_RETURN_IF_ERROR(impl_->Step(Op::kRead, "open " + path));
+  CKPT_ASSIGN_OR_RETURN(auto base, impl_->base->NewRandomAccessFile(path));
+  return std::unique_ptr<RandomAccessFile>(
+      new FaultRandomAccessFile(impl_.get(), path, std::move(base)));
 }
-bool FaultInjectionEnv::Exists(const std::string& path) { return impl_->base->Exists(path); }
-Result<uint64_t> FaultInjectionEnv::FileSize(const std::string& path) {
-  return impl_->base->FileSize(path);
+Result<std::unique_ptr<RandomWriteFile>> FaultInjectionEnv::OpenRandomWriteFile(
+    const std::string& path) {
+  CKPT_RETURN_IF_ERROR(impl_->Step(Op::kWrite, "open for writing " + path));
+  CKPT_ASSIGN_OR_RETURN(auto base, impl_->base->OpenRandomWriteFile(path));
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->unsynced.emplace(path, false);
+  }
+  return std::unique_ptr<RandomWriteFile>(
+      new FaultRandomWriteFile(impl_.get(), path, std::move(base)));
+}
+Result<std::unique_ptr<FileLock>> FaultInjectionEnv::TryLockFile(const std::string& path) {
+  CKPT_RETURN_IF_ERROR(impl_->Step(Op::kLock, "lock " + path));
+  return impl_->base->TryLockFile(path);
 }
 
 }  // namespace ckpt

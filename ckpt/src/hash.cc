@@ -1,11 +1,10 @@
 #include "ckpt/hash.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
+#include <algorithm>
 #include <cstdio>
 #include <vector>
+
+#include "ckpt/env.h"
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -34,23 +33,17 @@ void Xxh3Stream::Update(const void* data, size_t size) {
 }
 uint64_t Xxh3Stream::Digest() const { return XXH3_64bits_digest(&state_->s); }
 
-Result<std::string> Xxh3FileHex(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError("open " + path, errno);
+Result<std::string> Xxh3FileHex(const std::string& path, Env* env) {
+  if (!env) env = Env::Default();
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file, env->NewRandomAccessFile(path));
   Xxh3Stream h;
   std::vector<char> buf(4u << 20);
-  for (;;) {
-    ssize_t n = ::read(fd, buf.data(), buf.size());
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      int err = errno;
-      ::close(fd);
-      return ErrnoError("read " + path, err);
-    }
-    if (n == 0) break;
-    h.Update(buf.data(), static_cast<size_t>(n));
+  for (uint64_t off = 0; off < file->size();) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), file->size() - off));
+    CKPT_RETURN_IF_ERROR(file->Read(off, n, buf.data()));
+    h.Update(buf.data(), n);
+    off += n;
   }
-  ::close(fd);
   return h.HexDigest();
 }
 

@@ -11,11 +11,8 @@
 #include <thread>
 #include <utility>
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-#include <cerrno>
 
+#include "ckpt/env.h"
 #include "ckpt/hash.h"
 #include "h5.h"
 
@@ -189,55 +186,6 @@ Status CreateOne(hid_t file, const DatasetSpec& spec, size_t record, const SaveO
   return Status::Ok();
 }
 
-Status PwriteAll(int fd, const uint8_t* p, size_t n, uint64_t off, const std::string& path) {
-  while (n > 0) {
-    const ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(off));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoError("write " + path, errno);
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-    off += static_cast<uint64_t>(w);
-  }
-  return Status::Ok();
-}
-
-Status PreadAll(int fd, uint8_t* p, size_t n, uint64_t off, const std::string& label) {
-  while (n > 0) {
-    const ssize_t r = ::pread(fd, p, n, static_cast<off_t>(off));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoError("read " + label, errno);
-    }
-    if (r == 0) return DataLoss(label + ": unexpected end of file at byte " + std::to_string(off));
-    p += r;
-    n -= static_cast<size_t>(r);
-    off += static_cast<uint64_t>(r);
-  }
-  return Status::Ok();
-}
-
-// Owns an fd; a failed close of a written file is an error (some file systems report there).
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  Status Close(const std::string& path) {
-    const int fd = std::exchange(fd_, -1);
-    if (fd >= 0 && ::close(fd) != 0) return ErrnoError("close " + path, errno);
-    return Status::Ok();
-  }
-
- private:
-  int fd_;
-};
-
 // The unit of the data pass: hashed (once or twice) and copied to or from the kernel while it
 // is in the core's L2. 8 MiB pieces, which spill to L3 and DRAM between the passes, saved
 // 25-40 % slower (4 ranks, 1 GiB, paired with the raw floor: 3 A/B runs of 3 pairs each).
@@ -310,18 +258,13 @@ Result<RankFileWritten> WriteRankFile(const std::string& path, const RankFileHea
   // chunks) are read back for the file digest.
   std::sort(direct.begin(), direct.end(),
             [](const DirectSegment& a, const DirectSegment& b) { return a.offset < b.offset; });
-  Fd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC));
-  if (fd.get() < 0) return ErrnoError("open " + path, errno);
-  struct stat st{};
-  if (::fstat(fd.get(), &st) != 0) return ErrnoError("stat " + path, errno);
-  uint64_t size = static_cast<uint64_t>(st.st_size);
+  Env* env = options.env ? options.env : Env::Default();
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<RandomWriteFile> file, env->OpenRandomWriteFile(path));
+  CKPT_ASSIGN_OR_RETURN(uint64_t size, file->Size());
   for (const auto& seg : direct) size = std::max(size, seg.offset + seg.bytes);
   // Reserve the whole file first: a full disk fails here, before any data is written, with
   // the space it needed (file systems without fallocate just skip the reservation).
-  if (size > 0 && ::fallocate(fd.get(), 0, 0, static_cast<off_t>(size)) != 0 &&
-      errno != EOPNOTSUPP && errno != ENOSYS && errno != EINVAL) {
-    return ErrnoError("reserve " + std::to_string(size) + " bytes for " + path, errno);
-  }
+  CKPT_RETURN_IF_ERROR(file->Reserve(size));
   std::vector<std::optional<Xxh3Stream>> digests(out.datasets.size());
   for (const auto& seg : direct) digests[seg.record].emplace();
   std::optional<Xxh3Stream> file_digest;
@@ -331,7 +274,7 @@ Result<RankFileWritten> WriteRankFile(const std::string& path, const RankFileHea
     while (file_digest && from < to) {
       const size_t n = static_cast<size_t>(std::min<uint64_t>(to - from, kPieceBytes));
       gap.resize(n);
-      CKPT_RETURN_IF_ERROR(PreadAll(fd.get(), gap.data(), n, from, path), "");
+      CKPT_RETURN_IF_ERROR(file->Read(from, n, gap.data()));
       file_digest->Update(gap.data(), n);
       from += n;
     }
@@ -345,18 +288,18 @@ Result<RankFileWritten> WriteRankFile(const std::string& path, const RankFileHea
       const uint8_t* p = seg.data + done;
       digests[seg.record]->Update(p, n);
       if (file_digest) file_digest->Update(p, n);
-      CKPT_RETURN_IF_ERROR(PwriteAll(fd.get(), p, n, seg.offset + done, path),
-                           "dataset /" + out.datasets[seg.record].name);
+      CKPT_RETURN_IF_ERROR(
+          file->Write(seg.offset + done, std::string_view(reinterpret_cast<const char*>(p), n)),
+          "dataset /" + out.datasets[seg.record].name);
       // Start the piece's writeback now (a hint, as RocksDB's bytes_per_sync): the disk works
       // while the next pieces are hashed and copied, instead of all of it waiting for the
       // fsync. Errors surface at the fsync.
-      ::sync_file_range(fd.get(), static_cast<off_t>(seg.offset + done), static_cast<off_t>(n),
-                        SYNC_FILE_RANGE_WRITE);
+      file->StartWriteback(seg.offset + done, n);
     }
     pos = seg.offset + seg.bytes;
   }
   CKPT_RETURN_IF_ERROR(hash_gap(pos, size), "");
-  CKPT_RETURN_IF_ERROR(fd.Close(path), "");
+  CKPT_RETURN_IF_ERROR(file->Close());
   for (size_t i = 0; i < out.datasets.size(); ++i) {
     out.datasets[i].xxh3 = digests[i] ? digests[i]->HexDigest()
                                       : DigestHex(Xxh3(datasets[i].data, out.datasets[i].bytes));
@@ -392,8 +335,8 @@ struct RankFile::Impl {
   // one chunk per rank file however many datasets a converter walks through.
   std::map<std::string, h5::Handle> open;
   std::map<std::string, h5::Handle> open_whole;  // cacheless handles cost no buffer memory
-  // Uncompressed contiguous datasets are read with pread on this descriptor, outside HDF5.
-  int fd = -1;
+  // Uncompressed contiguous datasets are read at offsets through the Env, outside HDF5.
+  std::unique_ptr<RandomAccessFile> data;
   uint64_t file_bytes = 0;
   std::map<std::string, std::optional<uint64_t>> direct;  // name -> file offset, if direct
   std::set<std::string> shape_ok;  // datasets whose stored shape and type match their record
@@ -401,14 +344,13 @@ struct RankFile::Impl {
   // The file offset of the dataset's bytes when they can be read as they are: contiguous, no
   // filter, the record's little-endian type, allocated to exactly rec.bytes inside the file.
   Result<std::optional<uint64_t>> DirectOffset(const DatasetRecord& rec);
-  ~Impl() {
-    if (fd >= 0) ::close(fd);
-  }
 };
 
 RankFile::~RankFile() = default;
 
-Result<std::unique_ptr<RankFile>> RankFile::Open(const std::string& path, std::string label) {
+Result<std::unique_ptr<RankFile>> RankFile::Open(const std::string& path, std::string label,
+                                                 Env* env) {
+  if (!env) env = Env::Default();
   h5::Init();
   std::unique_ptr<RankFile> rf(new RankFile());
   rf->impl_ = std::make_unique<Impl>();
@@ -436,11 +378,8 @@ Result<std::unique_ptr<RankFile>> RankFile::Open(const std::string& path, std::s
                          ", this reader supports " + std::to_string(kFormatMajor) +
                          ".x; upgrade ckpt to read it");
   }
-  rf->impl_->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (rf->impl_->fd < 0) return ErrnoError("open " + rf->impl_->label, errno);
-  struct stat st{};
-  if (::fstat(rf->impl_->fd, &st) != 0) return ErrnoError("stat " + rf->impl_->label, errno);
-  rf->impl_->file_bytes = static_cast<uint64_t>(st.st_size);
+  CKPT_ASSIGN_OR_RETURN(rf->impl_->data, env->NewRandomAccessFile(path));
+  rf->impl_->file_bytes = rf->impl_->data->size();
   rf->impl_->dapl = h5::Plist(H5Pcreate(H5P_DATASET_ACCESS));
   // A chunk cache that holds one default (4 MiB) chunk; fully read chunks are evicted first.
   H5Pset_chunk_cache(rf->impl_->dapl.get(), 521, (4u << 20) + (64u << 10), 1.0);
@@ -518,8 +457,7 @@ Status RankFile::ReadAll(const DatasetRecord& rec, void* out, Xxh3Stream* digest
     auto* p = static_cast<uint8_t*>(out);
     for (uint64_t done = 0; done < rec.bytes; done += kPieceBytes) {
       const size_t n = static_cast<size_t>(std::min<uint64_t>(rec.bytes - done, kPieceBytes));
-      CKPT_RETURN_IF_ERROR(PreadAll(impl_->fd, p + done, n, *at + done, impl_->label),
-                           "dataset /" + rec.name);
+      CKPT_RETURN_IF_ERROR(impl_->data->Read(*at + done, n, p + done), "dataset /" + rec.name);
       if (digest) digest->Update(p + done, n);
     }
     return Status::Ok();
@@ -545,9 +483,9 @@ Status RankFile::ReadSlice(const DatasetRecord& rec, int64_t offset, int64_t cou
   CKPT_ASSIGN_OR_RETURN(std::optional<uint64_t> at, impl_->DirectOffset(rec), "");
   if (at) {
     const size_t elem = DTypeSize(rec.dtype);
-    return PreadAll(impl_->fd, static_cast<uint8_t*>(out), static_cast<size_t>(count) * elem,
-                    *at + static_cast<uint64_t>(offset) * elem,
-                    impl_->label + ": dataset /" + rec.name);
+    return impl_->data
+        ->Read(*at + static_cast<uint64_t>(offset) * elem, static_cast<size_t>(count) * elem, out)
+        .WithContext("dataset /" + rec.name);
   }
   CKPT_ASSIGN_OR_RETURN(hid_t d, impl_->Dataset(rec, sequential), "");
   h5::Handle fspace = h5::Space(H5Dget_space(d));

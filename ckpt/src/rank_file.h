@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/env.h"
 #include "ckpt/hash.h"
 #include "ckpt/manifest.h"
 #include "ckpt/status.h"
@@ -30,7 +31,7 @@ struct RankFileWritten {
 // Creates `path` and writes every dataset in two phases: HDF5 writes the structure (uncompressed
 // datasets get contiguous regions allocated at creation and never filled; compressed tensors are
 // chunked and written through direct chunk writes), then the uncompressed bytes are written with
-// pwrite outside HDF5, hashed piece by piece on the way. The caller fsyncs.
+// pwrite outside HDF5 (through options.env), hashed piece by piece on the way. The caller fsyncs.
 Result<RankFileWritten> WriteRankFile(const std::string& path, const RankFileHeader& header,
                                       const std::vector<DatasetSpec>& datasets,
                                       const SaveOptions& options);
@@ -45,7 +46,9 @@ Status WriteRankFileStructure(const std::string& path, const RankFileHeader& hea
 // A rank file opened read-only. Errors name the file (`label`) and the dataset.
 class RankFile {
  public:
-  static Result<std::unique_ptr<RankFile>> Open(const std::string& path, std::string label);
+  // Offset reads go through env (nullptr: Env::Default()); HDF5 reads through its own driver.
+  static Result<std::unique_ptr<RankFile>> Open(const std::string& path, std::string label,
+                                                Env* env = nullptr);
   ~RankFile();
   // Checks the stored dtype and shape against the record (DataLoss when they differ).
   Status CheckShape(const DatasetRecord& rec) const;

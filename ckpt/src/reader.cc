@@ -53,7 +53,7 @@ struct CheckpointReader::Impl {
       const FileRecord* f = manifest.FileForRank(rank);
       CKPT_RETURN_IF_ERROR(CheckFile(*f), "");
       const std::string path = dir + "/" + f->path;
-      CKPT_ASSIGN_OR_RETURN(slot, internal::RankFile::Open(path, f->path), "");
+      CKPT_ASSIGN_OR_RETURN(slot, internal::RankFile::Open(path, f->path, env), "");
     }
     return slot.get();
   }
@@ -245,7 +245,7 @@ Result<std::vector<Problem>> CheckCheckpoint(const std::string& tag_dir, bool de
       continue;
     }
     if (deep && !f.xxh3.empty()) {
-      auto h = Xxh3FileHex(path);
+      auto h = Xxh3FileHex(path, env);
       if (!h.ok()) {
         problems.push_back({f.path, "", h.status().message()});
         continue;
@@ -255,7 +255,7 @@ Result<std::vector<Problem>> CheckCheckpoint(const std::string& tag_dir, bool de
                                             *h + ")"});
       }
     }
-    auto rf = internal::RankFile::Open(path, f.path);
+    auto rf = internal::RankFile::Open(path, f.path, env);
     if (!rf.ok()) {
       problems.push_back({f.path, "", rf.status().message()});
       continue;

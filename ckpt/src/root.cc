@@ -1,11 +1,6 @@
 #include "ckpt/root.h"
 
-#include <fcntl.h>
-#include <sys/file.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <random>
 
 #include "ckpt/manifest.h"
@@ -140,41 +135,21 @@ Result<RootListing> ListRoot(const std::string& root, Env* env) {
 
 // ---------------------------------------------------------------------------------------------
 
-Result<RootLock> RootLock::TryAcquire(const std::string& root) {
-  const std::string path = root + "/" + std::string(kLockFile);
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoError("open lock " + path, errno);
-  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    int err = errno;
-    char buf[32] = {0};
-    ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
-    ::close(fd);
-    if (err == EWOULDBLOCK) {
-      std::string holder = n > 0 ? Trim(std::string(buf, static_cast<size_t>(n))) : "unknown";
-      return FailedPrecondition("another save or gc holds " + path + " (pid " + holder +
-                                "); wait for it to finish");
-    }
-    return ErrnoError("lock " + path, err);
+Result<RootLock> RootLock::TryAcquire(const std::string& root, Env* env) {
+  if (!env) env = Env::Default();
+  auto lock = env->TryLockFile(root + "/" + std::string(kLockFile));
+  if (!lock.ok()) {
+    if (lock.status().code() != StatusCode::kFailedPrecondition) return lock.status();
+    return FailedPrecondition(lock.status().message() +
+                              " (another save or gc); wait for it to finish");
   }
-  const std::string pid = std::to_string(::getpid()) + "\n";
-  if (::ftruncate(fd, 0) == 0) {
-    ssize_t w = ::pwrite(fd, pid.data(), pid.size(), 0);
-    (void)w;
-  }
-  return RootLock(fd);
+  return RootLock(std::move(lock).value());
 }
 
-RootLock::RootLock(RootLock&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-RootLock& RootLock::operator=(RootLock&& o) noexcept {
-  if (this != &o) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = std::exchange(o.fd_, -1);
-  }
-  return *this;
-}
-RootLock::~RootLock() {
-  if (fd_ >= 0) ::close(fd_);  // closing the descriptor releases the flock
-}
+RootLock::RootLock(std::unique_ptr<FileLock> lock) : lock_(std::move(lock)) {}
+RootLock::RootLock(RootLock&&) noexcept = default;
+RootLock& RootLock::operator=(RootLock&&) noexcept = default;
+RootLock::~RootLock() = default;
 
 Result<std::vector<std::string>> ApplyRetention(const std::string& root, int keep_last, Env* env) {
   if (!env) env = Env::Default();
@@ -200,7 +175,7 @@ Result<std::vector<std::string>> ApplyRetention(const std::string& root, int kee
 Result<GcReport> CollectGarbage(const std::string& root, int keep_last, Env* env) {
   if (!env) env = Env::Default();
   if (!env->Exists(root)) return NotFound(root + ": no such directory");
-  CKPT_ASSIGN_OR_RETURN(RootLock lock, RootLock::TryAcquire(root), "gc " + root);
+  CKPT_ASSIGN_OR_RETURN(RootLock lock, RootLock::TryAcquire(root, env), "gc " + root);
   GcReport report;
   CKPT_ASSIGN_OR_RETURN(std::vector<DirEntry> entries, env->ListDir(root), "");
   for (const auto& e : entries) {

@@ -1,5 +1,8 @@
 #include "ckpt/status.h"
 
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 namespace ckpt {
@@ -15,6 +18,8 @@ std::string_view StatusCodeName(StatusCode code) {
     case StatusCode::kIOError: return "IOError";
     case StatusCode::kUnimplemented: return "Unimplemented";
     case StatusCode::kInternal: return "Internal";
+    case StatusCode::kResourceExhausted: return "ResourceExhausted";
+    case StatusCode::kPermissionDenied: return "PermissionDenied";
   }
   return "Unknown";
 }
@@ -29,9 +34,29 @@ Status Status::WithContext(std::string_view context) const {
   return Status(code_, std::string(context) + ": " + message_);
 }
 
-Status ErrnoError(std::string_view context, int errnum) {
-  return IOError(std::string(context) + ": " + std::strerror(errnum));
+Status PosixError(std::string_view context, int errnum) {
+  std::string m = std::string(context) + ": " + std::strerror(errnum);
+  switch (errnum) {
+    case ENOENT:
+    case ENOTDIR: return NotFound(std::move(m));
+    case EEXIST: return AlreadyExists(std::move(m));
+    case ENOSPC:
+    case EDQUOT:
+    case EFBIG: return ResourceExhausted(std::move(m));
+    case EACCES:
+    case EPERM:
+    case EROFS: return PermissionDenied(std::move(m));
+    default: return IOError(std::move(m));
+  }
 }
+
+namespace internal {
+void DieOnResultMisuse(const char* what, const Status& status) {
+  std::fprintf(stderr, "ckpt: fatal: %s: %s\n", what, status.ToString().c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+}  // namespace internal
 
 int ExitCodeFor(const Status& s) {
   if (s.ok()) return 0;

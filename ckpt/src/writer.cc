@@ -2,7 +2,8 @@
 //
 // Commit protocol (SaveCheckpoint). Every step that touches the file system goes through Env,
 // so tests can fail each one and simulate power loss between them.
-//  1. Rank 0 validates the manifest, takes ROOT/.lock (flock: a second saver fails here with
+//  1. Rank 0 creates ROOT if needed (fsyncing the parent of each directory it creates),
+//     validates the manifest, takes ROOT/.lock (flock: a second saver fails here with
 //     FailedPrecondition), refuses a tag that already exists, creates ROOT/.tmp-<tag>-<nonce>/
 //     and fsyncs ROOT. It broadcasts the temporary path, or its error, to every rank.
 //  2. Every rank writes rank_<r>.h5 into the temporary directory: HDF5 writes the structure
@@ -23,9 +24,6 @@
 // A crash anywhere leaves the previous tags and `latest` untouched; at worst a .tmp-* directory
 // remains, which `ckpt gc` removes (never while a live saver holds the lock).
 #include "ckpt/writer.h"
-
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -222,10 +220,8 @@ Status SaveCheckpoint(const std::string& root, const Manifest& meta, const RankC
         return InvalidArgument("manifest dp_world_size " +
                                std::to_string(meta.topology.dp_world_size) +
                                " != collective world size " + std::to_string(world));
-      std::error_code ec;
-      std::filesystem::create_directories(root, ec);
-      if (ec) return IOError("create checkpoint root " + root + ": " + ec.message());
-      CKPT_ASSIGN_OR_RETURN(RootLock l, RootLock::TryAcquire(root), "");
+      CKPT_RETURN_IF_ERROR(env->CreateDirs(root), "create checkpoint root " + root);
+      CKPT_ASSIGN_OR_RETURN(RootLock l, RootLock::TryAcquire(root, env));
       lock.emplace(std::move(l));
       CKPT_ASSIGN_OR_RETURN(Prepared p, Prepare(root, meta, env), "");
       prepare_msg = json{{"status", StatusToJson(Status::Ok())}, {"tmp", p.tmp_dir}}.dump();

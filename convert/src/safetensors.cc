@@ -27,47 +27,8 @@ constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
 constexpr size_t kDigestChars = 16;
 constexpr uint64_t kVerifyBlockBytes = 4ull << 20;
 
-// A read-only file descriptor, closed on destruction.
-class ReadFd {
- public:
-  explicit ReadFd(int fd) : fd_(fd) {}
-  ReadFd(ReadFd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  ReadFd& operator=(ReadFd&&) = delete;
-  ~ReadFd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
-
-Result<ReadFd> OpenForRead(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    int e = errno;
-    if (e == ENOENT) return NotFound(path + ": no such file");
-    return ErrnoError(path, e);
-  }
-  return ReadFd(fd);
-}
-
-// Reads exactly n bytes at offset; DataLoss when the file ends first.
-Status PreadFull(int fd, const std::string& path, uint64_t offset, void* out, uint64_t n) {
-  auto* p = static_cast<uint8_t*>(out);
-  while (n > 0) {
-    size_t want = static_cast<size_t>(std::min<uint64_t>(n, 1u << 30));
-    ssize_t got = ::pread(fd, p, want, static_cast<off_t>(offset));
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoError(path + ": read", errno);
-    }
-    if (got == 0) return DataLoss(path + ": file ends early (truncated?)");
-    p += got;
-    offset += static_cast<uint64_t>(got);
-    n -= static_cast<uint64_t>(got);
-  }
-  return Status::Ok();
+Result<std::unique_ptr<RandomAccessFile>> OpenForRead(const std::string& path) {
+  return Env::Default()->NewRandomAccessFile(path);
 }
 
 // numel × size with overflow checks; nullopt on overflow or a negative dimension.
@@ -218,13 +179,11 @@ const SafetensorsTensor* SafetensorsHeader::Find(const std::string& name) const 
 }
 
 Result<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path) {
-  CKPT_ASSIGN_OR_RETURN(ReadFd fd, OpenForRead(path), "safetensors");
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) return ErrnoError(path + ": stat", errno);
-  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file, OpenForRead(path), "safetensors");
+  const uint64_t file_size = file->size();
   if (file_size < 8) return DataLoss(path + ": too short for a safetensors file");
   uint8_t len_bytes[8];
-  CKPT_RETURN_IF_ERROR(PreadFull(fd.get(), path, 0, len_bytes, 8), "safetensors");
+  CKPT_RETURN_IF_ERROR(file->Read(0, 8, len_bytes), "safetensors");
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len_bytes[i];
   if (header_len > kMaxHeaderBytes)
@@ -234,7 +193,7 @@ Result<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path) {
     return DataLoss(path + ": header length " + std::to_string(header_len) +
                     " runs past the end of the file (" + std::to_string(file_size) + " bytes)");
   std::string text(header_len, '\0');
-  CKPT_RETURN_IF_ERROR(PreadFull(fd.get(), path, 8, text.data(), header_len), "safetensors");
+  CKPT_RETURN_IF_ERROR(file->Read(8, header_len, text.data()), "safetensors");
 
   nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return DataLoss(path + ": header is not a JSON object");
@@ -314,10 +273,10 @@ Result<std::vector<uint8_t>> ReadSafetensorsTensor(const std::string& path,
                                                    const std::string& name) {
   const SafetensorsTensor* t = header.Find(name);
   if (!t) return NotFound(path + ": no tensor '" + name + "'");
-  CKPT_ASSIGN_OR_RETURN(ReadFd fd, OpenForRead(path), "safetensors");
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file, OpenForRead(path), "safetensors");
   std::vector<uint8_t> out(t->end - t->begin);
   CKPT_RETURN_IF_ERROR(
-      PreadFull(fd.get(), path, header.data_start + t->begin, out.data(), out.size()),
+      file->Read(header.data_start + t->begin, out.size(), out.data()),
       "tensor '" + name + "'");
   if (t->xxh3) {
     const uint64_t computed = Xxh3(out.data(), out.size());
@@ -330,7 +289,7 @@ Result<std::vector<uint8_t>> ReadSafetensorsTensor(const std::string& path,
 Result<std::vector<SafetensorsMismatch>> VerifySafetensorsData(const std::string& path,
                                                                const SafetensorsHeader& header) {
   std::vector<SafetensorsMismatch> bad;
-  CKPT_ASSIGN_OR_RETURN(ReadFd fd, OpenForRead(path), "safetensors");
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file, OpenForRead(path), "safetensors");
   std::vector<uint8_t> block;
   for (const auto& t : header.tensors) {
     if (!t.xxh3) continue;
@@ -338,7 +297,7 @@ Result<std::vector<SafetensorsMismatch>> VerifySafetensorsData(const std::string
     for (uint64_t off = t.begin; off < t.end;) {
       const uint64_t n = std::min<uint64_t>(kVerifyBlockBytes, t.end - off);
       block.resize(static_cast<size_t>(n));
-      CKPT_RETURN_IF_ERROR(PreadFull(fd.get(), path, header.data_start + off, block.data(), n),
+      CKPT_RETURN_IF_ERROR(file->Read(header.data_start + off, n, block.data()),
                            "tensor '" + t.name + "'");
       h.Update(block.data(), block.size());
       off += n;
@@ -441,24 +400,10 @@ struct SafetensorsWriter::Impl {
     header.replace(header_digest_at, kDigestChars,
                    DigestHex(HeaderDigest(len_bytes, header, header_digest_at)));
     CKPT_RETURN_IF_ERROR(env->BeginExternalWrite(tmp), "");
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CLOEXEC);
-    if (fd < 0) return ErrnoError("open " + tmp + " to fill in the digests", errno);
-    Status s = Status::Ok();
-    const char* p = header.data();
-    uint64_t left = header.size(), off = 8;
-    while (left > 0 && s.ok()) {
-      const ssize_t n = ::pwrite(fd, p, static_cast<size_t>(std::min<uint64_t>(left, 1u << 30)),
-                                 static_cast<off_t>(off));
-      if (n < 0) {
-        if (errno != EINTR) s = ErrnoError("write the header of " + tmp, errno);
-        continue;
-      }
-      p += n;
-      off += static_cast<uint64_t>(n);
-      left -= static_cast<uint64_t>(n);
-    }
-    if (::close(fd) != 0 && s.ok()) s = ErrnoError("close " + tmp, errno);
-    return s;
+    CKPT_ASSIGN_OR_RETURN(std::unique_ptr<RandomWriteFile> f, env->OpenRandomWriteFile(tmp),
+                          "fill in the digests");
+    CKPT_RETURN_IF_ERROR(f->Write(8, header), "write the header of " + tmp);
+    return f->Close();
   }
 
   void RemoveTemporary() {

@@ -61,17 +61,11 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
 
 // Forwards to the real Env and kills this process (SIGKILL, no clean-up of any kind) when the
 // save seals this rank's file: the file is complete, the commit has not happened.
-class KillingEnv final : public ckpt::Env {
+class KillingEnv final : public ckpt::EnvWrapper {
  public:
-  explicit KillingEnv(ckpt::Env* base) : base_(base) {}
-  ckpt::Result<std::unique_ptr<ckpt::WritableFile>> NewWritableFile(const std::string& p) override {
-    return base_->NewWritableFile(p);
-  }
-  ckpt::Status BeginExternalWrite(const std::string& p) override {
-    return base_->BeginExternalWrite(p);
-  }
+  explicit KillingEnv(ckpt::Env* base) : EnvWrapper(base) {}
   ckpt::Status SyncFile(const std::string& p) override {
-    ckpt::Status s = base_->SyncFile(p);
+    ckpt::Status s = EnvWrapper::SyncFile(p);
     if (p.size() >= 3 && p.compare(p.size() - 3, 3, ".h5") == 0) {
       std::fprintf(stderr, "engine_min: test hook: killing this rank inside the save\n");
       std::fflush(stderr);
@@ -79,26 +73,6 @@ class KillingEnv final : public ckpt::Env {
     }
     return s;
   }
-  ckpt::Status SyncDir(const std::string& p) override { return base_->SyncDir(p); }
-  ckpt::Status RenameFile(const std::string& f, const std::string& t) override {
-    return base_->RenameFile(f, t);
-  }
-  ckpt::Status CreateDir(const std::string& p) override { return base_->CreateDir(p); }
-  ckpt::Status RemoveFile(const std::string& p) override { return base_->RemoveFile(p); }
-  ckpt::Status RemoveDirRecursive(const std::string& p) override {
-    return base_->RemoveDirRecursive(p);
-  }
-  ckpt::Result<std::string> ReadFileToString(const std::string& p) override {
-    return base_->ReadFileToString(p);
-  }
-  ckpt::Result<std::vector<ckpt::DirEntry>> ListDir(const std::string& p) override {
-    return base_->ListDir(p);
-  }
-  bool Exists(const std::string& p) override { return base_->Exists(p); }
-  ckpt::Result<uint64_t> FileSize(const std::string& p) override { return base_->FileSize(p); }
-
- private:
-  ckpt::Env* base_;
 };
 
 }  // namespace

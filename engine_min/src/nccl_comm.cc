@@ -1,4 +1,5 @@
 #include "engine_min/nccl_comm.h"
+#include "ckpt/cuda_status.h"
 
 #include <cstring>
 #include <string>
@@ -30,11 +31,7 @@ static_assert(sizeof(ncclUniqueId) == sizeof(NcclId::bytes), "NCCL unique id siz
 
 namespace {
 
-ckpt::Status CudaStatus(cudaError_t err, const std::string& what) {
-  if (err == cudaSuccess) return ckpt::Status::Ok();
-  cudaGetLastError();  // clear the sticky error so later calls are not poisoned
-  return ckpt::IOError(what + ": " + cudaGetErrorString(err));
-}
+using ckpt::CudaStatus;
 
 ckpt::Status NcclStatus(ncclResult_t r, const std::string& what) {
   if (r == ncclSuccess) return ckpt::Status::Ok();

@@ -1,6 +1,7 @@
 // NCCL all-reduce of PassStats: sums and counts in one ncclSum over doubles and uint64s, the
 // maxima in one ncclMax. Communicator, stream and device buffer are RAII members.
 #include "verify/nccl_combine.h"
+#include "ckpt/cuda_status.h"
 
 #ifdef CKPT_VERIFY_HAVE_NCCL
 
@@ -15,12 +16,6 @@ namespace {
 Status NcclStatus(ncclResult_t r, const char* what) {
   if (r == ncclSuccess) return Status::Ok();
   return Internal(std::string(what) + ": " + ncclGetErrorString(r));
-}
-
-Status CudaStatus(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return Status::Ok();
-  cudaGetLastError();
-  return Internal(std::string(what) + ": " + cudaGetErrorString(e));
 }
 
 // Doubles: 6 sums, 2 maxima; uint64: n and 2 counts.

@@ -9,16 +9,10 @@
 
 #include "next_update_kernel.cuh"
 #include "update_pass_internal.h"
+#include "ckpt/cuda_status.h"
 
 namespace ckpt::verify {
 namespace {
-
-Status CudaStatus(cudaError_t err, std::string_view what) {
-  if (err == cudaSuccess) return Status::Ok();
-  cudaGetLastError();  // clear a non-sticky error so later calls start clean
-  return Internal(std::string(what) + ": " + cudaGetErrorName(err) + " (" +
-                  cudaGetErrorString(err) + ")");
-}
 
 // Device memory, move-only.
 class DeviceBuffer {

@@ -1,6 +1,12 @@
-// Env: every file-system step of a save goes through this interface, so tests can fail the
-// Nth write / fsync / rename / directory sync and simulate power loss (leveldb's Env +
-// fault_injection_test). PosixEnv is the real one.
+// Env: the whole OS edge of the format library. Every file-system call of a save, a load, a
+// check or gc goes through this interface (sequential and random-access reads, offset writes,
+// the root lock, the hashing reads, directory creation), so tests can fail the Nth write /
+// fsync / rename / directory sync, simulate power loss, or observe any call (leveldb's Env +
+// fault_injection_test). PosixEnv is the real one; EnvWrapper forwards everything to another
+// Env so a test Env overrides only the calls it cares about.
+//
+// Errors come from one errno mapper (PosixError in status.h): a missing file is NotFound, a full
+// disk ResourceExhausted, a refused permission PermissionDenied, wherever it happens.
 //
 // HDF5 writes rank files itself (sec2 driver); such a file is announced with
 // BeginExternalWrite(path) before HDF5 opens it and sealed with SyncFile(path) after it is
@@ -26,6 +32,43 @@ class WritableFile {
   virtual Status Close() = 0;
 };
 
+// A file read at offsets (pread). Thread-safe: concurrent Read calls are allowed.
+class RandomAccessFile {
+ public:
+  virtual ~RandomAccessFile() = default;
+  // Reads exactly n bytes at offset into out. The file ending first is DataLoss naming the file
+  // and the offset; an OS error is PosixError.
+  virtual Status Read(uint64_t offset, size_t n, void* out) const = 0;
+  // The file's size when it was opened.
+  virtual uint64_t size() const = 0;
+};
+
+// An existing file written at offsets: the rank file's uncompressed regions, which HDF5
+// allocated. Not thread-safe. Close() is idempotent; the destructor closes quietly.
+class RandomWriteFile {
+ public:
+  virtual ~RandomWriteFile() = default;
+  virtual Status Write(uint64_t offset, std::string_view data) = 0;
+  // Reads back exactly n bytes at offset (DataLoss when the file ends first).
+  virtual Status Read(uint64_t offset, size_t n, void* out) = 0;
+  virtual Result<uint64_t> Size() = 0;
+  // Reserves [0, size) on disk now (fallocate), so a full disk fails here and not midway.
+  // File systems without fallocate skip the reservation (OK).
+  virtual Status Reserve(uint64_t size) = 0;
+  // Starts writeback of a written range (a hint, as RocksDB's bytes_per_sync); errors surface
+  // at Sync().
+  virtual void StartWriteback(uint64_t offset, uint64_t n) = 0;
+  virtual Status Sync() = 0;  // fsync (data and metadata)
+  virtual Status Close() = 0;
+};
+
+// An exclusive advisory lock on a file (flock); released when this is destroyed, and by the
+// kernel when the process dies.
+class FileLock {
+ public:
+  virtual ~FileLock() = default;
+};
+
 struct DirEntry {
   std::string name;
   bool is_dir = false;
@@ -34,7 +77,7 @@ struct DirEntry {
 class Env {
  public:
   virtual ~Env() = default;
-  // The process-wide PosixEnv. Never null; not owned by the caller.
+  // The process-wide PosixEnv. Never null; not owned by the caller. Thread-safe.
   static Env* Default();
 
   // Creates or truncates path.
@@ -52,6 +95,68 @@ class Env {
   virtual Result<std::vector<DirEntry>> ListDir(const std::string& path) = 0;
   virtual bool Exists(const std::string& path) = 0;
   virtual Result<uint64_t> FileSize(const std::string& path) = 0;
+
+  // Opens path for reads at offsets.
+  virtual Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(
+      const std::string& path) = 0;
+  // Opens the existing file path for writes at offsets (no truncation).
+  virtual Result<std::unique_ptr<RandomWriteFile>> OpenRandomWriteFile(
+      const std::string& path) = 0;
+  // Creates path if needed and takes an exclusive lock on it without waiting; on success the
+  // file holds this process's pid. Held elsewhere: FailedPrecondition
+  // "<path> is held by pid N" (N as the holder wrote it, "unknown" if it wrote nothing).
+  virtual Result<std::unique_ptr<FileLock>> TryLockFile(const std::string& path) = 0;
+  // Creates path and every missing parent, fsyncing the parent of each directory it creates
+  // (a new directory is durable only once its parent's entry is). OK when path is a directory.
+  virtual Status CreateDirs(const std::string& path) = 0;
+};
+
+// Forwards every call to target() (leveldb's EnvWrapper): a test or hooking Env derives from it
+// and overrides only what it changes. Does not own the target.
+class EnvWrapper : public Env {
+ public:
+  // nullptr: Env::Default().
+  explicit EnvWrapper(Env* target) : target_(target ? target : Env::Default()) {}
+  Env* target() const { return target_; }
+
+  Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
+    return target_->NewWritableFile(path);
+  }
+  Status BeginExternalWrite(const std::string& path) override {
+    return target_->BeginExternalWrite(path);
+  }
+  Status SyncFile(const std::string& path) override { return target_->SyncFile(path); }
+  Status SyncDir(const std::string& path) override { return target_->SyncDir(path); }
+  Status RenameFile(const std::string& from, const std::string& to) override {
+    return target_->RenameFile(from, to);
+  }
+  Status CreateDir(const std::string& path) override { return target_->CreateDir(path); }
+  Status RemoveFile(const std::string& path) override { return target_->RemoveFile(path); }
+  Status RemoveDirRecursive(const std::string& path) override {
+    return target_->RemoveDirRecursive(path);
+  }
+  Result<std::string> ReadFileToString(const std::string& path) override {
+    return target_->ReadFileToString(path);
+  }
+  Result<std::vector<DirEntry>> ListDir(const std::string& path) override {
+    return target_->ListDir(path);
+  }
+  bool Exists(const std::string& path) override { return target_->Exists(path); }
+  Result<uint64_t> FileSize(const std::string& path) override { return target_->FileSize(path); }
+  Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(
+      const std::string& path) override {
+    return target_->NewRandomAccessFile(path);
+  }
+  Result<std::unique_ptr<RandomWriteFile>> OpenRandomWriteFile(const std::string& path) override {
+    return target_->OpenRandomWriteFile(path);
+  }
+  Result<std::unique_ptr<FileLock>> TryLockFile(const std::string& path) override {
+    return target_->TryLockFile(path);
+  }
+  Status CreateDirs(const std::string& path) override { return target_->CreateDirs(path); }
+
+ private:
+  Env* target_;
 };
 
 // Writes data to path through a temporary name: tmp + fsync + rename + fsync(dir).
@@ -59,13 +164,17 @@ class Env {
 Status WriteFileAtomic(Env* env, const std::string& path, std::string_view data);
 
 // Fault injection and power-loss simulation for tests (leveldb's fault_injection_test).
-// Counts every mutating step; with FailAt(n) the n-th step (1-based) of the selected kind
-// fails with an IOError naming the step. DropUnsyncedData() then simulates a power cut:
-// files never fsynced are truncated to their last synced size (or removed when created
-// since), and renames not followed by a SyncDir of the target directory are undone.
-class FaultInjectionEnv : public Env {
+// Counts every step; with FailAt(n) the n-th step (1-based) of the selected kind fails with an
+// IOError naming the step. Mutating steps (writes, offset writes and reservations, fsyncs,
+// renames, directory creation, taking a lock) are counted under their kind and kAny; reads
+// (kRead: reading a whole file, opening one for offset reads, each offset read) only under
+// kRead, so FailAt(kAny, n) means "the n-th mutating step". DropUnsyncedData()
+// then simulates a power cut: files never fsynced are truncated to their last synced size (or
+// removed when created since), and renames not followed by a SyncDir of the target directory
+// are undone.
+class FaultInjectionEnv : public EnvWrapper {
  public:
-  enum class Op { kAny, kWrite, kSync, kRename, kSyncDir, kCreateDir };
+  enum class Op { kAny, kWrite, kSync, kRename, kSyncDir, kCreateDir, kRead, kLock };
   explicit FaultInjectionEnv(Env* base);
   ~FaultInjectionEnv() override;
 
@@ -84,12 +193,12 @@ class FaultInjectionEnv : public Env {
   Status SyncDir(const std::string& path) override;
   Status RenameFile(const std::string& from, const std::string& to) override;
   Status CreateDir(const std::string& path) override;
-  Status RemoveFile(const std::string& path) override;
-  Status RemoveDirRecursive(const std::string& path) override;
+  Status CreateDirs(const std::string& path) override;
   Result<std::string> ReadFileToString(const std::string& path) override;
-  Result<std::vector<DirEntry>> ListDir(const std::string& path) override;
-  bool Exists(const std::string& path) override;
-  Result<uint64_t> FileSize(const std::string& path) override;
+  Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(
+      const std::string& path) override;
+  Result<std::unique_ptr<RandomWriteFile>> OpenRandomWriteFile(const std::string& path) override;
+  Result<std::unique_ptr<FileLock>> TryLockFile(const std::string& path) override;
 
   struct Impl;  // opaque; public only so the file wrapper in fault_env.cc can name it
 

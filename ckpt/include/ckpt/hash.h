@@ -12,14 +12,17 @@
 
 namespace ckpt {
 
+class Env;
+
 uint64_t Xxh3(const void* data, size_t size);
 std::string DigestHex(uint64_t digest);
 
+// XXH3-64 hex digest of a whole file, read through env (nullptr: Env::Default()) in 4 MiB
+// blocks (bounded memory).
+Result<std::string> Xxh3FileHex(const std::string& path, Env* env = nullptr);
+
 // Streaming XXH3-64 over a sequence of Update() calls; equal to Xxh3 of the concatenation.
 // Not thread-safe; move-only.
-// XXH3-64 hex digest of a whole file, read in 4 MiB blocks (bounded memory).
-Result<std::string> Xxh3FileHex(const std::string& path);
-
 class Xxh3Stream {
  public:
   Xxh3Stream();

@@ -47,19 +47,20 @@ Result<std::string> ReadLatest(const std::string& root, Env* env = nullptr,
 Result<std::string> ResolveTagDir(const std::string& path, const std::string& tag = "",
                                   Env* env = nullptr);
 
-// An exclusive advisory lock (flock) on ROOT/.lock, held by a saver or by gc. The kernel
-// drops it when the process dies, so a crashed saver never blocks the next one.
+// An exclusive advisory lock (Env::TryLockFile, flock) on ROOT/.lock, held by a saver or by
+// gc. The kernel drops it when the process dies, so a crashed saver never blocks the next one.
 class RootLock {
  public:
-  // FailedPrecondition "another save or gc holds ROOT/.lock (pid N)" when held elsewhere.
-  static Result<RootLock> TryAcquire(const std::string& root);
+  // FailedPrecondition "ROOT/.lock is held by pid N (another save or gc); wait for it to
+  // finish" when held elsewhere.
+  static Result<RootLock> TryAcquire(const std::string& root, Env* env = nullptr);
   RootLock(RootLock&&) noexcept;
   RootLock& operator=(RootLock&&) noexcept;
   ~RootLock();
 
  private:
-  explicit RootLock(int fd) : fd_(fd) {}
-  int fd_ = -1;
+  explicit RootLock(std::unique_ptr<FileLock> lock);
+  std::unique_ptr<FileLock> lock_;
 };
 
 struct GcReport {

@@ -3,9 +3,14 @@
 // Every fallible function returns a Status or a Result<T>. Errors never abort. Each layer adds
 // context with CKPT_RETURN_IF_ERROR(expr, "context"), so a message reads outermost first:
 //   "load global_step12: rank_00001.h5: dataset /exp_avg: checksum mismatch (...)".
+// The context is optional (CKPT_RETURN_IF_ERROR(expr)): add it once per layer, where the layer
+// knows something the inner message does not say.
+//
+// Misuse is a broken invariant, not bad input, and is checked in every build (tensorstore's
+// result.h): a Result built from an ok Status, or value() taken from an error, prints the
+// status and aborts.
 #pragma once
 
-#include <cassert>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -24,6 +29,9 @@ enum class StatusCode {
   kIOError,           // errno-level failure (CLI exit 2)
   kUnimplemented,     // a newer major format version, an unknown dtype (CLI exit 2)
   kInternal,          // broken internal invariant (CLI exit 2)
+  // Added later (values are only ever appended: statuses cross processes as numbers).
+  kResourceExhausted,  // ENOSPC, EDQUOT, EFBIG: the disk, quota or file-size limit (CLI exit 2)
+  kPermissionDenied,   // EACCES, EPERM (CLI exit 2)
 };
 
 std::string_view StatusCodeName(StatusCode code);
@@ -59,30 +67,64 @@ inline Status DataLoss(std::string m) { return {StatusCode::kDataLoss, std::move
 inline Status IOError(std::string m) { return {StatusCode::kIOError, std::move(m)}; }
 inline Status Unimplemented(std::string m) { return {StatusCode::kUnimplemented, std::move(m)}; }
 inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
-// IOError from errno: "context: strerror(errnum)". ENOSPC and friends keep their text.
-Status ErrnoError(std::string_view context, int errnum);
+inline Status ResourceExhausted(std::string m) {
+  return {StatusCode::kResourceExhausted, std::move(m)};
+}
+inline Status PermissionDenied(std::string m) {
+  return {StatusCode::kPermissionDenied, std::move(m)};
+}
+
+// The one errno -> Status mapper (leveldb's PosixError): "context: strerror(errnum)" with the
+// code the condition means everywhere: ENOENT/ENOTDIR NotFound, EEXIST AlreadyExists,
+// ENOSPC/EDQUOT/EFBIG ResourceExhausted, EACCES/EPERM/EROFS PermissionDenied, anything else
+// IOError.
+Status PosixError(std::string_view context, int errnum);
+// The same mapper under its older name.
+inline Status ErrnoError(std::string_view context, int errnum) {
+  return PosixError(context, errnum);
+}
 
 // CLI exit code for a status: 0 ok, 1 data loss (a check found corruption), 2 anything else.
 int ExitCodeFor(const Status& s);
+
+namespace internal {
+// Prints "ckpt: <what>: <status>" on stderr and aborts: a Result was misused (always checked).
+[[noreturn]] void DieOnResultMisuse(const char* what, const Status& status);
+}  // namespace internal
 
 template <typename T>
 class [[nodiscard]] Result {
  public:
   Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  // status must be an error; an ok Status here is a bug and aborts.
   Result(Status status) : v_(std::move(status)) {  // NOLINT
-    assert(!std::get<Status>(v_).ok() && "Result constructed from an ok Status");
+    if (std::get<Status>(v_).ok())
+      internal::DieOnResultMisuse("Result constructed from an ok Status", Status());
   }
   bool ok() const { return std::holds_alternative<T>(v_); }
   Status status() const { return ok() ? Status() : std::get<Status>(v_); }
-  T& value() & { return std::get<T>(v_); }
-  const T& value() const& { return std::get<T>(v_); }
-  T&& value() && { return std::get<T>(std::move(v_)); }
+  // The value; on an error this is a bug and aborts, printing the status.
+  T& value() & {
+    CheckHasValue();
+    return std::get<T>(v_);
+  }
+  const T& value() const& {
+    CheckHasValue();
+    return std::get<T>(v_);
+  }
+  T&& value() && {
+    CheckHasValue();
+    return std::get<T>(std::move(v_));
+  }
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
   T& operator*() & { return value(); }
   const T& operator*() const& { return value(); }
 
  private:
+  void CheckHasValue() const {
+    if (!ok()) internal::DieOnResultMisuse("value() of an error Result", std::get<Status>(v_));
+  }
   std::variant<T, Status> v_;
 };
 
@@ -91,23 +133,29 @@ class [[nodiscard]] Result {
 #define CKPT_CONCAT_INNER_(a, b) a##b
 #define CKPT_CONCAT_(a, b) CKPT_CONCAT_INNER_(a, b)
 
-// CKPT_RETURN_IF_ERROR(expr, "context"): returns expr's Status with context added.
+// CKPT_RETURN_IF_ERROR(expr[, "context"]): returns expr's Status, with context added when given.
 // expr may be a Status or a Result<T>.
-#define CKPT_RETURN_IF_ERROR(expr, context)                                   \
-  do {                                                                        \
-    auto&& ckpt_status_or_ = (expr);                                          \
-    if (!ckpt_status_or_.ok()) return ::ckpt::internal::StatusOf(ckpt_status_or_).WithContext(context); \
+#define CKPT_RETURN_IF_ERROR(expr, ...)                                        \
+  do {                                                                         \
+    auto&& ckpt_status_or_ = (expr);                                           \
+    if (!ckpt_status_or_.ok())                                                 \
+      return ::ckpt::internal::StatusOf(ckpt_status_or_)                       \
+          .WithContext(::ckpt::internal::ContextOf(__VA_ARGS__));              \
   } while (0)
 
-// CKPT_ASSIGN_OR_RETURN(lhs, result_expr, "context").
-#define CKPT_ASSIGN_OR_RETURN(lhs, rexpr, context)                            \
-  auto CKPT_CONCAT_(ckpt_result_, __LINE__) = (rexpr);                        \
-  if (!CKPT_CONCAT_(ckpt_result_, __LINE__).ok())                             \
-    return CKPT_CONCAT_(ckpt_result_, __LINE__).status().WithContext(context); \
+// CKPT_ASSIGN_OR_RETURN(lhs, result_expr[, "context"]).
+#define CKPT_ASSIGN_OR_RETURN(lhs, rexpr, ...)                                 \
+  auto CKPT_CONCAT_(ckpt_result_, __LINE__) = (rexpr);                         \
+  if (!CKPT_CONCAT_(ckpt_result_, __LINE__).ok())                              \
+    return CKPT_CONCAT_(ckpt_result_, __LINE__).status().WithContext(          \
+        ::ckpt::internal::ContextOf(__VA_ARGS__));                             \
   lhs = std::move(CKPT_CONCAT_(ckpt_result_, __LINE__)).value()
 
 namespace ckpt::internal {
 inline Status StatusOf(const Status& s) { return s; }
 template <typename T>
 Status StatusOf(const Result<T>& r) { return r.status(); }
+// The optional context argument of the macros above.
+inline std::string_view ContextOf() { return {}; }
+inline std::string_view ContextOf(std::string_view context) { return context; }
 }  // namespace ckpt::internal

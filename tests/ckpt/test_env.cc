@@ -1,0 +1,225 @@
+// The OS edge: every file-system call of a save, a load, a check and gc goes through Env, so a
+// fault-injecting Env reaches each of them; errno maps to one code per condition; Result
+// misuse dies in every build.
+#include <sys/wait.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <csignal>
+
+#include <catch2/catch.hpp>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <set>
+
+#include "ckpt/env.h"
+#include "ckpt/hash.h"
+#include "ckpt/reader.h"
+#include "ckpt/root.h"
+#include "ckpt/unique_fd.h"
+#include "ckpt_test_helpers.h"
+#include "test_util.h"
+
+using namespace ckpt;
+using namespace ckpt::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+// Records the name of every call that reaches it, then forwards (EnvWrapper).
+class RecordingEnv final : public EnvWrapper {
+ public:
+  RecordingEnv() : EnvWrapper(nullptr) {}
+  std::set<std::string> calls;
+  Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(const std::string& p) override {
+    calls.insert("NewRandomAccessFile");
+    return EnvWrapper::NewRandomAccessFile(p);
+  }
+  Result<std::unique_ptr<RandomWriteFile>> OpenRandomWriteFile(const std::string& p) override {
+    calls.insert("OpenRandomWriteFile");
+    return EnvWrapper::OpenRandomWriteFile(p);
+  }
+  Result<std::unique_ptr<FileLock>> TryLockFile(const std::string& p) override {
+    calls.insert("TryLockFile");
+    return EnvWrapper::TryLockFile(p);
+  }
+  Status CreateDirs(const std::string& p) override {
+    calls.insert("CreateDirs");
+    return EnvWrapper::CreateDirs(p);
+  }
+};
+
+// Runs f in a child process; returns its stderr and whether it died of SIGABRT.
+std::pair<std::string, bool> RunInChild(void (*f)()) {
+  int pipefd[2];
+  REQUIRE(::pipe(pipefd) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::dup2(pipefd[1], 2);
+    f();
+    _exit(0);
+  }
+  ::close(pipefd[1]);
+  std::string err;
+  char buf[256];
+  for (ssize_t n; (n = ::read(pipefd[0], buf, sizeof buf)) > 0;) err.append(buf, n);
+  ::close(pipefd[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return {err, WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT};
+}
+
+}  // namespace
+
+TEST_CASE("save, load, check and gc reach the Env for locks, offset I/O, hashing, mkdir",
+          "[io]") {
+  ScratchDir d;
+  RecordingEnv env;
+  SaveOptions o;
+  o.env = &env;
+  o.file_checksum = true;
+  const std::string root = d / "new/root";  // missing parents: CreateDirs
+  REQUIRE(SaveWithThreads(root, SmallModel("global_step1", 2, 2), o).ok());
+  CHECK(env.calls.count("CreateDirs"));
+  CHECK(env.calls.count("TryLockFile"));
+  CHECK(env.calls.count("OpenRandomWriteFile"));
+  env.calls.clear();
+  OpenOptions ro;
+  ro.env = &env;
+  auto r = CheckpointReader::Open(root, "", ro);
+  REQUIRE(r.ok());
+  REQUIRE(r->ReadDatasetBytes(0, r->manifest().files[0].datasets[0].name).ok());
+  CHECK(env.calls.count("NewRandomAccessFile"));
+  env.calls.clear();
+  auto probs = CheckCheckpoint(root + "/global_step1", /*deep=*/true, &env);
+  REQUIRE(probs.ok());
+  CHECK(probs->empty());
+  CHECK(env.calls.count("NewRandomAccessFile"));  // the whole-file hash
+  env.calls.clear();
+  REQUIRE(CollectGarbage(root, 0, &env).ok());
+  CHECK(env.calls.count("TryLockFile"));
+}
+
+TEST_CASE("fault injection fails the lock, the offset writes and the offset reads", "[io]") {
+  ScratchDir d;
+  SECTION("the root lock") {
+    FaultInjectionEnv env(Env::Default());
+    env.FailAt(FaultInjectionEnv::Op::kLock, 1);
+    SaveOptions o;
+    o.env = &env;
+    Status s = SaveWithThreads(d.str(), SmallModel("global_step1", 2, 2), o);
+    REQUIRE_FALSE(s.ok());
+    CHECK_THAT(s.message(), Catch::Contains("injected fault at lock"));
+    CHECK_FALSE(fs::exists(d / "global_step1"));
+  }
+  SECTION("a rank file's offset write") {
+    FaultInjectionEnv env(Env::Default());
+    env.FailAt(FaultInjectionEnv::Op::kWrite, 3);  // rank file create, open for writing, then
+    SaveOptions o;                                // the reservation or the first data write
+    o.env = &env;
+    Status s = SaveWithThreads(d.str(), SmallModel("global_step1", 1, 2), o);
+    REQUIRE_FALSE(s.ok());
+    CHECK_THAT(env.failed_step(), Catch::Contains("rank_00000.h5"));
+    CHECK_FALSE(fs::exists(d / "global_step1"));
+  }
+  SECTION("a reader's offset read") {
+    REQUIRE(SaveWithThreads(d.str(), SmallModel("global_step1", 1, 2)).ok());
+    FaultInjectionEnv env(Env::Default());
+    OpenOptions ro;
+    ro.env = &env;
+    auto r = CheckpointReader::Open(d.str(), "", ro);
+    REQUIRE(r.ok());
+    const int reads_before = env.Count(FaultInjectionEnv::Op::kRead);
+    env.FailAt(FaultInjectionEnv::Op::kRead, reads_before + 2);  // the open, then the read
+    auto bytes = r->ReadDatasetBytes(0, r->manifest().files[0].datasets[0].name);
+    REQUIRE_FALSE(bytes.ok());
+    CHECK_THAT(bytes.status().message(), Catch::Contains("injected fault at read"));
+    // Reads never count as mutating steps.
+    CHECK(env.Count(FaultInjectionEnv::Op::kAny) == 0);
+  }
+  SECTION("the hashing read") {
+    REQUIRE(SaveWithThreads(d.str(), SmallModel("global_step1", 1, 2)).ok());
+    FaultInjectionEnv env(Env::Default());
+    env.FailAt(FaultInjectionEnv::Op::kRead, 1);
+    auto h = Xxh3FileHex(d / "global_step1/rank_00000.h5", &env);
+    REQUIRE_FALSE(h.ok());
+    CHECK(env.failed_step() == "open " + (d / "global_step1/rank_00000.h5"));
+  }
+}
+
+TEST_CASE("a held root lock is FailedPrecondition naming the holder's pid", "[io]") {
+  ScratchDir d;
+  auto first = RootLock::TryAcquire(d.str());
+  REQUIRE(first.ok());
+  auto second = RootLock::TryAcquire(d.str());
+  REQUIRE_FALSE(second.ok());
+  CHECK(second.status().code() == StatusCode::kFailedPrecondition);
+  CHECK_THAT(second.status().message(),
+             Catch::Contains("pid " + std::to_string(::getpid())));
+}
+
+TEST_CASE("one errno mapper: the same condition gets the same code", "[unit]") {
+  CHECK(PosixError("open x", ENOENT).code() == StatusCode::kNotFound);
+  CHECK(PosixError("write x", ENOSPC).code() == StatusCode::kResourceExhausted);
+  CHECK(PosixError("write x", EDQUOT).code() == StatusCode::kResourceExhausted);
+  CHECK(PosixError("open x", EACCES).code() == StatusCode::kPermissionDenied);
+  CHECK(PosixError("mkdir x", EEXIST).code() == StatusCode::kAlreadyExists);
+  CHECK(PosixError("read x", EIO).code() == StatusCode::kIOError);
+  CHECK(PosixError("write x", ENOSPC).message() == std::string("write x: ") + std::strerror(ENOSPC));
+  CHECK(ExitCodeFor(PosixError("write x", ENOSPC)) == 2);
+  ScratchDir d;
+  // Through the Env: a missing file read at offsets is NotFound, as a missing whole file is.
+  CHECK(Env::Default()->NewRandomAccessFile(d / "nope").status().code() == StatusCode::kNotFound);
+  CHECK(Env::Default()->ReadFileToString(d / "nope").status().code() == StatusCode::kNotFound);
+}
+
+TEST_CASE("UniqueFd is move-only and closes exactly once", "[unit]") {
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  UniqueFd a(fds[0]);
+  UniqueFd b(std::move(a));
+  CHECK_FALSE(a.valid());
+  CHECK(b.get() == fds[0]);
+  CHECK(b.Close("pipe").ok());
+  CHECK_FALSE(b.valid());
+  CHECK(b.Close("pipe").ok());  // idempotent
+  CHECK(::fcntl(fds[0], F_GETFD) == -1);
+  UniqueFd w(fds[1]);
+}
+
+TEST_CASE("CreateDirs creates missing parents and accepts an existing directory", "[io]") {
+  ScratchDir d;
+  REQUIRE(Env::Default()->CreateDirs(d / "a/b/c").ok());
+  CHECK(fs::is_directory(d / "a/b/c"));
+  CHECK(Env::Default()->CreateDirs(d / "a/b/c").ok());
+  Spit(d / "file", "x");
+  CHECK(Env::Default()->CreateDirs(d / "file").code() == StatusCode::kAlreadyExists);
+}
+
+TEST_CASE("Result misuse dies with the status printed, in every build", "[unit]") {
+  auto [err1, aborted1] = RunInChild([] {
+    Result<int> r = DataLoss("rank_00001.h5: checksum mismatch");
+    (void)r.value();
+  });
+  CHECK(aborted1);
+  CHECK_THAT(err1, Catch::Contains("DataLoss: rank_00001.h5: checksum mismatch"));
+  auto [err2, aborted2] = RunInChild([] { Result<int> r = Status::Ok(); (void)r; });
+  CHECK(aborted2);
+  CHECK_THAT(err2, Catch::Contains("Result constructed from an ok Status"));
+}
+
+TEST_CASE("context is optional and added once", "[unit]") {
+  auto inner = []() -> Status { return NotFound("x: no such file"); };
+  auto no_context = [&]() -> Status {
+    CKPT_RETURN_IF_ERROR(inner());
+    return Status::Ok();
+  };
+  auto with_context = [&]() -> Result<int> {
+    CKPT_ASSIGN_OR_RETURN(int v, Result<int>(inner()), "load");
+    return v;
+  };
+  CHECK(no_context().message() == "x: no such file");
+  CHECK(with_context().status().message() == "load: x: no such file");
+}

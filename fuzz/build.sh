@@ -31,7 +31,7 @@ hdf5_lib=/usr/lib/x86_64-linux-gnu/hdf5/serial
 flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined
        -fno-sanitize-recover=undefined -I"$repo/ckpt/include" -I"$repo/convert/include"
        -isystem "$hdf5_inc")
-libs=(-L"$hdf5_lib" -Wl,-rpath,"$hdf5_lib" -lhdf5 -lzstd -lxxhash -lpthread)
+libs=(-L"$hdf5_lib" -Wl,-rpath,"$hdf5_lib" -lhdf5 -lzstd -lxxhash -lzip -lpthread)
 
 sources=("$repo"/ckpt/src/*.cc "$repo/convert/src/safetensors.cc")
 objects=()
@@ -52,7 +52,7 @@ if [ "${#stale[@]}" -gt 0 ]; then
     'src="${1%%:*}"; obj="${1#*:}"; $CXX $flags_str -fsanitize=fuzzer-no-link -c "$src" -o "$obj"' _ {}
 fi
 
-for target in manifest rank_file safetensors units; do
+for target in manifest rank_file safetensors units torch_pickle; do
   src="$repo/fuzz/fuzz_$target.cc"
   exe="$out/bin/fuzz_$target"
   newest=1

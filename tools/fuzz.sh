@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every libFuzzer target for N seconds on the seed corpus (tests/fuzz/corpus/<target>/).
 #
-#   tools/fuzz.sh [--seconds N] [--targets "manifest rank_file safetensors units"] [--out DIR]
+#   tools/fuzz.sh [--seconds N] [--targets "manifest rank_file safetensors units torch_pickle"]
+#                 [--out DIR]
 #
 # Builds the targets first (fuzz/build.sh, clang 14, ASan + UBSan). Inputs found during the
 # run are kept in DIR/corpus/<target>/ (default build-fuzz/), never in the committed seed
@@ -12,7 +13,7 @@
 set -uo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 seconds=20
-targets="manifest rank_file safetensors units"
+targets="manifest rank_file safetensors units torch_pickle"
 out="$repo/build-fuzz"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -33,6 +34,14 @@ for t in $targets; do
   artifacts="$out/artifacts/$t/"
   mkdir -p "$corpus" "$artifacts"
   log="$out/fuzz_$t.log"
+  # The pickle seeds must parse (CKPT_FUZZ_EXPECT_PARSE): proof that inputs reach the parser.
+  if [ "$t" = torch_pickle ]; then
+    if ! CKPT_FUZZ_EXPECT_PARSE=1 "$exe" "$seeds"/* >"$out/fuzz_${t}_seeds.log" 2>&1; then
+      echo "fuzz_$t: a seed did not parse, see $out/fuzz_${t}_seeds.log"
+      failed=1
+      continue
+    fi
+  fi
   # Leak checking stays on except for the rank-file reader: HDF5 keeps library-wide caches
   # (free lists, the ID table) alive between inputs, which LeakSanitizer would report.
   leaks=1

@@ -270,8 +270,11 @@ Result<std::vector<Problem>> CheckCheckpoint(const std::string& tag_dir, bool de
 }
 
 nlohmann::json InspectToJson(const CheckpointReader& reader) {
+  return InspectToJson(reader.manifest(), reader.dir());
+}
+
+nlohmann::json InspectToJson(const Manifest& m, const std::string& dir) {
   using nlohmann::json;
-  const Manifest& m = reader.manifest();
   json params = json::array();
   for (const auto& p : m.params) {
     params.push_back({{"name", p.name},
@@ -285,7 +288,8 @@ nlohmann::json InspectToJson(const CheckpointReader& reader) {
   for (const auto& f : m.files) bytes += f.bytes;
   json full = ManifestToJson(m);
   return {{"tag", m.tag},
-          {"dir", reader.dir()},
+          {"dir", dir},
+          {"kind", m.kind},
           {"format_version", full["format_version"]},
           {"writer", m.writer},
           {"created_utc", m.created_utc},

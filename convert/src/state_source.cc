@@ -4,6 +4,7 @@
 #include <cstring>
 #include <map>
 
+#include "ckpt/deepspeed.h"
 #include "ckpt/hash.h"
 #include "ckpt/reader.h"
 #include "ckpt/root.h"
@@ -280,12 +281,65 @@ class UniversalSource final : public StateSource {
   std::vector<float> gap_;
 };
 
+// ---- DeepSpeed ------------------------------------------------------------------------------
+
+// DeepSpeed stores no checksums: reads are as good as the zip records (FinishVerification has
+// nothing to compare; `ckpt check` reads every record to its end so libzip checks each CRC-32).
+class DeepSpeedSource final : public StateSource {
+ public:
+  explicit DeepSpeedSource(DeepSpeedReader reader) : reader_(std::move(reader)) {
+    if (!reader_.info().lr_scheduler.is_null()) scheduler_ = reader_.info().lr_scheduler.dump();
+  }
+
+  const Manifest& manifest() const override { return reader_.manifest(); }
+  const std::string& dir() const override { return reader_.dir(); }
+  bool universal() const override { return false; }
+  int source_ranks() const override { return manifest().topology.dp_world_size; }
+  uint64_t bytes_read() const override { return reader_.bytes_read(); }
+
+  Status ReadParamRange(const ParamEntry& p, std::string_view state, int64_t begin, int64_t end,
+                        float* out) override {
+    return reader_.ReadParamRange(p.name, state, begin, end, out);
+  }
+  Result<std::vector<uint8_t>> ReadFrozenBytes(const ParamEntry& p) override {
+    return reader_.ReadFrozenBytes(p.name);
+  }
+  // The scheduler's state_dict (global in DeepSpeed) as every rank's `scheduler` json.
+  std::vector<RankExtra> RankExtras(int r) const override {
+    if (scheduler_.empty() || r < 0 || r >= source_ranks()) return {};
+    DatasetRecord rec;
+    rec.name = std::string(kScheduler);
+    rec.kind = "json";
+    rec.dtype = DType::kU8;
+    rec.shape = {static_cast<int64_t>(scheduler_.size())};
+    rec.bytes = scheduler_.size();
+    return {{std::string(kScheduler), rec}};
+  }
+  Result<std::vector<uint8_t>> ReadRankExtra(int, const RankExtra& extra) override {
+    if (extra.name != kScheduler) return NotFound("no dataset " + extra.name);
+    return std::vector<uint8_t>(scheduler_.begin(), scheduler_.end());
+  }
+  std::vector<std::string> UnusedTensors() const override {
+    return {"module (the " + reader_.info().model_dtype +
+            " model weights; the fp32 masters are read instead)"};
+  }
+  Status FinishVerification(const std::vector<std::string>&) override { return Status::Ok(); }
+
+ private:
+  DeepSpeedReader reader_;
+  std::string scheduler_;
+};
+
 }  // namespace
 
 Result<std::unique_ptr<StateSource>> OpenStateSource(const std::string& path,
                                                      const std::string& tag, bool stream_verify,
                                                      Env* env) {
   if (!env) env = Env::Default();
+  if (!DeepSpeedTagDir(path, tag, env).empty()) {
+    CKPT_ASSIGN_OR_RETURN(DeepSpeedReader r, DeepSpeedReader::Open(path, tag, env), "");
+    return std::unique_ptr<StateSource>(new DeepSpeedSource(std::move(r)));
+  }
   CKPT_ASSIGN_OR_RETURN(std::string dir, ResolveTagDir(path, tag, env), "");
   if (IsUniversal(dir, "", env)) {
     CKPT_ASSIGN_OR_RETURN(UniversalReader r, UniversalReader::Open(dir, env), "");

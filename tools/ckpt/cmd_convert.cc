@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <memory>
 
+#include "ckpt/deepspeed.h"
 #include "ckpt/units.h"
 #include "command.h"
 #include "convert/export.h"
@@ -198,8 +199,68 @@ std::function<int()> SetupReshard(CLI::App& sub) {
   };
 }
 
+// ---- import-deepspeed -----------------------------------------------------------------------
+
+struct ImportArgs {
+  std::string src, out, tag, compress;
+  bool json = false;
+};
+
+// A normal ckpt checkpoint with the DeepSpeed checkpoint's world size and ZeRO stage: reshard's
+// writer fed by the DeepSpeed source.
+std::function<int()> SetupImportDeepSpeed(CLI::App& sub) {
+  auto a = std::make_shared<ImportArgs>();
+  sub.add_option("DS_ROOT", a->src, "DeepSpeed checkpoint root (with latest) or tag directory")
+      ->required();
+  sub.add_option("OUT", a->out, "new ckpt root (must not exist or be empty)")->required();
+  sub.add_option("--tag", a->tag, "tag inside DS_ROOT (default: latest)");
+  sub.add_option("--compress", a->compress, "none | zstd[:LEVEL][+shuffle] (default none)");
+  sub.add_flag("--json", a->json, "machine-readable output");
+  return [a] {
+    if (DeepSpeedTagDir(a->src, a->tag).empty())
+      return ReportError("import-deepspeed",
+                         NotFound(a->src + (a->tag.empty() ? "" : "/" + a->tag) +
+                                  ": not a DeepSpeed checkpoint (no *_model_states.pt, or no "
+                                  "`latest` naming a directory with one)"),
+                         a->json);
+    auto ds = DeepSpeedReader::Open(a->src, a->tag);
+    if (!ds.ok()) return ReportError("import-deepspeed", ds.status(), a->json);
+    ReshardOptions o;
+    o.tag = a->tag;
+    o.dp = ds->manifest().topology.dp_world_size;
+    o.zero_stage = ds->manifest().topology.zero_stage;
+    o.compression = a->compress;
+    o.verify_source = false;  // DeepSpeed stores no checksums to verify against
+    o.progress = !a->json;
+    auto r = Reshard(a->src, a->out, o);
+    if (!r.ok()) return ReportError("import-deepspeed", r.status(), a->json);
+    if (a->json) {
+      PrintJson({{"source", r->source_dir},
+                 {"out", r->out},
+                 {"tag", r->tag},
+                 {"dp", r->dp},
+                 {"zero", r->zero_stage},
+                 {"global_step", ds->manifest().counters.global_step},
+                 {"params", ds->manifest().params.size()},
+                 {"ds_version", ds->info().ds_version},
+                 {"not_carried", r->skipped}});
+    } else {
+      std::printf("imported DeepSpeed %s checkpoint %s (%d rank(s), ZeRO-%d, step %lld) -> %s/%s\n",
+                  ds->info().ds_version.c_str(), r->source_dir.c_str(), r->dp, r->zero_stage,
+                  static_cast<long long>(ds->manifest().counters.global_step), r->out.c_str(),
+                  r->tag.c_str());
+      for (const auto& s : r->skipped) std::printf("  not carried over: %s\n", s.c_str());
+    }
+    return 0;
+  };
+}
+
 }  // namespace
 
+CKPT_REGISTER_COMMAND(import_deepspeed, "import-deepspeed",
+                      "convert a DeepSpeed ZeRO checkpoint into a ckpt checkpoint (no pickle code "
+                      "is run)",
+                      SetupImportDeepSpeed);
 CKPT_REGISTER_COMMAND(export_fp32, "export-fp32",
                       "export the model weights to safetensors (streaming, bounded memory)",
                       SetupExport);

@@ -3,7 +3,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 
+#include "ckpt/deepspeed.h"
 #include "ckpt/hash.h"
 #include "ckpt/reader.h"
 #include "ckpt/root.h"
@@ -86,17 +88,53 @@ std::function<int()> SetupInspect(CLI::App& sub) {
   sub.add_option("--tag", a->tag, "tag inside the root");
   sub.add_flag("--json", a->json, "machine-readable output");
   return [a] {
-    OpenOptions opts;
-    auto reader = CheckpointReader::Open(a->path, a->tag, opts);
-    if (!reader.ok()) return ReportError("inspect", reader.status(), a->json);
-    const Manifest& m = reader->manifest();
+    // A DeepSpeed checkpoint reads through its own reader into the same manifest form.
+    std::optional<DeepSpeedReader> ds;
+    std::optional<CheckpointReader> reader;
+    if (!DeepSpeedTagDir(a->path, a->tag).empty()) {
+      auto r = DeepSpeedReader::Open(a->path, a->tag);
+      if (!r.ok()) return ReportError("inspect", r.status(), a->json);
+      ds.emplace(std::move(*r));
+    } else {
+      auto r = CheckpointReader::Open(a->path, a->tag, OpenOptions{});
+      if (!r.ok()) return ReportError("inspect", r.status(), a->json);
+      reader.emplace(std::move(*r));
+    }
+    const Manifest& m = ds ? ds->manifest() : reader->manifest();
+    const std::string& dir = ds ? ds->dir() : reader->dir();
     if (a->json) {
-      PrintJson(InspectToJson(*reader));
+      json out = InspectToJson(m, dir);
+      if (ds) {
+        const DeepSpeedInfo& i = ds->info();
+        out["deepspeed"] = {{"ds_version", i.ds_version},
+                            {"optimizer", i.optimizer},
+                            {"model_dtype", i.model_dtype},
+                            {"model_files", i.model_files},
+                            {"optim_files", i.optim_files},
+                            {"buffers", i.buffers},
+                            {"group_partition", i.group_partition},
+                            {"lr_scheduler", i.lr_scheduler},
+                            {"checksums", false}};
+      }
+      PrintJson(out);
       return 0;
     }
-    std::printf("tag            %s  (%s)\n", m.tag.c_str(), reader->dir().c_str());
-    std::printf("format         %s %d.%d, written by %s at %s\n", m.format.c_str(), m.version_major,
-                m.version_minor, m.writer.c_str(), m.created_utc.c_str());
+    std::printf("tag            %s  (%s)\n", m.tag.c_str(), dir.c_str());
+    if (ds) {
+      const DeepSpeedInfo& i = ds->info();
+      std::printf("format         DeepSpeed %s ZeRO checkpoint (%s, %s training); no checksums "
+                  "(DeepSpeed records none)\n",
+                  i.ds_version.c_str(), i.optimizer.c_str(), i.model_dtype.c_str());
+      std::printf("files          %zu model-states + %zu optimizer file(s)\n",
+                  i.model_files.size(), i.optim_files.size());
+      if (!i.buffers.empty())
+        std::printf("buffers        %zu (listed as frozen)\n", i.buffers.size());
+      if (!i.lr_scheduler.is_null())
+        std::printf("lr_scheduler   %s\n", i.lr_scheduler.dump().c_str());
+    }
+    if (!ds)
+      std::printf("format         %s %d.%d, written by %s at %s\n", m.format.c_str(),
+                  m.version_major, m.version_minor, m.writer.c_str(), m.created_utc.c_str());
     std::printf("counters       global_step %lld, micro_step %lld, skipped %lld, samples %lld, "
                 "tokens %lld\n",
                 static_cast<long long>(m.counters.global_step),
@@ -114,8 +152,9 @@ std::function<int()> SetupInspect(CLI::App& sub) {
       bytes += f.bytes;
       comp = f.compression;
     }
-    std::printf("files          %zu rank files, %s, compression %s\n", m.files.size(),
-                FormatBytes(bytes).c_str(), comp.c_str());
+    if (!ds)
+      std::printf("files          %zu rank files, %s, compression %s\n", m.files.size(),
+                  FormatBytes(bytes).c_str(), comp.c_str());
     std::printf("parameters     %lld unique\n", static_cast<long long>(m.UniqueParamCount()));
     std::printf("  %-36s %-18s %-6s %12s  %s\n", "NAME", "SHAPE", "DTYPE", "NUMEL", "NOTE");
     for (const auto& p : m.params) {
@@ -220,6 +259,47 @@ int CheckExportCommand(const CheckArgs& a) {
   return problems.empty() ? 0 : 1;
 }
 
+// `ckpt check DS_ROOT`: DeepSpeed records no checksums of its own, so the check is the layout
+// (DeepSpeedReader::Open), every zip record's CRC-32 and every tensor read through the
+// parameter table; --deep adds nothing.
+int CheckDeepSpeedCommand(const CheckArgs& a) {
+  std::vector<Problem> problems;
+  std::string dir = DeepSpeedTagDir(a.root, a.tag);
+  auto reader = DeepSpeedReader::Open(a.root, a.tag);
+  if (!reader.ok()) {
+    if (reader.status().code() != StatusCode::kDataLoss)
+      return ReportError("check", reader.status(), a.json);
+    problems.push_back({"", "", reader.status().message()});
+  } else {
+    auto found = reader->Check();
+    if (!found.ok()) return ReportError("check", found.status(), a.json);
+    problems = std::move(*found);
+  }
+  const char* kNote =
+      "DeepSpeed stores no checksums: checked the layout, every zip record's CRC-32 and that "
+      "every tensor reads";
+  if (a.json) {
+    json pj = json::array();
+    for (const auto& p : problems)
+      pj.push_back({{"file", p.file}, {"dataset", p.dataset}, {"what", p.what}});
+    PrintJson({{"ok", problems.empty()},
+               {"dir", dir},
+               {"kind", "deepspeed"},
+               {"checksums", false},
+               {"note", kNote},
+               {"deep", a.deep},
+               {"problems", pj}});
+  } else if (problems.empty()) {
+    std::printf("ok: %s (%s)\n", dir.c_str(), kNote);
+  } else {
+    std::printf("CORRUPT: %zu problem(s)\n", problems.size());
+    for (const auto& p : problems)
+      std::printf("  %s%s%s: %s\n", p.file.c_str(), p.dataset.empty() ? "" : " parameter ",
+                  p.dataset.c_str(), p.what.c_str());
+  }
+  return problems.empty() ? 0 : 1;
+}
+
 std::function<int()> SetupCheck(CLI::App& sub) {
   auto a = std::make_shared<CheckArgs>();
   sub.add_option("ROOT", a->root,
@@ -231,6 +311,7 @@ std::function<int()> SetupCheck(CLI::App& sub) {
   sub.add_flag("--json", a->json, "machine-readable output");
   return [a] {
     if (IsExportPath(a->root)) return CheckExportCommand(*a);
+    if (!DeepSpeedTagDir(a->root, a->tag).empty()) return CheckDeepSpeedCommand(*a);
     std::vector<Problem> problems;
     auto dir = ResolveTagDir(a->root, a->tag);
     if (!dir.ok()) {

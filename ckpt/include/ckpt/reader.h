@@ -76,6 +76,8 @@ class CheckpointReader {
 // topology, optimizer, dtypes, partition, params without ranges, total_params, bytes,
 // client_state, engine_config).
 nlohmann::json InspectToJson(const CheckpointReader& reader);
+// The same for any manifest (a DeepSpeed checkpoint's, ckpt/deepspeed.h) read from `dir`.
+nlohmann::json InspectToJson(const Manifest& m, const std::string& dir);
 
 struct Problem {
   std::string file;     // relative to the tag directory, e.g. "rank_00001.h5"

@@ -1,0 +1,86 @@
+// Reading a DeepSpeed ZeRO checkpoint (stage 1, 2 or 3; fp32, fp16 or bf16 training) natively:
+// the `.pt` files are opened as zip archives and their pickles read by the restricted unpickler
+// (ckpt/torch_pickle.h), so nothing in them is executed and DeepSpeed need not be installed.
+// docs/deepspeed.md describes the layout (with the DeepSpeed source lines it follows) and how
+// it maps onto a ckpt manifest.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ckpt/env.h"
+#include "ckpt/manifest.h"
+#include "ckpt/reader.h"
+#include "ckpt/status.h"
+
+namespace ckpt {
+
+inline constexpr std::string_view kDeepSpeedKind = "deepspeed";
+
+// The tag directory `path` names when it is a DeepSpeed checkpoint: `path` itself when it
+// holds a *_model_states.pt file, else path/<tag>, else path/<the tag in path/latest>. Empty
+// when `path` is not one (no model-states file there).
+std::string DeepSpeedTagDir(const std::string& path, const std::string& tag = "",
+                            Env* env = nullptr);
+
+// What the files say beyond the manifest.
+struct DeepSpeedInfo {
+  std::string ds_version;
+  std::string optimizer;     // "DeepSpeedZeroOptimizer", "BF16_Optimizer", "DeepSpeedZeroOptimizer_Stage3"
+  std::string model_dtype;   // "fp32", "bf16", "fp16"
+  std::vector<std::string> model_files;  // relative to the tag directory
+  std::vector<std::string> optim_files;  // one per data-parallel rank, rank order
+  std::vector<std::string> buffers;      // persistent buffers (exported like frozen tensors)
+  std::vector<int64_t> group_partition;  // per optimizer group: per-rank partition elements
+  nlohmann::json lr_scheduler;           // the scheduler's state_dict as JSON
+  bool elastic = false;                  // base optimizer state saved without padding
+};
+
+// Not thread-safe (keeps libzip handles); movable. Open one per thread.
+class DeepSpeedReader {
+ public:
+  // `path`: a DeepSpeed checkpoint root (opens `tag`, or what `latest` names) or a tag
+  // directory. Parses every model-states and optimizer-states file and validates the layout
+  // before returning: one optimizer file per rank with none missing, equal partition counts,
+  // stage and group counts across ranks, partitions that hold every parameter of
+  // param_shapes, storages that fit their views. Errors name the file: NotFound (no such
+  // checkpoint), DataLoss (damaged or inconsistent files, refused pickles), Unimplemented
+  // (tensor/pipeline-parallel or MoE checkpoints, NVMe-offloaded state).
+  static Result<DeepSpeedReader> Open(const std::string& path, const std::string& tag = "",
+                                      Env* env = nullptr);
+  DeepSpeedReader(DeepSpeedReader&&) noexcept;
+  DeepSpeedReader& operator=(DeepSpeedReader&&) noexcept;
+  ~DeepSpeedReader();
+
+  // The checkpoint as a ckpt manifest (kind "deepspeed"): parameter table (trainable with
+  // ranges into each rank's concatenated optimizer groups, frozen, buffers as frozen, tied
+  // aliases), topology, counters, AdamW hyper-parameters and step, dtypes, client state and
+  // ds_config (engine_config). `files` lists the .pt files (no checksums: DeepSpeed stores
+  // none).
+  const Manifest& manifest() const;
+  const DeepSpeedInfo& info() const;
+  const std::string& dir() const;  // the tag directory
+
+  // fp32 elements [begin, end) of a trainable parameter's master / exp_avg / exp_avg_sq, read
+  // lazily from the partitions that hold them. Aliases read their owner.
+  Status ReadParamRange(std::string_view param, std::string_view state, int64_t begin,
+                        int64_t end, float* out);
+  // A frozen parameter's (or buffer's) bytes in its stored dtype (manifest dtype and shape).
+  Result<std::vector<uint8_t>> ReadFrozenBytes(std::string_view param);
+  // Reads every record of every file to its end (libzip checks each CRC-32) and reports what
+  // fails; structural problems already stopped Open. Empty = healthy.
+  Result<std::vector<Problem>> Check();
+  uint64_t bytes_read() const;
+
+ private:
+  struct Impl;
+  explicit DeepSpeedReader(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ckpt

@@ -1,0 +1,52 @@
+// A PyTorch `.pt` file (torch.save's zip archive) opened with libzip: its pickle parsed by the
+// restricted reader (ckpt/torch_pickle.h) and its tensors read lazily, element ranges at a
+// time, straight from the stored records. Private to the format library.
+//
+// Layout (torch/serialization.py, _save): every record lives under one top-level directory
+// "<name>/": data.pkl (the pickle), data/<key> (one record per storage, little-endian, stored
+// uncompressed), version, and optionally byteorder ("little").
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "ckpt/status.h"
+#include "ckpt/torch_pickle.h"
+
+namespace ckpt {
+
+// Not thread-safe (one libzip handle); movable.
+class TorchFile {
+ public:
+  // Opens `path`, checks the archive's consistency (libzip ZIP_CHECKCONS), parses data.pkl
+  // and checks that every tensor's storage record exists and holds at least the storage's
+  // bytes. DataLoss naming `path` for a damaged archive or pickle; NotFound when missing.
+  static Result<TorchFile> Open(const std::string& path);
+  TorchFile(TorchFile&&) noexcept;
+  TorchFile& operator=(TorchFile&&) noexcept;
+  ~TorchFile();
+
+  const std::string& path() const;
+  const PickleDoc& doc() const;
+  const PyValue& root() const { return doc().root(); }
+  const TorchTensorRef& tensor(const PyValue& v) const;  // v.kind must be kTensor
+
+  // Elements [first, first + count) of tensor `t` (row-major order of its view) as raw
+  // little-endian bytes of its dtype into out (count × itemsize bytes). Contiguous views read
+  // only those bytes; strided views read the span they cover.
+  Status ReadElements(const TorchTensorRef& t, int64_t first, int64_t count, void* out);
+  // The same converted to fp32 (floating dtypes only).
+  Status ReadFloats(const TorchTensorRef& t, int64_t first, int64_t count, float* out);
+  // Reads every record to its end, so libzip checks each CRC-32. DataLoss on a mismatch.
+  Status VerifyRecords();
+  uint64_t bytes_read() const;
+
+ private:
+  struct Impl;
+  explicit TorchFile(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ckpt

@@ -1,0 +1,227 @@
+#!/usr/bin/python3
+"""End-to-end check of ckpt on DeepSpeed checkpoints against torch's own recomputation.
+
+    check_deepspeed.py CKPT_BIN WORK_DIR [--quick]
+
+For ZeRO 1, 2, 3 x world 1, 2, 3 x fp32 / bf16 (and DeepSpeed's BF16_Optimizer layout) it writes
+a checkpoint with make_ds_checkpoint.py and its truth (what zero_to_fp32 reconstructs: the flat
+partitions concatenated, padding stripped, split by param_shapes; plus the moments), then:
+  1. `ckpt export-fp32 DS` equals the truth bitwise (trainable, frozen, buffers; tied recorded);
+  2. `ckpt import-deepspeed DS` + `ckpt export-fp32` gives the same bytes as (1);
+  3. `ckpt to-universal DS` and `ckpt reshard DS --dp M` (read back through to-universal) hold
+     master, exp_avg and exp_avg_sq equal to the truth bitwise, with step and hyper-parameters;
+  4. `ckpt inspect --json` and `ckpt check` agree with the fixture (check: exit 0, no checksums).
+Then the hostile variants (truncated zip, os.system / eval globals, a storage too small for its
+view, mismatched partition counts, a missing rank file) must each be refused by export-fp32,
+inspect and check with exit 1 or 2, a message naming the file, nothing executed, nothing written.
+Exit 0 when everything holds; 1 with a message at the first failure.
+"""
+import argparse
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import make_ds_checkpoint as gen  # noqa: E402
+
+ST_DTYPES = {"F32": np.float32, "BF16": np.uint16, "F16": np.float16, "F64": np.float64,
+             "I64": np.int64}
+
+
+def fail(msg):
+    print("check_deepspeed: FAIL: " + msg, file=sys.stderr)
+    sys.exit(1)
+
+
+def run(args, expect=0):
+    p = subprocess.run(args, capture_output=True, text=True)
+    if expect is not None and p.returncode != expect:
+        fail(f"{' '.join(args)} exited {p.returncode}, expected {expect}\n{p.stdout}{p.stderr}")
+    return p
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    meta = header.pop("__metadata__", {})
+    out = {}
+    for name, e in header.items():
+        b, en = e["data_offsets"]
+        raw = data[8 + n + b:8 + n + en]
+        out[name] = (e["dtype"], np.frombuffer(raw, dtype=ST_DTYPES[e["dtype"]]).reshape(e["shape"]))
+    return meta, out
+
+
+def exported(dirname):
+    files = sorted(f for f in os.listdir(dirname) if f.endswith(".safetensors"))
+    meta, tensors = {}, {}
+    for f in files:
+        m, t = read_safetensors(os.path.join(dirname, f))
+        meta.update(m)
+        tensors.update(t)
+    return meta, tensors
+
+
+def make(work, zero, world, dtype, optimizer="zero", hostile=None):
+    name = f"z{zero}w{world}{dtype}{'-' + optimizer if optimizer != 'zero' else ''}"
+    if hostile:
+        name += "-" + hostile
+    root = os.path.join(work, name)
+    shutil.rmtree(root, ignore_errors=True)
+    args = argparse.Namespace(out=root, zero=zero, world=world, dtype=dtype, optimizer=optimizer,
+                              tag="global_step7", steps=7, hidden=24, vocab=37, seed=zero * 10 + world,
+                              truth=os.path.join(work, name + ".truth.pt"), hostile=hostile)
+    gen.write(args)
+    if hostile:
+        gen.hostile(args)
+    return root, torch.load(args.truth)
+
+
+def same(a, b, what):
+    a = np.asarray(a)
+    b = np.asarray(b)
+    if a.shape != b.shape or a.dtype != b.dtype or a.tobytes() != b.tobytes():
+        fail(f"{what}: differs (shapes {a.shape} / {b.shape}, dtypes {a.dtype} / {b.dtype})")
+
+
+def check_weights(tensors, meta, truth, what):
+    tied = json.loads(meta.get("tied_weights", "{}"))
+    for name, t in truth["weights"].items():
+        if name in truth["tied"]:
+            if tied.get(name) != truth["tied"][name]:
+                fail(f"{what}: tied {name} not recorded as {truth['tied'][name]} ({tied})")
+            continue
+        if name not in tensors:
+            fail(f"{what}: {name} missing from the export")
+        dt, arr = tensors[name]
+        if dt != "F32":
+            fail(f"{what}: {name} exported as {dt}")
+        same(arr, t.float().numpy(), f"{what}: {name}")
+    extra = set(tensors) - set(truth["weights"])
+    if extra:
+        fail(f"{what}: unexpected tensors {sorted(extra)}")
+
+
+def check_universal(udir, truth, what):
+    with h5py.File(os.path.join(udir, "universal.h5"), "r") as f:
+        for name in truth["exp_avg"]:
+            g = "params/" + name.replace("%", "%25").replace("/", "%2F")
+            for key, ref in (("master", truth["weights"][name]), ("exp_avg", truth["exp_avg"][name]),
+                             ("exp_avg_sq", truth["exp_avg_sq"][name])):
+                same(f[g][key][()].reshape(ref.shape), ref.float().numpy(), f"{what}: {name}/{key}")
+    with open(os.path.join(udir, "manifest.json")) as fh:
+        m = json.load(fh)
+    opt = m["optimizer"]
+    if opt.get("step") != truth["step"] or opt.get("type") != "adamw":
+        fail(f"{what}: optimizer {opt}, expected step {truth['step']} adamw")
+    for key, ref in (("lr", truth["lr"]), ("beta1", truth["betas"][0]), ("beta2", truth["betas"][1]),
+                     ("eps", truth["eps"]), ("weight_decay", truth["weight_decay"])):
+        if abs(opt.get(key, -1) - ref) > 0:
+            fail(f"{what}: optimizer {key} {opt.get(key)} != {ref}")
+    if m["counters"]["global_step"] != truth["step"]:
+        fail(f"{what}: global_step {m['counters']['global_step']}")
+
+
+def check_fixture(ckpt, work, zero, world, dtype, optimizer="zero", quick=False):
+    root, truth = make(work, zero, world, dtype, optimizer)
+    what = os.path.basename(root)
+    for suffix in (".export", ".export2", ".imported", ".universal", ".reshard",
+                   ".reshard-universal"):
+        shutil.rmtree(root + suffix, ignore_errors=True)
+    e1 = root + ".export"
+    run([ckpt, "export-fp32", root, e1, "--json"])
+    meta, tensors = exported(e1)
+    check_weights(tensors, meta, truth, what + " export-fp32")
+    # inspect / check
+    info = json.loads(run([ckpt, "inspect", root, "--json"]).stdout)
+    if info["dp_world_size"] != world or info["zero_stage"] != zero or info["kind"] != "deepspeed":
+        fail(f"{what}: inspect says dp {info['dp_world_size']} ZeRO-{info['zero_stage']}")
+    if info["deepspeed"]["checksums"] is not False:
+        fail(f"{what}: inspect does not say DeepSpeed has no checksums")
+    chk = json.loads(run([ckpt, "check", root, "--json"]).stdout)
+    if not chk["ok"] or chk["checksums"] is not False or "no checksums" not in chk["note"]:
+        fail(f"{what}: check {chk}")
+    # import + export: same bytes
+    imp = root + ".imported"
+    run([ckpt, "import-deepspeed", root, imp, "--json"])
+    e2 = root + ".export2"
+    run([ckpt, "export-fp32", imp, e2, "--json"])
+    for f in sorted(os.listdir(e1)):
+        with open(os.path.join(e1, f), "rb") as a, open(os.path.join(e2, f), "rb") as b:
+            if a.read() != b.read():
+                fail(f"{what}: import-deepspeed + export-fp32 differs from export-fp32 in {f}")
+    run([ckpt, "check", imp, "--deep"])
+    # state: to-universal directly and after a reshard to another world size
+    u = root + ".universal"
+    run([ckpt, "to-universal", root, u, "--json"])
+    check_universal(u, truth, what + " to-universal")
+    if not quick:
+        m = 1 if world != 1 else 2
+        rs = root + ".reshard"
+        run([ckpt, "reshard", root, rs, "--dp", str(m), "--json"])
+        ru = root + ".reshard-universal"
+        run([ckpt, "to-universal", rs, ru, "--json"])
+        check_universal(ru, truth, what + f" reshard --dp {m}")
+        shutil.rmtree(rs)
+        shutil.rmtree(ru)
+    for d in (e1, e2, imp, u):
+        shutil.rmtree(d)
+    size = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(root) for f in fs)
+    if size > 2 << 20:
+        fail(f"{what}: fixture is {size} bytes (over 2 MB)")
+    print(f"ok {what}: export, import, inspect, check, to-universal"
+          f"{'' if quick else ', reshard'} match torch ({size} bytes)")
+    return root
+
+
+def check_hostile(ckpt, work, kind, zero=2, world=2, dtype="bf16"):
+    root, _ = make(work, zero, world, dtype, hostile=kind)
+    for suffix in (".out", ".imp"):
+        shutil.rmtree(root + suffix, ignore_errors=True)
+    marker = os.path.join(root, "PWNED")
+    for cmd in (["export-fp32", root, root + ".out"], ["inspect", root], ["check", root],
+                ["import-deepspeed", root, root + ".imp"]):
+        p = run([ckpt] + cmd, expect=None)
+        text = p.stdout + p.stderr
+        if p.returncode not in (1, 2):
+            fail(f"hostile {kind}: ckpt {cmd[0]} exited {p.returncode}\n{text}")
+        if ".pt" not in text:
+            fail(f"hostile {kind}: ckpt {cmd[0]} message names no file: {text}")
+        if os.path.exists(marker):
+            fail(f"hostile {kind}: the pickle's code ran (found {marker})")
+        for out in (root + ".out", root + ".imp"):
+            if os.path.exists(out):
+                fail(f"hostile {kind}: ckpt {cmd[0]} wrote {out}")
+    print(f"ok hostile {kind}: refused ({text.strip().splitlines()[-1][:160]})")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("ckpt")
+    p.add_argument("work")
+    p.add_argument("--quick", action="store_true", help="fewer fixtures (no reshard)")
+    a = p.parse_args()
+    os.makedirs(a.work, exist_ok=True)
+    worlds = (1, 3) if a.quick else (1, 2, 3)
+    for zero in (1, 2, 3):
+        for world in worlds:
+            for dtype in ("fp32", "bf16"):
+                check_fixture(a.ckpt, a.work, zero, world, dtype, quick=a.quick)
+    check_fixture(a.ckpt, a.work, 1, 2, "bf16", optimizer="bf16", quick=a.quick)
+    for kind in ("truncate", "os_system", "eval", "short_storage", "partitions", "missing_rank"):
+        check_hostile(a.ckpt, a.work, kind)
+    print("check_deepspeed: all ok")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,11 +1,20 @@
 // Helpers shared by the test suites: scratch directories and running the built binaries.
 #pragma once
 
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <random>
 #include <string>
-#include <sys/wait.h>
+#include <utility>
+#include <vector>
+
+extern char** environ;
 
 namespace ckpt::testing {
 
@@ -43,6 +52,28 @@ inline int RunShell(const std::string& cmd) {
   int rc = std::system(cmd.c_str());
   if (rc == -1 || !WIFEXITED(rc)) return -1;
   return WEXITSTATUS(rc);
+}
+
+// Runs argv as a child (stdout and stderr to /dev/null) and returns its exit code and peak
+// resident set size in bytes (wait4's ru_maxrss, KiB on Linux). On Linux a spawned child's
+// ru_maxrss starts from the parent's high-water mark (exec keeps the old mm's peak), so the
+// calling process must stay small: write large fixtures from a child too.
+inline std::pair<int, uint64_t> RunMeasured(std::vector<std::string> args) {
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+  pid_t pid = 0;
+  const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) return {-1, 0};
+  int status = 0;
+  struct rusage ru {};
+  if (wait4(pid, &status, 0, &ru) != pid) return {-1, 0};
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, static_cast<uint64_t>(ru.ru_maxrss) * 1024};
 }
 
 }  // namespace ckpt::testing

@@ -1,10 +1,7 @@
 // Peak resident memory of `ckpt export-fp32` (and `ckpt to-universal`) on a synthetic
 // checkpoint with many tensors whose master weights alone exceed the bound: the bound
 // 2 × largest tensor + 64 MiB can only hold if the export streams.
-#include <fcntl.h>
-#include <spawn.h>
 #include <sys/resource.h>
-#include <sys/wait.h>
 
 #include <catch2/catch.hpp>
 #include <cstdio>
@@ -13,32 +10,6 @@
 #include "convert_test_util.h"
 #include "test_util.h"
 
-extern char** environ;
-
-namespace {
-
-// Runs argv as a child (stdout and stderr to /dev/null) and returns its exit code and peak
-// resident set size in bytes (wait4's ru_maxrss, KiB on Linux).
-std::pair<int, uint64_t> RunMeasured(std::vector<std::string> args) {
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
-  pid_t pid = 0;
-  const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  if (rc != 0) return {-1, 0};
-  int status = 0;
-  struct rusage ru {};
-  if (wait4(pid, &status, 0, &ru) != pid) return {-1, 0};
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, static_cast<uint64_t>(ru.ru_maxrss) * 1024};
-}
-
-}  // namespace
-
 TEST_CASE("export-fp32 peak RSS stays under 2 x largest tensor + 64 MiB", "[io][slow]") {
   ckpt::testing::ScratchDir dir("mem");
   const std::string src = dir / "src";
@@ -46,7 +17,7 @@ TEST_CASE("export-fp32 peak RSS stays under 2 x largest tensor + 64 MiB", "[io][
   const std::string bin = ckpt::testing::BinDir() + "/ckpt";
   // Written by a child: on Linux a spawned child's ru_maxrss starts from the parent's
   // high-water mark (exec keeps the old mm's peak), so this process must stay small.
-  REQUIRE(RunMeasured({bin, "synth", src, "--ranks", "4", "--params", "24M", "--zero", "2",
+  REQUIRE(ckpt::testing::RunMeasured({bin, "synth", src, "--ranks", "4", "--params", "24M", "--zero", "2",
                        "--largest-tensor", "262144", "--seed", "7", "--json"})
               .first == 0);
   struct rusage self {};
@@ -56,20 +27,20 @@ TEST_CASE("export-fp32 peak RSS stays under 2 x largest tensor + 64 MiB", "[io][
   // The master weights alone are larger than the bound.
   REQUIRE(static_cast<uint64_t>(params) * 4 > bound);
 
-  auto [rc, rss] = RunMeasured({bin, "export-fp32", src, dir / "e32", "--json"});
+  auto [rc, rss] = ckpt::testing::RunMeasured({bin, "export-fp32", src, dir / "e32", "--json"});
   REQUIRE(rc == 0);
   std::printf("export-fp32 fp32: peak RSS %.1f MiB (bound %.1f MiB, master %.1f MiB)\n",
               rss / 1048576.0, bound / 1048576.0, params * 4 / 1048576.0);
   CHECK(rss > 0);
   CHECK(rss <= bound);
 
-  auto [rc2, rss2] = RunMeasured({bin, "export-fp32", src, dir / "ebf", "--dtype", "bf16",
+  auto [rc2, rss2] = ckpt::testing::RunMeasured({bin, "export-fp32", src, dir / "ebf", "--dtype", "bf16",
                                   "--max-shard-size", "10MB", "--json"});
   REQUIRE(rc2 == 0);
   std::printf("export-fp32 bf16 sharded: peak RSS %.1f MiB\n", rss2 / 1048576.0);
   CHECK(rss2 <= bound);
 
-  auto [rc3, rss3] = RunMeasured({bin, "to-universal", src, dir / "u", "--json"});
+  auto [rc3, rss3] = ckpt::testing::RunMeasured({bin, "to-universal", src, dir / "u", "--json"});
   REQUIRE(rc3 == 0);
   std::printf("to-universal: peak RSS %.1f MiB (state %.1f MiB)\n", rss3 / 1048576.0,
               params * 12 / 1048576.0);

@@ -80,11 +80,13 @@ for _cls, _mod in ((LossScaler, "deepspeed.runtime.fp16.loss_scaler"),
 
 # ---- the model ------------------------------------------------------------------------------
 
-def model_spec(hidden, vocab):
+def model_spec(hidden, vocab, blocks=0, block_width=512):
     """(name, shape, kind) in named_parameters order; kind: trainable | frozen | tied:<owner>.
-    Two optimizer groups: weights (group 0) and biases / norms (group 1)."""
+    Two optimizer groups: weights (group 0) and biases / norms (group 1). `blocks` adds that
+    many [block_width, block_width] trainable weights (large fixtures for memory and speed)."""
     h = hidden
-    return [
+    big = [(f"blocks.{k}.weight", (block_width, block_width), "trainable") for k in range(blocks)]
+    return big + [
         ("embed.weight", (vocab, h), "trainable"),
         ("layers.0.weight", (h, h), "trainable"),
         ("layers.0.bias", (h,), "trainable"),
@@ -107,7 +109,7 @@ def numel(shape):
 
 def build(args):
     g = torch.Generator().manual_seed(args.seed)
-    spec = model_spec(args.hidden, args.vocab)
+    spec = model_spec(args.hidden, args.vocab, args.blocks, args.block_width)
     model_dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     master, exp_avg, exp_avg_sq = {}, {}, {}
     frozen = {}
@@ -418,6 +420,9 @@ def main():
     p.add_argument("--hidden", type=int, default=24)
     p.add_argument("--vocab", type=int, default=37)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--blocks", type=int, default=0,
+                   help="extra [W, W] trainable weights (W = --block-width) for large fixtures")
+    p.add_argument("--block-width", type=int, default=512)
     p.add_argument("--truth")
     p.add_argument("--hostile")
     args = p.parse_args()

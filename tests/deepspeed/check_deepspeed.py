@@ -10,7 +10,8 @@ partitions concatenated, padding stripped, split by param_shapes; plus the momen
   2. `ckpt import-deepspeed DS` + `ckpt export-fp32` gives the same bytes as (1);
   3. `ckpt to-universal DS` and `ckpt reshard DS --dp M` (read back through to-universal) hold
      master, exp_avg and exp_avg_sq equal to the truth bitwise, with step and hyper-parameters;
-  4. `ckpt inspect --json` and `ckpt check` agree with the fixture (check: exit 0, no checksums).
+  4. `ckpt inspect --json` and `ckpt check` agree with the fixture (check: exit 0, no checksums);
+  5. `ckpt next-update DS --grad G` equals torch.optim.AdamW on the fixture's state.
 Then the hostile variants (truncated zip, os.system / eval globals, a storage too small for its
 view, mismatched partition counts, a missing rank file) must each be refused by export-fp32,
 inspect and check with exit 1 or 2, a message naming the file, nothing executed, nothing written.
@@ -185,6 +186,50 @@ def check_fixture(ckpt, work, zero, world, dtype, optimizer="zero", quick=False)
     return root
 
 
+def write_safetensors(path, tensors):
+    header, blobs, off = {}, [], 0
+    for name, t in tensors.items():
+        b = t.float().contiguous().numpy().astype("<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def check_next_update(ckpt, work, zero, world, dtype):
+    """`ckpt next-update DS --grad` against torch.optim.AdamW on the fixture's own state
+    (tests/verify/torch_adamw_check.py: every path within 1e-6 of torch and of fp64)."""
+    root, truth = make(work, zero, world, dtype)
+    what = os.path.basename(root)
+    state = root + ".state"
+    shutil.rmtree(state, ignore_errors=True)
+    shutil.rmtree(root + ".next", ignore_errors=True)
+    os.makedirs(state)
+    names = list(truth["exp_avg"])
+    g = torch.Generator().manual_seed(11)
+    grads = {n: torch.randn(truth["exp_avg"][n].shape, generator=g) * 1e-2 for n in names}
+    write_safetensors(os.path.join(state, "w.safetensors"), {n: truth["weights"][n] for n in names})
+    write_safetensors(os.path.join(state, "m.safetensors"), {n: truth["exp_avg"][n] for n in names})
+    write_safetensors(os.path.join(state, "v.safetensors"), {n: truth["exp_avg_sq"][n] for n in names})
+    write_safetensors(os.path.join(state, "g.safetensors"), grads)
+    r = json.loads(run([ckpt, "next-update", root, "--grad", os.path.join(state, "g.safetensors"),
+                        "--out", root + ".next", "--device", "cpu", "--json"]).stdout)
+    hyper = r.get("hyper", {})
+    if hyper.get("step") != truth["step"]:
+        fail(f"{what} next-update: step {hyper.get('step')} != {truth['step']} ({r})")
+    p = run(["/usr/bin/python3", os.path.join(HERE, "..", "verify", "torch_adamw_check.py"), state,
+             root + ".next", str(truth["lr"]), str(truth["betas"][0]), str(truth["betas"][1]),
+             str(truth["eps"]), str(truth["weight_decay"]), str(truth["step"])], expect=None)
+    if p.returncode != 0:
+        fail(f"{what} next-update differs from torch AdamW:\n{p.stdout}{p.stderr}")
+    shutil.rmtree(state)
+    shutil.rmtree(root + ".next")
+    print(f"ok {what}: next-update --grad matches torch.optim.AdamW ({p.stdout.strip()[:120]})")
+
+
 def check_hostile(ckpt, work, kind, zero=2, world=2, dtype="bf16"):
     root, _ = make(work, zero, world, dtype, hostile=kind)
     for suffix in (".out", ".imp"):
@@ -219,6 +264,8 @@ def main():
             for dtype in ("fp32", "bf16"):
                 check_fixture(a.ckpt, a.work, zero, world, dtype, quick=a.quick)
     check_fixture(a.ckpt, a.work, 1, 2, "bf16", optimizer="bf16", quick=a.quick)
+    check_next_update(a.ckpt, a.work, 2, 2, "bf16")
+    check_next_update(a.ckpt, a.work, 3, 3, "fp32")
     for kind in ("truncate", "os_system", "eval", "short_storage", "partitions", "missing_rank"):
         check_hostile(a.ckpt, a.work, kind)
     print("check_deepspeed: all ok")

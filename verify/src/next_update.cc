@@ -12,11 +12,13 @@
 #include <optional>
 #include <sstream>
 
+#include "ckpt/deepspeed.h"
 #include "ckpt/hash.h"
 #include "ckpt/manifest.h"
 #include "ckpt/reader.h"
 #include "ckpt/root.h"
 #include "convert/output_dir.h"
+#include "convert/reshard.h"
 #include "convert/safetensors.h"
 #include "next_update_internal.h"
 #include "verify/trainlog.h"
@@ -51,6 +53,11 @@ Result<AdamWHyper> ResolveHyper(const CheckpointReader& reader, std::string* sou
                            "AdamW only");
     }
   }
+  // A DeepSpeed source whose optimizer groups differ records them all (docs/deepspeed.md); one
+  // replay with one set of hyper-parameters would be wrong for some parameters.
+  if (opt.is_object() && opt.contains("param_groups"))
+    return Unimplemented("optimizer groups with different hyper-parameters: next-update replays "
+                         "one AdamW setting");
   bool have_lr = false;
   h.lr = JsonNumber(opt, "lr", h.lr, &have_lr);
   if (opt.contains("betas") && opt["betas"].is_array() && opt["betas"].size() == 2) {
@@ -271,7 +278,9 @@ Status RunSingleProcess(const CheckpointReader& reader, const convert::Safetenso
 
 }  // namespace
 
-Result<NextUpdateReport> RunNextUpdate(const NextUpdateOptions& o) {
+namespace {
+
+Result<NextUpdateReport> RunNextUpdateOnCkpt(const NextUpdateOptions& o) {
   NextUpdateReport r;
   // --out: refused when it holds anything, written in a staging directory and published by
   // one rename at the end; on any failure nothing appears (convert/output_dir.h).
@@ -420,6 +429,8 @@ Result<NextUpdateReport> RunNextUpdate(const NextUpdateOptions& o) {
   return r;
 }
 
+}  // namespace
+
 namespace {
 
 nlohmann::json PathJson(const PathReport& p) {
@@ -516,6 +527,36 @@ std::string NextUpdateToText(const NextUpdateReport& r) {
        << ")\n";
   }
   return os.str();
+}
+
+// A DeepSpeed checkpoint is first staged as a ckpt checkpoint (import-deepspeed's conversion,
+// same world size and stage) in a scratch directory; the pass then reads it like any other.
+// Its next batch is unknown to ckpt, so the gradient must be given (--grad).
+Result<NextUpdateReport> RunNextUpdate(const NextUpdateOptions& o) {
+  if (o.worker_rank >= 0 || DeepSpeedTagDir(o.root, o.tag).empty()) return RunNextUpdateOnCkpt(o);
+  if (o.grad_file.empty())
+    return FailedPrecondition(o.root +
+                              " is a DeepSpeed checkpoint: its next batch is unknown to ckpt, so "
+                              "pass the gradient (--grad GRADS.safetensors)");
+  CKPT_ASSIGN_OR_RETURN(DeepSpeedReader ds, DeepSpeedReader::Open(o.root, o.tag), "");
+  CKPT_ASSIGN_OR_RETURN(TempDir scratch, TempDir::Create("ckpt-next-update-ds"),
+                        "scratch directory");
+  convert::ReshardOptions ro;
+  ro.tag = o.tag;
+  ro.dp = ds.manifest().topology.dp_world_size;
+  ro.zero_stage = ds.manifest().topology.zero_stage;
+  ro.verify_source = false;
+  const std::string staged = scratch.path() + "/ckpt";
+  CKPT_RETURN_IF_ERROR(convert::Reshard(o.root, staged, ro).status(),
+                       "staging the DeepSpeed checkpoint " + ds.dir());
+  NextUpdateOptions so = o;
+  so.root = staged;
+  so.tag = "";
+  CKPT_ASSIGN_OR_RETURN(NextUpdateReport r, RunNextUpdateOnCkpt(so), "");
+  r.tag_dir = ds.dir();
+  r.hyper_source += "; DeepSpeed " + ds.info().ds_version + " checkpoint (optimizer " +
+                    ds.info().optimizer + ") staged as a ckpt checkpoint";
+  return r;
 }
 
 }  // namespace ckpt::verify

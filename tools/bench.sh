@@ -37,6 +37,6 @@ helper() {
 helper "$BIN/raw_io" tools/bench/raw_io.cc -lpthread
 HDF5_LIBS="$(pkg-config --libs hdf5-serial 2>/dev/null || pkg-config --libs hdf5)"
 helper "$BIN/ckpt_io" tools/bench/ckpt_io.cc -Ickpt/include build-bench/lib/libckpt.a \
-  $HDF5_LIBS -lzstd -lxxhash -lpthread
+  $HDF5_LIBS -lzstd -lxxhash -lzip -lpthread
 
 exec /usr/bin/python3 tools/bench/bench.py "$@"

@@ -538,6 +538,9 @@ Result<DeepSpeedReader> DeepSpeedReader::Open(const std::string& path, const std
     if (!gs || !gs->is_dict()) return DataLoss(m0.path() + ": param_shapes entry is not a dict");
     int64_t off = 0;  // ZeRO-1/2: offset in group g's flat buffer
     const int64_t part = stage < 3 ? I.groups[0][g].length : 0;
+    if (stage < 3 && part <= 0 && !gs->entries.empty())
+      return DataLoss(I.optim[0].path() + ": optimizer group " + std::to_string(g) +
+                      " has an empty partition but param_shapes lists parameters for it");
     for (const auto& [k, v] : gs->entries) {
       if (!k || !k->is_str()) return DataLoss(m0.path() + ": param_shapes key is not a name");
       ParamEntry p;

@@ -131,9 +131,10 @@ bool TorchTensorRef::contiguous() const {
 
 const PyValue* PyValue::Get(std::string_view key) const {
   if (kind != Kind::kDict && kind != Kind::kObject) return nullptr;
+  const PyValue* found = nullptr;  // the last value set for the key, as in Python
   for (const auto& [k, v] : entries)
-    if (k && k->kind == Kind::kStr && k->s == key) return v;
-  return nullptr;
+    if (k && k->kind == Kind::kStr && k->s == key) found = v;
+  return found;
 }
 
 std::optional<int64_t> PyValue::AsInt() const {
@@ -192,6 +193,14 @@ class PickleParser {
     doc_.arena_.push_back(std::make_unique<PyValue>());
     doc_.arena_.back()->kind = k;
     return doc_.arena_.back().get();
+  }
+
+  // Container copies (constructors over an existing sequence, BUILD states) can repeat one
+  // large memoized value many times; they draw on a budget of max_values × 4 slots.
+  Status Charge(size_t n) {
+    copied_ += n;
+    if (copied_ > limits_.max_values * 4) return Bad("containers copied beyond the limit");
+    return Status::Ok();
   }
 
   Status Push(Result<PyValue*> v) {
@@ -315,6 +324,7 @@ class PickleParser {
     if (g == "collections.OrderedDict" || g == "builtins.dict" || g == "__builtin__.dict") {
       CKPT_ASSIGN_OR_RETURN(PyValue * d, New(Kind::kDict), "");
       if (!args.empty() && args[0] && args[0]->is_sequence()) {
+        CKPT_RETURN_IF_ERROR(Charge(args[0]->items.size()), "");
         for (PyValue* pair : args[0]->items) {
           if (!pair || !pair->is_sequence() || pair->items.size() != 2)
             return Bad(g + " with an item that is not a pair");
@@ -331,8 +341,10 @@ class PickleParser {
                                                            : Kind::kTuple;
       CKPT_ASSIGN_OR_RETURN(PyValue * c, New(k), "");
       if (!args.empty() && args[0] &&
-          (args[0]->is_sequence() || args[0]->kind == Kind::kSet))
+          (args[0]->is_sequence() || args[0]->kind == Kind::kSet)) {
+        CKPT_RETURN_IF_ERROR(Charge(args[0]->items.size()), "");
         c->items = args[0]->items;
+      }
       return c;
     }
     if (g == "_codecs.encode" || g == "builtins.bytes" || g == "__builtin__.bytes" ||
@@ -480,24 +492,15 @@ class PickleParser {
     if (kv.size() % 2) return Bad("SETITEMS with an odd number of values");
     if (!target || (target->kind != Kind::kDict && target->kind != Kind::kObject))
       return Bad("SETITEM on a value that is not a dict");
-    for (size_t k = 0; k < kv.size(); k += 2) {
-      // A later value for an equal str/int key replaces the earlier one.
-      bool replaced = false;
-      for (auto& [ek, ev] : target->entries) {
-        if (ek && kv[k] && ek->kind == kv[k]->kind &&
-            ((ek->kind == Kind::kStr && ek->s == kv[k]->s) ||
-             (ek->kind == Kind::kInt && ek->i == kv[k]->i))) {
-          ev = kv[k + 1];
-          replaced = true;
-          break;
-        }
-      }
-      if (!replaced) target->entries.emplace_back(kv[k], kv[k + 1]);
-    }
+    // Appended in order; a repeated key is resolved by readers (PyValue::Get takes the last
+    // value, as Python's dict would hold), which keeps SETITEMS linear.
+    CKPT_RETURN_IF_ERROR(Charge(kv.size() / 2), "");
+    for (size_t k = 0; k < kv.size(); k += 2) target->entries.emplace_back(kv[k], kv[k + 1]);
     return Status::Ok();
   }
 
   Status Append(PyValue* target, const std::vector<PyValue*>& items) {
+    CKPT_RETURN_IF_ERROR(Charge(items.size()), "");
     if (!target || (target->kind != Kind::kList && target->kind != Kind::kSet &&
                     target->kind != Kind::kObject))
       return Bad("APPEND to a value that is not a list");
@@ -510,6 +513,8 @@ class PickleParser {
     if (target->kind != Kind::kObject) return Status::Ok();  // e.g. tensor attributes: ignored
     // state, or (state, slotstate)
     if (state && state->kind == Kind::kTuple && state->items.size() == 2) {
+      for (const PyValue* part : state->items)
+        if (part && part->is_dict()) CKPT_RETURN_IF_ERROR(Charge(part->entries.size()), "");
       if (state->items[0] && state->items[0]->is_dict())
         target->entries = state->items[0]->entries;
       if (state->items[1] && state->items[1]->is_dict())
@@ -517,8 +522,10 @@ class PickleParser {
                                state->items[1]->entries.end());
       return Status::Ok();
     }
-    if (state && state->is_dict())
+    if (state && state->is_dict()) {
+      CKPT_RETURN_IF_ERROR(Charge(state->entries.size()), "");
       target->entries = state->entries;
+    }
     else
       target->state = state;
     return Status::Ok();
@@ -835,6 +842,7 @@ class PickleParser {
   std::vector<PyValue*> stack_;
   std::vector<size_t> marks_;
   std::unordered_map<uint64_t, PyValue*> memo_;
+  size_t copied_ = 0;
   PickleDoc doc_;
 };
 

@@ -143,7 +143,7 @@ def main():
     ap.add_argument("--engine-model", default="tiny", help="engine_min preset for the zstd study")
     ap.add_argument("--engine-steps", type=int, default=200, help="training steps for the zstd study")
     ap.add_argument("--skip", default="", help="comma list of phases to skip: torch,scaling,zstd,"
-                    "variants,reshard,export,nextupdate")
+                    "variants,reshard,export,deepspeed,nextupdate")
     ap.add_argument("--bin", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     root_dir = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -306,6 +306,44 @@ def main():
         log("export: %.2fs, floor %.2fs, %.2fx; peak RSS %.0f MiB" %
             (s["median"], floor_t, floor_t / s["median"], max(rsss) / 1024))
         shutil.rmtree(out, ignore_errors=True)
+
+    # --- export-fp32 of a DeepSpeed ZeRO-2 checkpoint (docs/deepspeed.md) --------------------
+    # A bf16 ZeRO-2 checkpoint of about --size on disk (14 bytes a parameter: fp32 master and
+    # moments in the optimizer files, bf16 weights in the model file), written by the test
+    # generator; the floor is reading what export reads plus writing what it writes at the raw
+    # rates, and the peak RSS is compared with the documented bound.
+    if "deepspeed" not in skip:
+        width = 512
+        blocks = max(1, a.size // (14 * width * width))
+        ds_root = os.path.join(work, "deepspeed")
+        gen = os.path.join(root_dir, "tests", "deepspeed", "make_ds_checkpoint.py")
+        R.run(["/usr/bin/python3", gen, ds_root, "--zero", "2", "--world", str(min(a.ranks, 3)),
+               "--dtype", "bf16", "--blocks", str(blocks), "--block-width", str(width)])
+        ds_bytes = sum(os.path.getsize(os.path.join(dp, f))
+                       for dp, _, fs in os.walk(ds_root) for f in fs)
+        secs, rsss = [], []
+        out = os.path.join(work, "ds_export")
+        for _ in range(a.reps):
+            shutil.rmtree(out, ignore_errors=True)
+            drop_caches()
+            o, _, t, rss, _ = R.run([ckpt, "export-fp32", ds_root, out, "--json"])
+            secs.append(t)
+            rsss.append(rss)
+        ej = json.loads(o)
+        written = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
+        floor_t = ej["bytes_read"] / GiB / raw_r_gibs + written / GiB / raw_w_gibs
+        s = stats(secs)
+        ph["deepspeed_export_fp32"] = {
+            "checkpoint_bytes": ds_bytes, "bytes_read": ej["bytes_read"], "bytes_written": written,
+            "seconds": s, "floor_seconds": floor_t, "ratio": floor_t / s["median"],
+            "gib_per_s_read_plus_written": (ej["bytes_read"] + written) / GiB / s["median"],
+            "maxrss_kib": max(rsss), "maxrss_kib_all": rsss,
+            "largest_tensor_bytes": ej["largest_tensor_bytes"],
+            "rss_bound_kib": (2 * ej["largest_tensor_bytes"] + 64 * MiB) / 1024}
+        log("deepspeed export: %.2fs, floor %.2fs, %.2fx; peak RSS %.0f MiB" %
+            (s["median"], floor_t, floor_t / s["median"], max(rsss) / 1024))
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(ds_root, ignore_errors=True)
 
     # --- reshard N -> N/2 ----------------------------------------------------------------
     if "reshard" not in skip and a.ranks >= 2:
@@ -545,6 +583,12 @@ def print_table(res):
         e = ph["export_fp32"]
         row("export_fp32 (read+write)", e["bytes_read"] + e["bytes_written"], e["seconds"],
             e["gib_per_s_read_plus_written"], e["ratio"], e["maxrss_kib"])
+    if "deepspeed_export_fp32" in ph:
+        e = ph["deepspeed_export_fp32"]
+        row("deepspeed ZeRO-2 export (r+w)", e["bytes_read"] + e["bytes_written"], e["seconds"],
+            e["gib_per_s_read_plus_written"], e["ratio"], e["maxrss_kib"])
+        print("  DeepSpeed checkpoint %.2f GiB on disk; peak RSS bound %.0f MiB" %
+              (e["checkpoint_bytes"] / GiB, e["rss_bound_kib"] / 1024))
     if "reshard" in ph:
         r = ph["reshard"]
         row("reshard %d->%d" % (r["from"], r["to"]), sum(x["bytes_read"] for x in r["ranks"]),

@@ -68,7 +68,8 @@ json FileRecordToJson(const FileRecord& f) {
 json ManifestToJson(const Manifest& m) {
   json j;
   j["format"] = m.format;
-  j["format_version"] = std::to_string(m.version_major) + "." + std::to_string(m.version_minor);
+  // Always this writer's version: the seal below follows its rule, whatever was read.
+  j["format_version"] = std::to_string(kFormatMajor) + "." + std::to_string(kFormatMinor);
   j["writer"] = m.writer;
   j["kind"] = m.kind;
   j["tag"] = m.tag;
@@ -109,11 +110,59 @@ json ManifestToJson(const Manifest& m) {
   j["files"] = files;
   j["client_state"] = m.client_state;
   j["engine_config"] = m.engine_config;
-  // Self-checksum: XXH3 of the compact dump of every other field (keys sorted), so an edit or
-  // a bit flip that still parses is caught.
+  // Self-checksum (format 1.1): XXH3 of the text with this value's 16 characters read as '0',
+  // so an edit or a bit flip that still parses is caught.
+  j["manifest_xxh3"] = std::string(kDigestPlaceholder);
   const std::string text = j.dump();
   j["manifest_xxh3"] = DigestHex(Xxh3(text.data(), text.size()));
   return j;
+}
+
+std::string SerializeManifest(const Manifest& m, int indent) {
+  json j = ManifestToJson(m);
+  j["manifest_xxh3"] = std::string(kDigestPlaceholder);
+  std::string text = j.dump(indent) + "\n";
+  const size_t at = FindManifestDigest(text);
+  const std::string digest = DigestHex(Xxh3(text.data(), text.size()));
+  text.replace(at, digest.size(), digest);
+  return text;
+}
+
+size_t FindManifestDigest(std::string_view text) {
+  // A small scan of the JSON structure: strings (with escapes) and nesting depth, so only a
+  // key of the top-level object counts.
+  int depth = 0;
+  bool expect_key = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '{') {
+      ++depth;
+      expect_key = depth == 1;
+    } else if (c == '}' || c == ']') {
+      --depth;
+    } else if (c == '[') {
+      ++depth;
+    } else if (c == ',') {
+      expect_key = depth == 1;
+    } else if (c == '"') {
+      const size_t begin = i + 1;
+      for (++i; i < text.size() && text[i] != '"'; ++i) {
+        if (text[i] == '\\') ++i;
+      }
+      if (i >= text.size()) return std::string_view::npos;
+      const bool is_key = expect_key;
+      expect_key = false;
+      if (!is_key || text.substr(begin, i - begin) != "manifest_xxh3") continue;
+      size_t v = i + 1;
+      while (v < text.size() && (text[v] == ' ' || text[v] == '\n' || text[v] == '\t' ||
+                                 text[v] == '\r' || text[v] == ':'))
+        ++v;
+      if (v + 18 > text.size() || text[v] != '"' || text[v + 17] != '"')
+        return std::string_view::npos;
+      return v + 1;
+    }
+  }
+  return std::string_view::npos;
 }
 
 namespace {
@@ -229,8 +278,9 @@ Result<Manifest> ManifestFromJson(const json& j, std::string_view source) {
     }
     m.version_major = major;
     m.version_minor = minor;
-    // The self-checksum (see ManifestToJson) is checked once the version is known to be ours.
-    if (j.contains("manifest_xxh3")) {
+    // The 1.0 self-checksum (the compact dump without the field) is checked once the version
+    // is known to be ours; 1.1's is over the file's bytes (ParseManifest).
+    if (j.contains("manifest_xxh3") && major == 1 && minor == 0) {
       json rest = j;
       rest.erase("manifest_xxh3");
       const std::string text = rest.dump();
@@ -321,7 +371,24 @@ Result<FileRecord> FileRecordFromJson(const json& j, std::string_view source) {
 Result<Manifest> ParseManifest(std::string_view text, std::string_view source) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return DataLoss(std::string(source) + ": not valid JSON");
-  return ManifestFromJson(j, source);
+  CKPT_ASSIGN_OR_RETURN(Manifest m, ManifestFromJson(j, source), "");
+  // Format 1.1 and later minors: the checksum over the bytes (after the version check above).
+  if (j.contains("manifest_xxh3") && !(m.version_major == 1 && m.version_minor == 0)) {
+    const size_t at = FindManifestDigest(text);
+    if (at == std::string_view::npos) {
+      return DataLoss(std::string(source) +
+                      ": manifest_xxh3 is not a 16-character string member of the top object");
+    }
+    std::string sealed(text);
+    const std::string want = sealed.substr(at, kDigestPlaceholder.size());
+    sealed.replace(at, kDigestPlaceholder.size(), kDigestPlaceholder);
+    const std::string got = DigestHex(Xxh3(sealed.data(), sealed.size()));
+    if (want != got) {
+      return DataLoss(std::string(source) + ": manifest checksum mismatch (recorded " + want +
+                      ", content " + got + "): the manifest was edited or corrupted");
+    }
+  }
+  return m;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -481,10 +548,6 @@ Status ValidateManifest(const Manifest& m) {
 
 // ---------------------------------------------------------------------------------------------
 // Partitioning
-
-int RequiredMinorVersion(const Manifest& m) {
-  return m.kind == "sharded" && m.partition.scheme == "param_owner" ? 1 : kFormatMinor;
-}
 
 Result<Partition> BuildOwnerPartition(std::vector<ParamEntry>& params, int world,
                                       const std::vector<int>& owners, int64_t alignment) {

@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "ckpt/hash.h"
+#include "ckpt/progress.h"
 #include "ckpt/root.h"
 #include "rank_file.h"
 
@@ -219,7 +220,24 @@ Result<std::vector<float>> CheckpointReader::ReadParamFull(std::string_view para
 // ---------------------------------------------------------------------------------------------
 
 
-Result<std::vector<Problem>> CheckCheckpoint(const std::string& tag_dir, bool deep, Env* env) {
+namespace {
+
+// A problem names its file and dataset in fields of their own; its text does not repeat them
+// ("rank_00001.h5 /exp_avg: checksum mismatch", not "... /exp_avg: rank_00001.h5: dataset
+// /exp_avg: checksum mismatch").
+std::string ProblemText(std::string what, const std::string& file, const std::string& dataset) {
+  std::vector<std::string> prefixes = {file + ": "};
+  if (!dataset.empty()) prefixes.insert(prefixes.end(), {"dataset /" + dataset + ": ", dataset + ": "});
+  for (const std::string& prefix : prefixes) {
+    if (what.rfind(prefix, 0) == 0) what.erase(0, prefix.size());
+  }
+  return what;
+}
+
+}  // namespace
+
+Result<std::vector<Problem>> CheckCheckpoint(const std::string& tag_dir, bool deep, Env* env,
+                                             bool progress) {
   if (!env) env = Env::Default();
   std::vector<Problem> problems;
   OpenOptions opts;
@@ -231,6 +249,12 @@ Result<std::vector<Problem>> CheckCheckpoint(const std::string& tag_dir, bool de
     return problems;
   }
   const Manifest& m = reader->manifest();
+  uint64_t total = 0;
+  for (const auto& f : m.files) {
+    total += f.bytes;
+    for (const auto& d : f.datasets) total += d.bytes;
+  }
+  Progress bar("check --deep", total, progress && deep);
   for (const auto& f : m.files) {
     const std::string path = reader->dir() + "/" + f.path;
     if (!env->Exists(path)) {
@@ -254,18 +278,23 @@ Result<std::vector<Problem>> CheckCheckpoint(const std::string& tag_dir, bool de
         problems.push_back({f.path, "", "file checksum mismatch (manifest " + f.xxh3 + ", file " +
                                             *h + ")"});
       }
+      bar.Add(f.bytes);
     }
     auto rf = internal::RankFile::Open(path, f.path, env);
     if (!rf.ok()) {
-      problems.push_back({f.path, "", rf.status().message()});
+      problems.push_back({f.path, "", ProblemText(rf.status().message(), f.path, "")});
       continue;
     }
     for (const auto& d : f.datasets) {
       Status s = (*rf)->CheckShape(d);
-      if (s.ok() && deep) s = reader->VerifyDataset(f.rank, d.name);
-      if (!s.ok()) problems.push_back({f.path, d.name, s.message()});
+      if (s.ok() && deep) {
+        s = reader->VerifyDataset(f.rank, d.name);
+        bar.Add(d.bytes);
+      }
+      if (!s.ok()) problems.push_back({f.path, d.name, ProblemText(s.message(), f.path, d.name)});
     }
   }
+  bar.Finish();
   return problems;
 }
 

@@ -1,6 +1,7 @@
 #include "ckpt/root.h"
 
 #include <algorithm>
+#include <optional>
 #include <random>
 
 #include "ckpt/manifest.h"
@@ -151,7 +152,8 @@ RootLock::RootLock(RootLock&&) noexcept = default;
 RootLock& RootLock::operator=(RootLock&&) noexcept = default;
 RootLock::~RootLock() = default;
 
-Result<std::vector<std::string>> ApplyRetention(const std::string& root, int keep_last, Env* env) {
+Result<std::vector<std::string>> ApplyRetention(const std::string& root, int keep_last, Env* env,
+                                                bool dry_run) {
   if (!env) env = Env::Default();
   std::vector<std::string> removed;
   if (keep_last <= 0) return removed;
@@ -161,6 +163,10 @@ Result<std::vector<std::string>> ApplyRetention(const std::string& root, int kee
   for (int i = 0; i < n - keep_last; ++i) {
     const TagInfo& t = listing.tags[static_cast<size_t>(i)];
     if (t.latest) continue;
+    if (dry_run) {
+      removed.push_back(t.tag);
+      continue;
+    }
     // Rename first so a crash mid-delete leaves a temporary directory, never a broken tag.
     const std::string doomed =
         root + "/" + std::string(kTempPrefix) + "deleting-" + t.tag + "-" + std::to_string(rd());
@@ -172,10 +178,14 @@ Result<std::vector<std::string>> ApplyRetention(const std::string& root, int kee
   return removed;
 }
 
-Result<GcReport> CollectGarbage(const std::string& root, int keep_last, Env* env) {
+Result<GcReport> CollectGarbage(const std::string& root, int keep_last, Env* env, bool dry_run) {
   if (!env) env = Env::Default();
   if (!env->Exists(root)) return NotFound(root + ": no such directory");
-  CKPT_ASSIGN_OR_RETURN(RootLock lock, RootLock::TryAcquire(root, env), "gc " + root);
+  std::optional<RootLock> lock;
+  if (!dry_run) {
+    CKPT_ASSIGN_OR_RETURN(RootLock held, RootLock::TryAcquire(root, env), "gc " + root);
+    lock.emplace(std::move(held));
+  }
   GcReport report;
   CKPT_ASSIGN_OR_RETURN(std::vector<DirEntry> entries, env->ListDir(root), "");
   for (const auto& e : entries) {
@@ -183,23 +193,27 @@ Result<GcReport> CollectGarbage(const std::string& root, int keep_last, Env* env
     // Temporary directories of crashed saves, and temp files of an interrupted `latest` update.
     if (IsTemporary(e.name) ||
         (!e.is_dir && e.name.rfind(std::string(kLatestFile) + ".tmp-", 0) == 0)) {
-      CKPT_RETURN_IF_ERROR(e.is_dir ? env->RemoveDirRecursive(path) : env->RemoveFile(path),
-                           "gc");
+      if (!dry_run) {
+        CKPT_RETURN_IF_ERROR(e.is_dir ? env->RemoveDirRecursive(path) : env->RemoveFile(path),
+                             "gc");
+      }
       report.removed_temporary.push_back(path);
     }
   }
-  if (!report.removed_temporary.empty()) CKPT_RETURN_IF_ERROR(env->SyncDir(root), "gc");
+  if (!report.removed_temporary.empty() && !dry_run) CKPT_RETURN_IF_ERROR(env->SyncDir(root), "gc");
   // A save killed between committing its tag and writing `latest` (only possible for the
   // first save into a root): write the pointer readers already infer.
   bool inferred = false;
   auto latest = ReadLatest(root, env, &inferred);
-  if (latest.ok() && inferred) {
+  if (latest.ok() && inferred && dry_run) {
+    report.restored_latest = *latest;
+  } else if (latest.ok() && inferred) {
     CKPT_RETURN_IF_ERROR(
         WriteFileAtomic(env, root + "/" + std::string(kLatestFile), *latest + "\n"),
         "gc: restore `latest`");
     report.restored_latest = *latest;
   }
-  CKPT_ASSIGN_OR_RETURN(report.removed_tags, ApplyRetention(root, keep_last, env), "gc");
+  CKPT_ASSIGN_OR_RETURN(report.removed_tags, ApplyRetention(root, keep_last, env, dry_run), "gc");
   return report;
 }
 

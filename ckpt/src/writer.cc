@@ -103,6 +103,13 @@ DatasetSpec DatasetSpec::Json(std::string name, std::string_view json_text) {
 
 namespace {
 
+// The ranks' messages as text. Paths are bytes and need not be UTF-8: messages carry the
+// staging directory by its name inside ROOT (which every rank knows), and an error text with
+// such bytes gets U+FFFD instead of making dump() throw.
+std::string WireText(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
 json StatusToJson(const Status& s) {
   return {{"code", static_cast<int>(s.code())}, {"message", s.message()}};
 }
@@ -179,10 +186,10 @@ Status Commit(const std::string& root, const std::string& tmp_dir, Manifest meta
   meta.created_utc = UtcNow(&meta.created_unix);
   meta.format = std::string(kFormatName);
   meta.version_major = kFormatMajor;
-  meta.version_minor = RequiredMinorVersion(meta);
+  meta.version_minor = kFormatMinor;
   meta.writer = std::string(kWriterVersion);
   CKPT_RETURN_IF_ERROR(ValidateManifest(meta), "manifest");
-  const std::string text = ManifestToJson(meta).dump(1) + "\n";
+  const std::string text = SerializeManifest(meta, 1);
   CKPT_RETURN_IF_ERROR(WriteFileAtomic(env, tmp_dir + "/" + std::string(kManifestFile), text),
                        "write manifest");
   const std::string target = root + "/" + meta.tag;
@@ -224,16 +231,17 @@ Status SaveCheckpoint(const std::string& root, const Manifest& meta, const RankC
       CKPT_ASSIGN_OR_RETURN(RootLock l, RootLock::TryAcquire(root, env));
       lock.emplace(std::move(l));
       CKPT_ASSIGN_OR_RETURN(Prepared p, Prepare(root, meta, env), "");
-      prepare_msg = json{{"status", StatusToJson(Status::Ok())}, {"tmp", p.tmp_dir}}.dump();
+      const std::string tmp_name = std::filesystem::path(p.tmp_dir).filename().string();
+      prepare_msg = WireText(json{{"status", StatusToJson(Status::Ok())}, {"tmp", tmp_name}});
       return Status::Ok();
     }();
-    if (!s.ok()) prepare_msg = json{{"status", StatusToJson(s)}, {"tmp", ""}}.dump();
+    if (!s.ok()) prepare_msg = WireText(json{{"status", StatusToJson(s)}, {"tmp", ""}});
   }
   CKPT_ASSIGN_OR_RETURN(std::string prepared, comm.Broadcast(prepare_msg), what);
   json pj = json::parse(prepared, nullptr, false);
   if (pj.is_discarded()) return Internal(what + ": malformed broadcast");
   CKPT_RETURN_IF_ERROR(StatusFromJson(pj["status"]), what);
-  const std::string tmp_dir = pj["tmp"].get<std::string>();
+  const std::string tmp_dir = root + "/" + pj["tmp"].get<std::string>();
 
   // Steps 2-4.
   auto mine_rec = WriteMyFile(tmp_dir, meta, mine, rank, world, env, options);
@@ -243,7 +251,7 @@ Status SaveCheckpoint(const std::string& root, const Manifest& meta, const RankC
   } else {
     report = {{"status", StatusToJson(mine_rec.status().WithContext("rank " + std::to_string(rank)))}};
   }
-  CKPT_ASSIGN_OR_RETURN(std::vector<std::string> reports, comm.Gather(report.dump()), what);
+  CKPT_ASSIGN_OR_RETURN(std::vector<std::string> reports, comm.Gather(WireText(report)), what);
 
   // Steps 5-8.
   std::string outcome;
@@ -260,7 +268,7 @@ Status SaveCheckpoint(const std::string& root, const Manifest& meta, const RankC
       return Commit(root, tmp_dir, meta, std::move(files), env, options);
     }();
     if (!s.ok() && env->Exists(tmp_dir)) env->RemoveDirRecursive(tmp_dir).IgnoreError();
-    outcome = StatusToJson(s).dump();
+    outcome = WireText(StatusToJson(s));
     lock.reset();
   }
   CKPT_ASSIGN_OR_RETURN(std::string final_status, comm.Broadcast(outcome), what);

@@ -34,9 +34,10 @@ bool IsFloat(DType t) {
 }
 
 struct PlannedTensor {
-  const ParamEntry* param;
+  const ParamEntry* param;  // the values: the parameter itself, or a tied alias's owner
   DType out_dtype;
   uint64_t bytes;
+  std::string name;  // the tensor's name (the alias's for a copied alias)
 };
 
 struct PlannedFile {
@@ -134,7 +135,9 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
 
   // 1. Plan.
   std::vector<PlannedTensor> tensors;
+  report.tied_copied = opts.tied == TiedExport::kCopy;
   for (const auto& p : m.params) {
+    const ParamEntry* values = &p;
     if (!p.tied_to.empty()) {
       const ParamEntry* owner = m.FindParam(p.tied_to);
       if (owner && owner->frozen && opts.exclude_frozen) {
@@ -142,15 +145,18 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
         continue;
       }
       report.tied[p.name] = p.tied_to;
-      continue;
+      if (opts.tied == TiedExport::kMetadata) continue;
+      if (owner == nullptr) return DataLoss(p.name + ": tied to unknown parameter " + p.tied_to);
+      values = owner;
     }
     if (p.frozen && opts.exclude_frozen) {
       report.excluded.push_back(p.name);
       continue;
     }
-    const DType out_dtype = IsFloat(p.dtype) || !p.frozen ? opts.dtype : p.dtype;
-    const uint64_t bytes = static_cast<uint64_t>(p.numel) * DTypeSize(out_dtype);
-    tensors.push_back({&p, out_dtype, bytes});
+    const DType out_dtype =
+        IsFloat(values->dtype) || !values->frozen ? opts.dtype : values->dtype;
+    const uint64_t bytes = static_cast<uint64_t>(values->numel) * DTypeSize(out_dtype);
+    tensors.push_back({values, out_dtype, bytes, p.name});
     report.total_size += bytes;
     report.largest_tensor_bytes =
         std::max<uint64_t>(report.largest_tensor_bytes, static_cast<uint64_t>(p.numel) * 4);
@@ -188,14 +194,14 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
   for (const auto& file : files) {
     std::vector<SafetensorsTensorSpec> specs;
     for (const auto& t : file.tensors)
-      specs.push_back({t.param->name, t.out_dtype, t.param->shape});
+      specs.push_back({t.name, t.out_dtype, t.param->shape});
     const std::string path = staged.staging() + "/" + file.name;
     CKPT_ASSIGN_OR_RETURN(auto writer, SafetensorsWriter::Create(path, specs, metadata, env), "");
     ExportedFile done;
     done.name = file.name;
     for (const auto& t : file.tensors) {
       const ParamEntry& p = *t.param;
-      const std::string where = "parameter '" + p.name + "'";
+      const std::string where = "parameter '" + t.name + "'";
       if (p.frozen) {
         CKPT_ASSIGN_OR_RETURN(auto raw, src->ReadFrozenBytes(p), where);
         if (raw.size() != static_cast<uint64_t>(p.numel) * DTypeSize(p.dtype))
@@ -218,7 +224,7 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
           progress.Add(static_cast<uint64_t>(e - b) * DTypeSize(t.out_dtype));
         }
       }
-      done.tensors.push_back(p.name);
+      done.tensors.push_back(t.name);
     }
     CKPT_RETURN_IF_ERROR(writer.Finish(), "");
     done.bytes = writer.file_size();
@@ -376,9 +382,11 @@ Result<ExportCheck> CheckExport(const std::string& path, const CheckExportOption
     }
     if (!h->checksummed) c.checksummed = false;
     ExportIdentity id{name, IdentityOf(*h)};
-    if (!opts.expected_tag.empty() && id.values["ckpt_tag"] != opts.expected_tag)
+    if (!opts.expected_tag.empty() && id.values["ckpt_tag"] != opts.expected_tag) {
       c.problems.push_back({name, "", "export of tag '" + id.values["ckpt_tag"] +
                                           "', expected '" + opts.expected_tag + "'"});
+      ++c.tag_mismatches;
+    }
     if (!first) {
       first = id;
     } else {

@@ -171,6 +171,23 @@ Result<ReshardReport> Reshard(const std::string& src_path, const std::string& ou
     if (ec.contains("dp_world_size")) ec["dp_world_size"] = opts.dp;
     if (ec.contains("zero")) ec["zero"] = report.zero_stage;
     if (ec.contains("zero_stage")) ec["zero_stage"] = report.zero_stage;
+    // engine_min keeps the global batch on resume and splits it evenly over the ranks: a world
+    // size that does not divide it could not resume, so it is refused before anything is
+    // written (the run would otherwise fail only at its first step).
+    if (ec.contains("global_batch") && ec["global_batch"].is_number_integer()) {
+      const int64_t gb = ec["global_batch"].get<int64_t>();
+      if (gb > 0 && gb % opts.dp != 0) {
+        std::string divisors;
+        for (int64_t d = 1; d <= gb; ++d) {
+          if (gb % d == 0) divisors += (divisors.empty() ? "" : ", ") + std::to_string(d);
+        }
+        return InvalidArgument("--dp " + std::to_string(opts.dp) + ": the checkpoint's global batch " +
+                               std::to_string(gb) + " (engine_config) is not divisible by " +
+                               std::to_string(opts.dp) +
+                               " data-parallel ranks, so engine_min could not resume it; --dp "
+                               "must divide it (" + divisors + ")");
+      }
+    }
     // Keep the global batch: grad_accum = global_batch / (micro_batch × dp) when it divides.
     if (ec.contains("global_batch") && ec.contains("micro_batch") && ec.contains("grad_accum") &&
         ec["global_batch"].is_number_integer() && ec["micro_batch"].is_number_integer()) {

@@ -352,7 +352,9 @@ Result<std::string> BuildSafetensorsHeader(const std::vector<SafetensorsTensorSp
                  {"data_offsets", {offset, offset + *len}}};
     offset += *len;
   }
-  std::string text = j.dump();
+  // The header must be UTF-8 for every safetensors reader: a metadata value made of bytes
+  // that are not (a path) gets U+FFFD for each invalid byte instead of failing the write.
+  std::string text = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   // Pad with spaces so the data section starts at an 8-byte aligned file offset.
   text.append((8 - text.size() % 8) % 8, ' ');
   if (text.size() > kMaxHeaderBytes)

@@ -484,7 +484,7 @@ Result<ToUniversalReport> ConvertToUniversal(const std::string& src_path, const 
   CKPT_RETURN_IF_ERROR(ValidateManifest(m), "universal manifest");
   report.file_bytes = m.files[0].bytes;
   CKPT_RETURN_IF_ERROR(WriteFileAtomic(env, staged.staging() + "/" + std::string(kManifestFile),
-                                       ManifestToJson(m).dump(2) + "\n"),
+                                       SerializeManifest(m, 2)),
                        "write manifest");
   CKPT_RETURN_IF_ERROR(staged.Commit(), "");
   return report;

@@ -58,7 +58,7 @@ uint64_t ManifestBytes(const CheckpointConfig& c, const std::vector<ParamEntry>&
     }
     m.files.push_back(std::move(f));
   }
-  return ManifestToJson(m).dump(1).size() + 1;
+  return SerializeManifest(m, 1).size();
 }
 
 }  // namespace

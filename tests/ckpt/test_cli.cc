@@ -60,7 +60,7 @@ TEST_CASE("synth, ls, inspect, check, diff and gc through the CLI", "[io]") {
 
   auto in = Json(Ckpt("inspect " + root + " --json"));
   CHECK(in["tag"] == "global_step200");
-  CHECK(in["format_version"] == "1.0");
+  CHECK(in["format_version"] == "1.1");
   CHECK(in["global_step"] == 200);
   CHECK(in["dp_world_size"] == 3);
   CHECK(in["zero_stage"] == 3);
@@ -143,4 +143,133 @@ TEST_CASE("a manifest from a newer major version is refused with exit 2", "[io]"
   auto r = Ckpt("inspect " + d.str() + " --json");
   CHECK(r.rc == 2);
   CHECK_THAT(Json(r)["error"]["message"].get<std::string>(), Catch::Contains("9.0"));
+}
+
+// Issue 18, defect 7: format 1.1's manifest_xxh3 is defined over bytes any JSON writer can
+// reproduce. A manifest re-written and sealed by Python's json (its own number formatting and
+// indentation) verifies; one changed byte afterwards is caught; a 1.0 manifest (the seed-001
+// fixture, sealed under 1.0's rule) still verifies.
+TEST_CASE("a manifest sealed by Python's json verifies (format 1.1)", "[io]") {
+  ScratchDir d;
+  REQUIRE(Ckpt("synth " + d.str() + " --ranks 2 --params 2000").rc == 0);
+  const std::string tag = d.str() + "/global_step100";
+  REQUIRE(RunShell("/usr/bin/python3 " + std::string(CKPT_SOURCE_DIR) +
+                   "/tests/ckpt/seal_manifest.py " + tag + " > /dev/null") == 0);
+  const std::string text = Slurp(tag + "/manifest.json");
+  REQUIRE(text.find("1000000000000000.0") != std::string::npos);
+  auto ok = Ckpt("check " + d.str() + " --deep --json");
+  INFO(ok.out);
+  CHECK(ok.rc == 0);
+  CHECK(Json(Ckpt("inspect " + d.str() + " --json"))["format_version"] == "1.1");
+  std::string edited = text;
+  const size_t at = edited.find("1000000000000000.0");
+  edited[at] = '2';
+  Spit(tag + "/manifest.json", edited);
+  auto bad = Ckpt("check " + d.str() + " --json");
+  CHECK(bad.rc == 1);
+  CHECK(bad.out.find("manifest checksum mismatch") != std::string::npos);
+
+  const std::string seed = std::string(CKPT_SOURCE_DIR) + "/tests/data/seed001/ckpt";
+  CHECK(Slurp(seed + "/global_step5/manifest.json").find("\"format_version\": \"1.0\"") !=
+        std::string::npos);
+  CHECK(Ckpt("check " + seed + " --deep").rc == 0);
+}
+
+// Issue 18, defect 3: paths are bytes. --json prints a path that is not valid UTF-8 losslessly
+// (each invalid byte as \udcXX, Python's surrogateescape) instead of failing, and never after
+// an output was published; usage errors honour --json too.
+TEST_CASE("--json with a path that is not valid UTF-8 prints it losslessly", "[io]") {
+  ScratchDir d;
+  const std::string root = d / "run\xff\xfe";
+  REQUIRE(Ckpt("synth '" + root + "' --ranks 2 --params 2000").rc == 0);
+  for (const std::string cmd : {"ls", "inspect", "check"}) {
+    auto r = Ckpt(cmd + " '" + root + "' --json");
+    INFO(cmd << ": " << r.out);
+    CHECK(r.rc == 0);
+    CHECK(r.out.find("run\\udcff\\udcfe") != std::string::npos);
+  }
+  for (const std::string cmd : {"export-fp32", "to-universal", "reshard"}) {
+    const std::string out = d / (cmd + "-out\xff");
+    auto r = Ckpt(cmd + " '" + root + "' '" + out + "' --json" + (cmd == "reshard" ? " --dp 1" : ""));
+    INFO(cmd << ": " << r.out);
+    CHECK(r.rc == 0);
+    CHECK(fs::exists(out));
+    CHECK(r.out.find("-out\\udcff") != std::string::npos);
+  }
+  // Lossless: Python's json + os.fsencode gives back the exact bytes.
+  const std::string py =
+      "/usr/bin/python3 -c \"import json, os, sys; j = json.load(sys.stdin); "
+      "sys.exit(0 if os.fsencode(j['root']) == sys.argv[1].encode('utf-8', 'surrogateescape') "
+      "and os.fsencode(j['root']).endswith(b'run\\\\xff\\\\xfe') else 1)\" '" + root + "'";
+  CHECK(RunShell(BinDir() + "/ckpt ls '" + root + "' --json | " + py) == 0);
+}
+
+TEST_CASE("CLI rough edges: help COMMAND, did-you-mean, usage errors as JSON, defaults shown",
+          "[io]") {
+  auto help = Ckpt("help check");
+  CHECK(help.rc == 0);
+  CHECK(help.out.find("--deep") != std::string::npos);
+  auto typo = Ckpt("chek run --json");
+  CHECK(typo.rc == 2);
+  CHECK(Json(typo)["error"]["message"].get<std::string>().find("did you mean 'check'?") !=
+        std::string::npos);
+  auto usage = Ckpt("check --json");
+  CHECK(usage.rc == 2);
+  CHECK(Json(usage)["error"]["code"] == "InvalidArgument");
+  CHECK(Json(usage)["error"]["message"].get<std::string>().find("ROOT is required") !=
+        std::string::npos);
+  for (const std::string cmd : {"next-update", "verify-resume", "verify", "check", "ls", "gc",
+                                "export-fp32", "to-universal"}) {
+    auto h = Ckpt(cmd + " --help");
+    INFO(h.out);
+    CHECK(h.rc == 0);
+    CHECK(h.out.find("ROOT") != std::string::npos);
+    CHECK(h.out.find("[OPTIONS] root") == std::string::npos);
+    CHECK(h.out.find("[root]") == std::string::npos);
+  }
+  CHECK(Ckpt("export-fp32 --help").out.find("--dtype TEXT=fp32") != std::string::npos);
+}
+
+TEST_CASE("gc --keep-last --dry-run says what it would delete and deletes nothing", "[io]") {
+  ScratchDir d;
+  REQUIRE(Ckpt("synth " + d.str() + " --ranks 1 --params 1000 --tags 3").rc == 0);
+  auto dry = Json(Ckpt("gc " + d.str() + " --keep-last 1 --dry-run --json"));
+  CHECK(dry["dry_run"] == true);
+  CHECK(dry["removed_tags"] == json({"global_step100", "global_step200"}));
+  CHECK(fs::exists(d.str() + "/global_step100/manifest.json"));
+  CHECK(fs::exists(d.str() + "/global_step200/manifest.json"));
+  auto real = Json(Ckpt("gc " + d.str() + " --keep-last 1 --json"));
+  CHECK(real["removed_tags"] == json({"global_step100", "global_step200"}));
+  CHECK(!fs::exists(d.str() + "/global_step100"));
+}
+
+TEST_CASE("check --deep: progress on a TTY only; a problem names its file once", "[io]") {
+  ScratchDir d;
+  REQUIRE(Ckpt("synth " + d.str() + " --ranks 2 --params 200k").rc == 0);
+  // A pseudo-terminal (script(1)): the bar is drawn on stderr; piped or --json it is not.
+  const std::string tty = d / "tty.txt";
+  const std::string cmd = BinDir() + "/ckpt check " + d.str() + " --deep";
+  REQUIRE(RunShell("script -qec '" + cmd + "' /dev/null > " + tty + " 2>&1") == 0);
+  CHECK(Slurp(tty).find("check --deep [##############################] 100.0%") !=
+        std::string::npos);
+  REQUIRE(RunShell("script -qec '" + cmd + " --json' /dev/null > " + tty + " 2>&1") == 0);
+  CHECK(Slurp(tty).find("check --deep [") == std::string::npos);
+  CHECK(Ckpt("check " + d.str() + " --deep").out.find("check --deep [") == std::string::npos);
+
+  // Flip a byte inside rank 1's master values: the problem's text does not repeat the file.
+  const std::string rank1 = d.str() + "/global_step100/rank_00001.h5";
+  std::string bytes = Slurp(rank1);
+  bytes[bytes.size() * 3 / 4] ^= 0x20;
+  Spit(rank1, bytes);
+  auto r = Ckpt("check " + d.str() + " --deep --json");
+  CHECK(r.rc == 1);
+  auto j = Json(r);
+  REQUIRE(!j["problems"].empty());
+  bool dataset_problem = false;
+  for (const auto& p : j["problems"]) {
+    INFO(p.dump());
+    CHECK(p["what"].get<std::string>().find("rank_00001.h5") == std::string::npos);
+    if (!p["dataset"].get<std::string>().empty()) dataset_problem = true;
+  }
+  CHECK(dataset_problem);
 }

@@ -194,7 +194,6 @@ TEST_CASE("param_owner partition: whole parameters on their owners, format 1.1",
   m.partition = BuildOwnerPartition(m.params, 2, owners).value();
   CHECK(m.partition.scheme == "param_owner");
   REQUIRE(ValidateManifest(m).ok());
-  CHECK(RequiredMinorVersion(m) == 1);
   int64_t used[2] = {0, 0};
   for (size_t i = 0; i < m.params.size(); ++i) {
     const ParamEntry& p = m.params[i];
@@ -220,10 +219,6 @@ TEST_CASE("param_owner partition: whole parameters on their owners, format 1.1",
     CHECK_FALSE(BuildOwnerPartition(m.params, 2, owners).ok());
     owners.pop_back();
     CHECK_FALSE(BuildOwnerPartition(m.params, 2, owners).ok());
-  }
-  SECTION("the other schemes stay 1.0") {
-    m.partition = BuildPartition(m.params, 2, 1).value();
-    CHECK(RequiredMinorVersion(m) == 0);
   }
 }
 

@@ -7,6 +7,7 @@ docs/format.md (manifest params[].ranges -> rank file /master hyperslabs; frozen
 below, and optionally with a universal checkpoint read by h5py following docs/convert.md.
 
 usage: check_export.py TAG_DIR EXPORT_DIR [--dtype fp32|bf16|fp16] [--universal DIR]
+                       [--tied copy|metadata]
 exit 0 when everything matches, 1 with a message on the first difference.
 """
 import argparse
@@ -188,6 +189,7 @@ def main():
     ap.add_argument("--dtype", default="fp32")
     ap.add_argument("--exclude-frozen", action="store_true")
     ap.add_argument("--universal")
+    ap.add_argument("--tied", default="copy", choices=["copy", "metadata"])
     args = ap.parse_args()
 
     m, recon, states = reconstruct(args.tag_dir)
@@ -197,9 +199,15 @@ def main():
     aliases = {p["name"]: p["tied_to"] for p in m["params"] if p["tied_to"]}
     frozen = {p["name"] for p in m["params"] if p["frozen"]}
     want_names = {n for n in recon if not (args.exclude_frozen and n in frozen)}
+    want_aliases = {a: o for a, o in aliases.items() if not (args.exclude_frozen and o in frozen)}
+    if args.tied == "copy":  # each alias a tensor of its own, holding its owner's values
+        export_recon = dict(recon)
+        for a, o in want_aliases.items():
+            export_recon[a] = recon[o]
+        want_names |= set(want_aliases)
+        recon = export_recon
     if set(exported) != want_names:
         fail("exported names %s != expected %s" % (sorted(exported), sorted(want_names)))
-    want_aliases = {a: o for a, o in aliases.items() if not (args.exclude_frozen and o in frozen)}
     got_aliases = json.loads(meta.get("tied_weights", "{}"))
     if got_aliases != want_aliases:
         fail("tied_weights %s != %s" % (got_aliases, want_aliases))
@@ -224,6 +232,8 @@ def main():
             fail("universal.h5 format attribute")
         count = 0
         for name, (stored_dtype, arr) in recon.items():
+            if name in aliases:
+                continue  # the export's copy; the universal file stores the owner only
             g = f["params/" + name.replace("%", "%25").replace("/", "%2F")]
             if name in states:
                 for state in ("master", "exp_avg", "exp_avg_sq"):

@@ -88,7 +88,18 @@ TEST_CASE("export: names, shapes, tied metadata, frozen handling, no moments rea
   REQUIRE(h.ok());
   CHECK(h->metadata.at("format") == "pt");
   CHECK(h->metadata.at("tied_weights") == R"({"lm_head.weight":"embed.weight"})");
-  CHECK(h->Find("lm_head.weight") == nullptr);
+  // Default TiedExport::kCopy: the alias is a tensor of its own with the owner's values.
+  REQUIRE(h->Find("lm_head.weight") != nullptr);
+  CHECK(ReadSafetensorsTensorF32(path, *h, "lm_head.weight").value() ==
+        ReadSafetensorsTensorF32(path, *h, "embed.weight").value());
+  ExportOptions meta_only;
+  meta_only.tied = TiedExport::kMetadata;
+  auto rep2 = ExportFp32(src, dir / "out_meta", meta_only);
+  REQUIRE(rep2.ok());
+  auto h2 = ReadSafetensorsHeader(dir / "out_meta/model.safetensors");
+  REQUIRE(h2.ok());
+  CHECK(h2->Find("lm_head.weight") == nullptr);
+  CHECK(h2->metadata.at("tied_weights") == R"({"lm_head.weight":"embed.weight"})");
   auto rd = CheckpointReader::Open(src);
   REQUIRE(rd.ok());
   const Manifest& m = rd->manifest();

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -117,4 +118,52 @@ TEST_CASE("same world size through universal keeps RNG: a dropout run repeats bi
     CHECK(resumed.at(s)["weights_xxh3"] == original.at(s)["weights_xxh3"]);
     CHECK(resumed.at(s)["exp_avg_sq_xxh3"] == original.at(s)["exp_avg_sq_xxh3"]);
   }
+}
+
+// Issue 18, defect 4: the fp32 export of an engine_min checkpoint (lm_head.weight tied to
+// embed.weight, a frozen bf16 pos.weight) loads into a torch module of the engine's shapes with
+// load_state_dict(strict=True). With --tied metadata the alias is only named, and the strict
+// load misses it (the check can fail).
+TEST_CASE("export-fp32 of an engine checkpoint loads with torch strict=True", "[mpi][torch]") {
+  if (!HaveEngine()) {
+    WARN("engine_min or mpirun not available: skipped");
+    return;
+  }
+  ckpt::testing::ScratchDir dir("strict");
+  const std::string run = dir / "run";
+  REQUIRE(RunShell(Engine(2, "--model tiny --zero 3 --steps 2 --ckpt-dir " + run)) == 0);
+  const std::string check =
+      "/usr/bin/python3 " + std::string(CKPT_SOURCE_DIR) + "/tests/convert/strict_load.py " +
+      run + "/global_step2 ";
+  REQUIRE(RunShell(Ckpt("export-fp32 " + run + " " + dir / "copy")) == 0);
+  CHECK(RunShell(check + dir / "copy") == 0);
+  REQUIRE(RunShell(Ckpt("export-fp32 " + run + " " + dir / "meta" + " --tied metadata")) == 0);
+  CHECK(RunShell(check + dir / "meta" + " --expect-missing lm_head.weight") == 0);
+  // The export agrees with the independent reconstruction in both modes.
+  const std::string recon = "/usr/bin/python3 " + std::string(CKPT_SOURCE_DIR) +
+                            "/tests/convert/check_export.py " + run + "/global_step2 ";
+  CHECK(RunShell(recon + dir / "copy") == 0);
+  CHECK(RunShell(recon + dir / "meta --tied metadata") == 0);
+}
+
+// Issue 18: `reshard --dp 3` of a global batch of 8 used to succeed, and the resume then failed
+// ("global batch 8 is not divisible by 3 ranks"). It is refused before anything is written.
+TEST_CASE("reshard refuses a world size that does not divide the global batch", "[mpi]") {
+  if (!HaveEngine()) {
+    WARN("engine_min or mpirun not available: skipped");
+    return;
+  }
+  ckpt::testing::ScratchDir dir("reshard-batch");
+  const std::string run = dir / "run";
+  REQUIRE(RunShell(Engine(2, "--model tiny --zero 1 --micro-batch 4 --grad-accum 1 --steps 1 "
+                             "--ckpt-dir " + run)) == 0);
+  const std::string err = dir / "err.txt";
+  CHECK(RunShell(ckpt::testing::BinDir() + "/ckpt reshard " + run + " " + dir / "r3" +
+                 " --dp 3 2> " + err) == 2);
+  std::ifstream in(err);
+  const std::string text((std::istreambuf_iterator<char>(in)), {});
+  CHECK(text.find("global batch 8 (engine_config) is not divisible by 3") != std::string::npos);
+  CHECK(text.find("(1, 2, 4, 8)") != std::string::npos);
+  CHECK(!std::filesystem::exists(dir / "r3"));
+  CHECK(RunShell(Ckpt("reshard " + run + " " + dir / "r4" + " --dp 4")) == 0);
 }

@@ -22,6 +22,7 @@ struct ExportArgs {
   std::string dtype = "fp32";
   std::string max_shard = "5GB";
   bool exclude_frozen = false;
+  std::string tied = "copy";
   bool json = false;
 };
 
@@ -31,13 +32,20 @@ std::function<int()> SetupExport(CLI::App& sub) {
       ->required();
   sub.add_option("OUT", a->out, "output directory (must not exist or be empty)")->required();
   sub.add_option("--tag", a->tag, "tag inside ROOT (default: latest)");
-  sub.add_option("--dtype", a->dtype, "fp32 | bf16 | fp16 (every floating-point tensor)");
+  sub.add_option("--dtype", a->dtype, "fp32 | bf16 | fp16 (every floating-point tensor)")
+      ->capture_default_str();
   sub.add_option("--max-shard-size", a->max_shard,
                  "largest safetensors file before sharding: 5GB, 500MB, 2GiB; 0: never shard");
   sub.add_flag("--exclude-frozen", a->exclude_frozen, "leave frozen parameters out");
+  sub.add_option("--tied", a->tied,
+                 "copy: a tied alias is a tensor of its own (load_state_dict(strict=True) "
+                 "works); metadata: stored once, the alias only named in tied_weights")
+      ->check(CLI::IsMember({"copy", "metadata"}))
+      ->capture_default_str();
   sub.add_flag("--json", a->json, "machine-readable output");
   return [a] {
     ExportOptions o;
+    o.tied = a->tied == "metadata" ? TiedExport::kMetadata : TiedExport::kCopy;
     o.tag = a->tag;
     auto dt = DTypeFromName(a->dtype);
     if (!dt || (*dt != DType::kF32 && *dt != DType::kBF16 && *dt != DType::kF16))
@@ -68,6 +76,7 @@ std::function<int()> SetupExport(CLI::App& sub) {
                  {"bytes_read", r->bytes_read},
                  {"files", files},
                  {"tied", r->tied},
+                 {"tied_mode", a->tied},
                  {"excluded", r->excluded}});
     } else {
       std::printf("exported %lld tensors (%s, %s) from %s to %s\n",
@@ -77,8 +86,8 @@ std::function<int()> SetupExport(CLI::App& sub) {
         std::printf("  %s  %zu tensors  %s\n", f.name.c_str(), f.tensors.size(),
                     FormatBytes(f.bytes).c_str());
       for (const auto& [alias, owner] : r->tied)
-        std::printf("  tied: %s -> %s (stored once, recorded in __metadata__)\n", alias.c_str(),
-                    owner.c_str());
+        std::printf("  tied: %s -> %s (%s, recorded in __metadata__)\n", alias.c_str(),
+                    owner.c_str(), r->tied_copied ? "written as its own copy" : "stored once");
       for (const auto& e : r->excluded) std::printf("  excluded (frozen): %s\n", e.c_str());
       std::printf("read %s of master weights (moments never read)\n",
                   FormatBytes(r->bytes_read).c_str());

@@ -231,11 +231,14 @@ int CheckExportCommand(const CheckArgs& a) {
   auto found = convert::CheckExport(a.root, opts);
   if (!found.ok()) return ReportError("check", found.status(), a.json);
   const auto& problems = found->problems;
+  // Intact files of another tag are a mismatch, not corruption.
+  const bool tag_mismatch = !problems.empty() && found->tag_mismatches == problems.size();
   if (a.json) {
     json pj = json::array();
     for (const auto& p : problems)
       pj.push_back({{"file", p.file}, {"tensor", p.dataset}, {"what", p.what}});
     PrintJson({{"ok", problems.empty()},
+               {"verdict", problems.empty() ? "ok" : tag_mismatch ? "tag mismatch" : "corrupt"},
                {"dir", found->dir},
                {"kind", "safetensors"},
                {"files", found->files},
@@ -250,7 +253,12 @@ int CheckExportCommand(const CheckArgs& a) {
                     : a.deep ? "headers and every tensor checksum"
                              : "headers and their checksums; --deep for tensor data");
   } else {
-    std::printf("CORRUPT: %zu problem(s)\n", problems.size());
+    if (tag_mismatch) {
+      std::printf("tag mismatch: the files are intact, but not an export of tag '%s'\n",
+                  a.tag.c_str());
+    } else {
+      std::printf("CORRUPT: %zu problem(s)\n", problems.size());
+    }
     for (const auto& p : problems) {
       std::printf("  %s/%s%s%s: %s\n", found->dir.c_str(), p.file.c_str(),
                   p.dataset.empty() ? "" : " tensor ", p.dataset.c_str(), p.what.c_str());
@@ -321,7 +329,7 @@ std::function<int()> SetupCheck(CLI::App& sub) {
     } else if (convert::IsUniversal(*dir)) {
       problems = CheckUniversal(*dir, a->deep);
     } else {
-      auto found = CheckCheckpoint(*dir, a->deep);
+      auto found = CheckCheckpoint(*dir, a->deep, nullptr, /*progress=*/!a->json);
       if (!found.ok()) return ReportError("check", found.status(), a->json);
       problems = std::move(*found);
     }
@@ -344,6 +352,7 @@ std::function<int()> SetupCheck(CLI::App& sub) {
 struct GcArgs {
   std::string root;
   int keep_last = 0;
+  bool dry_run = false;
   bool json = false;
 };
 
@@ -352,22 +361,25 @@ std::function<int()> SetupGc(CLI::App& sub) {
   sub.add_option("ROOT", a->root, "checkpoint root")->required();
   sub.add_option("--keep-last", a->keep_last, "also delete all but the newest K tags (never latest)")
       ->check(CLI::NonNegativeNumber);
+  sub.add_flag("--dry-run", a->dry_run, "say what would be removed, change nothing");
   sub.add_flag("--json", a->json, "machine-readable output");
   return [a] {
-    auto report = CollectGarbage(a->root, a->keep_last);
+    auto report = CollectGarbage(a->root, a->keep_last, nullptr, a->dry_run);
     if (!report.ok()) return ReportError("gc", report.status(), a->json);
     if (a->json) {
       PrintJson({{"removed_temporary", report->removed_temporary},
                  {"removed_tags", report->removed_tags},
                  {"restored_latest", report->restored_latest.empty()
                                          ? json(nullptr)
-                                         : json(report->restored_latest)}});
+                                         : json(report->restored_latest)},
+                 {"dry_run", a->dry_run}});
     } else {
+      const char* did = a->dry_run ? "would remove" : "removed";
       if (!report->restored_latest.empty())
-        std::printf("restored latest -> %s (a save had committed it but not written latest)\n",
-                    report->restored_latest.c_str());
-      for (const auto& p : report->removed_temporary) std::printf("removed temporary %s\n", p.c_str());
-      for (const auto& t : report->removed_tags) std::printf("removed tag %s\n", t.c_str());
+        std::printf("%s latest -> %s (a save had committed it but not written latest)\n",
+                    a->dry_run ? "would restore" : "restored", report->restored_latest.c_str());
+      for (const auto& p : report->removed_temporary) std::printf("%s temporary %s\n", did, p.c_str());
+      for (const auto& t : report->removed_tags) std::printf("%s tag %s\n", did, t.c_str());
       if (report->removed_temporary.empty() && report->removed_tags.empty() &&
           report->restored_latest.empty())
         std::printf("nothing to remove\n");
@@ -385,6 +397,9 @@ CKPT_REGISTER_COMMAND(check, "check",
                       "check structure and sizes; --deep verifies every checksum (exit 1 on "
                       "corruption)",
                       SetupCheck);
-CKPT_REGISTER_COMMAND(gc, "gc", "remove temporary directories left by crashed saves", SetupGc);
+CKPT_REGISTER_COMMAND(gc, "gc",
+                      "remove temporary directories left by crashed saves; --keep-last K also "
+                      "old tags (--dry-run: only say what would go)",
+                      SetupGc);
 
 }  // namespace ckpt::cli

@@ -28,7 +28,7 @@ std::function<int()> SetupNextUpdate(CLI::App& sub) {
     int bench_reps = 5;
   };
   auto a = std::make_shared<Args>();
-  sub.add_option("root", a->o.root, "checkpoint root or tag directory");
+  sub.add_option("ROOT", a->o.root, "checkpoint root or tag directory");
   sub.add_option("--tag", a->o.tag, "tag to load (default: latest)");
   sub.add_option("--grad", a->o.grad_file,
                  "next gradient: full-shape fp32 tensors named by trainable parameter "
@@ -131,7 +131,7 @@ std::function<int()> SetupVerifyResume(CLI::App& sub) {
     bool json = false;
   };
   auto a = std::make_shared<Args>();
-  sub.add_option("root", a->o.root, "checkpoint root or tag directory")->required();
+  sub.add_option("ROOT", a->o.root, "checkpoint root or tag directory")->required();
   sub.add_option("--steps", a->o.steps, "optimizer steps to run after the checkpoint")->required();
   sub.add_option("--tag", a->o.tag,
                  "tag to resume (default: the newest tag the run log continues for --steps "
@@ -172,7 +172,7 @@ std::function<int()> SetupVerify(CLI::App& sub) {
     bool json = false;
   };
   auto a = std::make_shared<Args>();
-  sub.add_option("root", a->o.root, "checkpoint root or tag directory")->required();
+  sub.add_option("ROOT", a->o.root, "checkpoint root or tag directory")->required();
   sub.add_option("--tag", a->o.tag,
                  "tag to verify (default: the newest tag the run log continues past)");
   sub.add_option("--junit", a->junit, "also write a JUnit XML report here");

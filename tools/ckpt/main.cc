@@ -2,6 +2,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
+#include <string_view>
+#include <vector>
 
 #include "ckpt/writer.h"
 #include "command.h"
@@ -19,7 +21,8 @@ bool RegisterCommand(std::string name, std::string description, CommandSetup set
 }
 
 int ReportError(std::string_view command, const Status& status, bool json) {
-  std::cerr << "ckpt " << command << ": error: " << status.message() << "\n";
+  std::cerr << "ckpt" << (command.empty() ? "" : " ") << command << ": error: " << status.message()
+            << "\n";
   if (json) {
     PrintJson({{"error",
                 {{"code", std::string(StatusCodeName(status.code()))},
@@ -28,7 +31,148 @@ int ReportError(std::string_view command, const Status& status, bool json) {
   return ExitCodeFor(status);
 }
 
-void PrintJson(const nlohmann::json& j) { std::cout << j.dump(2) << std::endl; }
+namespace {
+
+// Decodes one UTF-8 sequence at s[i]; its length, or 0 when the bytes there are not valid
+// UTF-8 (overlong forms, surrogates and code points above U+10FFFF included).
+size_t Utf8SequenceLength(std::string_view s, size_t i) {
+  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[i + k]); };
+  const unsigned char c = b(0);
+  if (c < 0x80) return 1;
+  size_t n = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+  if (n == 0 || i + n > s.size()) return 0;
+  for (size_t k = 1; k < n; ++k) {
+    if ((b(k) & 0xC0) != 0x80) return 0;
+  }
+  if (c == 0xE0 && b(1) < 0xA0) return 0;   // overlong
+  if (c == 0xED && b(1) >= 0xA0) return 0;  // UTF-16 surrogate
+  if (c == 0xF0 && b(1) < 0x90) return 0;   // overlong
+  if (c == 0xF4 && b(1) >= 0x90) return 0;  // above U+10FFFF
+  return n;
+}
+
+// A JSON string literal for bytes that are meant to be UTF-8 (paths are bytes): valid UTF-8 is
+// written as nlohmann's dump writes it; each byte that is not part of valid UTF-8 is written as
+// the escape \udcXX (XX its value), Python's "surrogateescape" (PEP 383): json.loads then
+// os.fsencode() in Python gives back the exact bytes. docs/architecture.md, "--json".
+void AppendJsonString(std::string_view s, std::string& out) {
+  static const char kHex[] = "0123456789abcdef";
+  out += '"';
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    const size_t n = Utf8SequenceLength(s, i);
+    if (n == 0) {
+      out += "\\udc";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+      ++i;
+      continue;
+    }
+    if (n > 1) {
+      out.append(s.substr(i, n));
+      i += n;
+      continue;
+    }
+    ++i;
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20) {
+          out += "\\u00";
+          out += kHex[c >> 4];
+          out += kHex[c & 15];
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  out += '"';
+}
+
+// nlohmann's dump(2) layout, with AppendJsonString for every string: never throws, whatever
+// bytes a string holds (a command must not fail after it has published its output).
+void AppendJson(const nlohmann::json& j, int depth, std::string& out) {
+  const std::string pad(static_cast<size_t>(2 * (depth + 1)), ' ');
+  const std::string close_pad(static_cast<size_t>(2 * depth), ' ');
+  if (j.is_object()) {
+    if (j.empty()) {
+      out += "{}";
+      return;
+    }
+    out += "{\n";
+    bool first = true;
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      if (!first) out += ",\n";
+      first = false;
+      out += pad;
+      AppendJsonString(it.key(), out);
+      out += ": ";
+      AppendJson(it.value(), depth + 1, out);
+    }
+    out += "\n" + close_pad + "}";
+  } else if (j.is_array()) {
+    if (j.empty()) {
+      out += "[]";
+      return;
+    }
+    out += "[\n";
+    for (size_t i = 0; i < j.size(); ++i) {
+      if (i) out += ",\n";
+      out += pad;
+      AppendJson(j[i], depth + 1, out);
+    }
+    out += "\n" + close_pad + "]";
+  } else if (j.is_string()) {
+    AppendJsonString(j.get_ref<const std::string&>(), out);
+  } else {
+    out += j.dump();
+  }
+}
+
+// Levenshtein distance, for "did you mean".
+size_t EditDistance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// The registered command closest to a mistyped one, or "" when none is close.
+std::string ClosestCommand(std::string_view typed) {
+  std::string best;
+  size_t best_d = std::max<size_t>(2, typed.size() / 3) + 1;
+  for (const CommandInfo& c : CommandRegistry()) {
+    const size_t d = EditDistance(typed, c.name);
+    const bool prefix = typed.size() >= 3 && c.name.rfind(typed, 0) == 0;
+    if (prefix || d < best_d) {
+      best = c.name;
+      best_d = prefix ? 0 : d;
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+void PrintJson(const nlohmann::json& j) {
+  std::string out;
+  AppendJson(j, 0, out);
+  std::cout << out << std::endl;
+}
 
 }  // namespace ckpt::cli
 
@@ -46,9 +190,48 @@ int main(int argc, char** argv) {
     CLI::App* sub = app.add_subcommand(info.name, info.description);
     runners.emplace_back(sub, info.setup(*sub));
   }
+  // `ckpt help [COMMAND]`: the command's --help (before parsing: its required arguments are
+  // not given).
+  if (argc >= 2 && std::string_view(argv[1]) == "help") {
+    if (argc == 2) {
+      std::cout << app.help();
+      return 0;
+    }
+    for (auto& [sub, run] : runners) {
+      if (sub->get_name() == argv[2]) {
+        std::cout << sub->help();
+        return 0;
+      }
+    }
+  }
+  const bool json = std::any_of(argv + 1, argv + argc,
+                                [](const char* a) { return std::string_view(a) == "--json"; });
+  if (argc >= 2 && argv[1][0] != '-') {
+    const std::string_view typed =
+        argv[1] == std::string_view("help") && argc > 2 ? argv[2] : argv[1];
+    const bool known = std::any_of(registry.begin(), registry.end(),
+                                   [&](const CommandInfo& c) { return c.name == typed; });
+    if (!known) {
+      const std::string close = ClosestCommand(typed);
+      const std::string hint = close.empty() ? "" : "; did you mean '" + close + "'?";
+      return ReportError("",
+                         ckpt::InvalidArgument("unknown command '" + std::string(typed) + "'" +
+                                               hint + " (ckpt --help lists the commands)"),
+                         json);
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() != 0 && json) {
+      // The --json contract holds for usage errors too: {"error": ...} on stdout.
+      const CLI::App* failed = &app;
+      for (auto& [sub, run] : runners) {
+        if (sub->parsed()) failed = sub;
+      }
+      return ReportError(failed == &app ? "" : failed->get_name(),
+                         ckpt::InvalidArgument(e.what()), true);
+    }
     int rc = app.exit(e);
     // CLI11 returns 0 for --help/--version; every usage error is exit 2.
     return rc == 0 ? 0 : 2;

@@ -17,7 +17,10 @@ namespace ckpt {
 
 inline constexpr std::string_view kFormatName = "ckpt";
 inline constexpr int kFormatMajor = 1;
-inline constexpr int kFormatMinor = 0;  // manifests with the "param_owner" scheme say 1.1
+// 1.1: the param_owner partition scheme, and manifest_xxh3 over the file's bytes with its own value replaced by 16 '0' (any JSON
+// writer can seal a manifest); 1.0 manifests keep verifying under 1.0's rule (docs/format.md).
+inline constexpr int kFormatMinor = 1;
+inline constexpr std::string_view kDigestPlaceholder = "0000000000000000";
 inline constexpr std::string_view kWriterVersion = "ckpt 0.1.0";
 inline constexpr std::string_view kManifestFile = "manifest.json";
 inline constexpr std::string_view kLatestFile = "latest";
@@ -136,22 +139,31 @@ struct Manifest {
   int64_t UniqueParamCount() const;
 };
 
+// The manifest as JSON, sealed for its compact dump() text: manifest_xxh3 is right for
+// ManifestToJson(m).dump() (format 1.1 rule; use SerializeManifest for a file).
 nlohmann::json ManifestToJson(const Manifest& m);
+// The manifest file's text: dump(indent) + "\n", sealed (manifest_xxh3 = XXH3-64 of these bytes
+// with the digest's 16 characters read as '0').
+std::string SerializeManifest(const Manifest& m, int indent = 1);
+// Where the 16 characters of the top-level "manifest_xxh3" string value start in a manifest's
+// text; std::string::npos when there is no such member or its value is not a 16-character
+// string. Members of nested objects with that name are not it.
+size_t FindManifestDigest(std::string_view text);
 // One entry of manifest "files" (also what a rank reports to rank 0 during a save).
 nlohmann::json FileRecordToJson(const FileRecord& f);
 Result<FileRecord> FileRecordFromJson(const nlohmann::json& j, std::string_view source);
 // Parses and validates (ValidateManifest). `source` names the file in error messages.
 // A newer major version is refused: "written by format 2.0, this reader supports 1.x".
+// Verifies manifest_xxh3 when present: over `text` (format >= 1.1) or, for 1.0, over the
+// compact dump of the parsed object without the field. DataLoss on a mismatch.
 Result<Manifest> ParseManifest(std::string_view text, std::string_view source);
+// As ParseManifest on an already parsed object; the checksum is verified for format 1.0 only
+// (the 1.1 rule needs the file's bytes).
 Result<Manifest> ManifestFromJson(const nlohmann::json& j, std::string_view source);
 // Checks names unique, numel = prod(shape), tied_to targets, ranges tile every trainable
 // parameter exactly (no gap, no overlap), shard slices in bounds and disjoint per rank,
 // one file per rank, dataset sizes = dtype × shape.
 Status ValidateManifest(const Manifest& m);
-
-// The format minor version a manifest needs: 1 with the "param_owner" scheme, else 0 (so files
-// that older 1.0 readers can read still say 1.0).
-int RequiredMinorVersion(const Manifest& m);
 
 // Fills params[i].ranges and returns the partition for `world` ranks and ZeRO `zero_stage`
 // (0 replicated, 1-2 flat, 3 per_param). Frozen and tied parameters get no ranges.

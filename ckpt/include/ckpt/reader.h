@@ -88,12 +88,13 @@ struct Problem {
 // Checks a tag directory: manifest parses and validates, every rank file exists with the
 // recorded size, opens as HDF5 and has every dataset with the recorded dtype and shape;
 // with `deep`, every file and dataset checksum. Returns the problems (empty = healthy);
-// an error status only when the check itself cannot run.
+// an error status only when the check itself cannot run. `progress`: a progress bar on a TTY
+// (ckpt/progress.h) over the bytes a deep check reads.
 // `ckpt check --json` of a checkpoint: {"ok", "dir" (null when unresolved), "deep",
 // "problems": [{"file", "dataset", "what"}]}.
 nlohmann::json CheckReportToJson(const std::vector<Problem>& problems, const std::string& dir,
                                  bool deep);
 Result<std::vector<Problem>> CheckCheckpoint(const std::string& tag_dir, bool deep,
-                                             Env* env = nullptr);
+                                             Env* env = nullptr, bool progress = false);
 
 }  // namespace ckpt

@@ -70,12 +70,14 @@ struct GcReport {
 };
 
 // Deletes committed tags older than the newest `keep_last` (0: none), never the one `latest`
-// names. Caller must hold the root lock.
+// names. Caller must hold the root lock. With dry_run, only the tags it would delete.
 Result<std::vector<std::string>> ApplyRetention(const std::string& root, int keep_last,
-                                                Env* env = nullptr);
+                                                Env* env = nullptr, bool dry_run = false);
 // Takes the root lock (FailedPrecondition while a saver holds it), removes temporary
 // directories left by crashed saves, writes a missing `latest` (see ReadLatest) and applies
-// retention.
-Result<GcReport> CollectGarbage(const std::string& root, int keep_last, Env* env = nullptr);
+// retention. With dry_run: the report of what it would do, without the lock and without
+// changing anything.
+Result<GcReport> CollectGarbage(const std::string& root, int keep_last, Env* env = nullptr,
+                                bool dry_run = false);
 
 }  // namespace ckpt

@@ -14,11 +14,19 @@
 
 namespace ckpt::convert {
 
+// How a tied alias (tied_to in the parameter table) is exported. safetensors has no shared
+// storage: kCopy writes the alias as its own tensor (the owner's values), so
+// load_state_dict(strict=True) finds every key, as DeepSpeed's zero_to_fp32 restores shared
+// parameters; kMetadata stores the owner once and names the alias only in tied_weights (smaller,
+// for loaders that re-tie weights themselves). Both record tied_weights.
+enum class TiedExport { kCopy, kMetadata };
+
 struct ExportOptions {
   std::string tag;                           // empty: `latest` (or the directory itself)
   DType dtype = DType::kF32;                 // fp32, bf16 or fp16: every floating-point tensor
   uint64_t max_shard_bytes = 5000000000ull;  // 0: a single file whatever the size
   bool exclude_frozen = false;
+  TiedExport tied = TiedExport::kCopy;
   Env* env = nullptr;                  // nullptr: Env::Default()
   bool progress = false;               // progress bar on a TTY
   uint64_t chunk_elements = 1u << 22;  // elements read per hyperslab (memory bound)
@@ -40,7 +48,8 @@ struct ExportReport {
   uint64_t total_size = 0;                  // tensor bytes (the index's total_size)
   uint64_t largest_tensor_bytes = 0;        // largest exported tensor, fp32 bytes
   uint64_t bytes_read = 0;                  // data bytes read from the checkpoint
-  std::map<std::string, std::string> tied;  // alias -> owner (recorded, not stored)
+  std::map<std::string, std::string> tied;  // alias -> owner (recorded; stored per TiedExport)
+  bool tied_copied = false;                 // the aliases are tensors of their own (kCopy)
   std::vector<std::string> excluded;        // frozen parameters left out (and their aliases)
 };
 
@@ -65,6 +74,9 @@ struct ExportCheck {
   std::vector<std::string> files;  // safetensors files checked, relative to dir
   bool checksummed = true;         // every file read carries the integrity record
   std::vector<Problem> problems;   // file (relative to dir), tensor name or "", what
+  // How many of `problems` are only "export of tag X, expected Y" (CheckExportOptions::
+  // expected_tag): when all are, the files are intact exports of another tag.
+  size_t tag_mismatches = 0;
 };
 
 // True when `path` is a regular file named *.safetensors, or a directory holding model.safetensors,

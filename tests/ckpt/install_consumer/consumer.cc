@@ -1,10 +1,14 @@
-// Writes and reads back a one-rank checkpoint through the installed library.
+// Writes and reads back a one-rank checkpoint through the installed libraries: ckpt writes and
+// reads it, convert exports it, verify replays its next update, estimate counts it.
 #include <cstdio>
 #include <vector>
 
 #include "ckpt/collective.h"
 #include "ckpt/reader.h"
 #include "ckpt/writer.h"
+#include "convert/export.h"
+#include "estimate/param_count.h"
+#include "verify/resume.h"
 
 int main(int argc, char** argv) {
   if (argc != 2) return 2;
@@ -28,6 +32,11 @@ int main(int argc, char** argv) {
   }
   auto r = ckpt::CheckpointReader::Open(argv[1]);
   if (!r.ok() || (*r->ReadParamFull("w"))[3] != 0.5f) return 1;
+  auto exported = ckpt::convert::ExportFp32(argv[1], std::string(argv[1]) + "-export");
+  if (!exported.ok() || exported->tensors != 1) return 1;
+  if (ckpt::verify::ParseAblate("all").value().size() != 5) return 1;
+  auto table = ckpt::estimate::ParamTableFromCheckpoint(argv[1]);
+  if (!table.ok() || ckpt::estimate::CountParams(*table).total_params != 4) return 1;
   std::printf("consumer ok\n");
   return 0;
 }

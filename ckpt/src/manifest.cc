@@ -371,9 +371,17 @@ Result<FileRecord> FileRecordFromJson(const json& j, std::string_view source) {
 Result<Manifest> ParseManifest(std::string_view text, std::string_view source) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return DataLoss(std::string(source) + ": not valid JSON");
-  CKPT_ASSIGN_OR_RETURN(Manifest m, ManifestFromJson(j, source), "");
-  // Format 1.1 and later minors: the checksum over the bytes (after the version check above).
-  if (j.contains("manifest_xxh3") && !(m.version_major == 1 && m.version_minor == 0)) {
+  // Format 1.1 and later minors of this major: the checksum over the bytes, before the schema
+  // checks, so an edited or corrupted manifest is reported as such. (A newer major, or 1.0,
+  // is ManifestFromJson's: refused, or verified under 1.0's rule.)
+  int major = -1, minor = -1;
+  const bool sealed_by_bytes =
+      j.is_object() && j.contains("manifest_xxh3") && j.contains("format_version") &&
+      j["format_version"].is_string() &&
+      std::sscanf(j["format_version"].get_ref<const std::string&>().c_str(), "%d.%d", &major,
+                  &minor) == 2 &&
+      major == kFormatMajor && minor >= 1;
+  if (sealed_by_bytes) {
     const size_t at = FindManifestDigest(text);
     if (at == std::string_view::npos) {
       return DataLoss(std::string(source) +
@@ -388,7 +396,7 @@ Result<Manifest> ParseManifest(std::string_view text, std::string_view source) {
                       ", content " + got + "): the manifest was edited or corrupted");
     }
   }
-  return m;
+  return ManifestFromJson(j, source);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -226,10 +226,20 @@ TEST_CASE("manifest parsing refuses bad input with a clear message", "[unit]") {
   Manifest m = SmallModel("t", 1, 1);
   nlohmann::json j = ManifestToJson(m);
   SECTION("any edited value breaks the manifest's self-checksum") {
+    // Format 1.1: the checksum is over the text (ManifestToJson is sealed for its dump()). This
+    // manifest lists no files, so unedited it fails validation, not the checksum.
+    CHECK_THAT(ParseManifest(j.dump(), "m.json").status().message(),
+               !Catch::Contains("checksum"));
     j["counters"]["global_step"] = 13;
-    auto r = ManifestFromJson(j, "m.json");
+    auto r = ParseManifest(j.dump(), "m.json");
     CHECK(r.status().code() == StatusCode::kDataLoss);
     CHECK_THAT(r.status().message(), Catch::Contains("checksum"));
+    // Any layout of the same object verifies only with its own seal.
+    const std::string pretty = SerializeManifest(m, 4);
+    CHECK_THAT(ParseManifest(pretty, "m.json").status().message(), !Catch::Contains("checksum"));
+    std::string edited = pretty;
+    edited.replace(edited.find("\"global_step\": 12"), 17, "\"global_step\": 13");
+    CHECK(ParseManifest(edited, "m.json").status().code() == StatusCode::kDataLoss);
   }
   // The sections below edit fields on purpose, as a writer without the checksum would.
   j.erase("manifest_xxh3");

@@ -189,7 +189,7 @@ def main():
     ap.add_argument("--dtype", default="fp32")
     ap.add_argument("--exclude-frozen", action="store_true")
     ap.add_argument("--universal")
-    ap.add_argument("--tied", default="copy", choices=["copy", "metadata"])
+    ap.add_argument("--tied", default="metadata", choices=["copy", "metadata"])
     args = ap.parse_args()
 
     m, recon, states = reconstruct(args.tag_dir)

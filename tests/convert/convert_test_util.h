@@ -43,7 +43,7 @@ inline Status RewriteManifest(const std::string& path, nlohmann::json j) {
   j.erase("manifest_xxh3");
   auto m = ManifestFromJson(j, path);
   if (!m.ok()) return m.status();
-  return WriteFileAtomic(Env::Default(), path, ManifestToJson(*m).dump(2) + "\n");
+  return WriteFileAtomic(Env::Default(), path, SerializeManifest(*m, 2));
 }
 
 inline bool EmptyOrMissing(const std::string& dir) {

@@ -46,14 +46,15 @@ TEST_CASE("export equals an independent h5py reconstruction, bitwise", "[io]") {
     REQUIRE(RunShell(Ckpt() + " export-fp32 " + src + " " + dir / ("e32_" + s) +
                      " --json >/dev/null") == 0);
     REQUIRE(RunShell(Ckpt() + " export-fp32 " + src + " " + dir / ("ebf_" + s) +
-                     " --dtype bf16 --max-shard-size 200KB --json >/dev/null") == 0);
+                     " --dtype bf16 --max-shard-size 200KB --tied metadata --json >/dev/null") == 0);
     REQUIRE(RunShell(Ckpt() + " export-fp32 " + src + " " + dir / ("ef16_" + s) +
                      " --dtype fp16 --exclude-frozen --json >/dev/null") == 0);
     REQUIRE(RunShell(Ckpt() + " to-universal " + src + " " + dir / ("u_" + s) +
                      " --json >/dev/null") == 0);
     CHECK(RunShell(Python() + " " + tag + " " + dir / ("e32_" + s) + " --universal " +
                    dir / ("u_" + s)) == 0);
-    CHECK(RunShell(Python() + " " + tag + " " + dir / ("ebf_" + s) + " --dtype bf16") == 0);
+    CHECK(RunShell(Python() + " " + tag + " " + dir / ("ebf_" + s) + " --dtype bf16 --tied metadata") ==
+          0);
     CHECK(RunShell(Python() + " " + tag + " " + dir / ("ef16_" + s) +
                    " --dtype fp16 --exclude-frozen") == 0);
     CHECK(std::filesystem::exists(dir / ("ebf_" + s) + "/model.safetensors.index.json"));
@@ -88,18 +89,20 @@ TEST_CASE("export: names, shapes, tied metadata, frozen handling, no moments rea
   REQUIRE(h.ok());
   CHECK(h->metadata.at("format") == "pt");
   CHECK(h->metadata.at("tied_weights") == R"({"lm_head.weight":"embed.weight"})");
-  // Default TiedExport::kCopy: the alias is a tensor of its own with the owner's values.
-  REQUIRE(h->Find("lm_head.weight") != nullptr);
-  CHECK(ReadSafetensorsTensorF32(path, *h, "lm_head.weight").value() ==
-        ReadSafetensorsTensorF32(path, *h, "embed.weight").value());
-  ExportOptions meta_only;
-  meta_only.tied = TiedExport::kMetadata;
-  auto rep2 = ExportFp32(src, dir / "out_meta", meta_only);
-  REQUIRE(rep2.ok());
-  auto h2 = ReadSafetensorsHeader(dir / "out_meta/model.safetensors");
-  REQUIRE(h2.ok());
-  CHECK(h2->Find("lm_head.weight") == nullptr);
-  CHECK(h2->metadata.at("tied_weights") == R"({"lm_head.weight":"embed.weight"})");
+  // Default TiedExport::kMetadata: the alias is only named.
+  CHECK(h->Find("lm_head.weight") == nullptr);
+  // kCopy: the alias is a tensor of its own with the owner's values.
+  ExportOptions copy;
+  copy.tied = TiedExport::kCopy;
+  auto rep_copy = ExportFp32(src, dir / "out_copy", copy);
+  REQUIRE(rep_copy.ok());
+  const std::string copy_path = dir / "out_copy/model.safetensors";
+  auto h_copy = ReadSafetensorsHeader(copy_path);
+  REQUIRE(h_copy.ok());
+  REQUIRE(h_copy->Find("lm_head.weight") != nullptr);
+  CHECK(ReadSafetensorsTensorF32(copy_path, *h_copy, "lm_head.weight").value() ==
+        ReadSafetensorsTensorF32(copy_path, *h_copy, "embed.weight").value());
+  CHECK(h_copy->metadata.at("tied_weights") == R"({"lm_head.weight":"embed.weight"})");
   auto rd = CheckpointReader::Open(src);
   REQUIRE(rd.ok());
   const Manifest& m = rd->manifest();

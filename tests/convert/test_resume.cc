@@ -122,8 +122,8 @@ TEST_CASE("same world size through universal keeps RNG: a dropout run repeats bi
 
 // Issue 18, defect 4: the fp32 export of an engine_min checkpoint (lm_head.weight tied to
 // embed.weight, a frozen bf16 pos.weight) loads into a torch module of the engine's shapes with
-// load_state_dict(strict=True). With --tied metadata the alias is only named, and the strict
-// load misses it (the check can fail).
+// load_state_dict(strict=True) with --tied copy. With the default (--tied metadata) the alias
+// is only named, and the strict load misses it (the check can fail).
 TEST_CASE("export-fp32 of an engine checkpoint loads with torch strict=True", "[mpi][torch]") {
   if (!HaveEngine()) {
     WARN("engine_min or mpirun not available: skipped");
@@ -135,15 +135,15 @@ TEST_CASE("export-fp32 of an engine checkpoint loads with torch strict=True", "[
   const std::string check =
       "/usr/bin/python3 " + std::string(CKPT_SOURCE_DIR) + "/tests/convert/strict_load.py " +
       run + "/global_step2 ";
-  REQUIRE(RunShell(Ckpt("export-fp32 " + run + " " + dir / "copy")) == 0);
+  REQUIRE(RunShell(Ckpt("export-fp32 " + run + " " + dir / "copy --tied copy")) == 0);
   CHECK(RunShell(check + dir / "copy") == 0);
-  REQUIRE(RunShell(Ckpt("export-fp32 " + run + " " + dir / "meta" + " --tied metadata")) == 0);
+  REQUIRE(RunShell(Ckpt("export-fp32 " + run + " " + dir / "meta")) == 0);  // the default
   CHECK(RunShell(check + dir / "meta" + " --expect-missing lm_head.weight") == 0);
   // The export agrees with the independent reconstruction in both modes.
   const std::string recon = "/usr/bin/python3 " + std::string(CKPT_SOURCE_DIR) +
                             "/tests/convert/check_export.py " + run + "/global_step2 ";
-  CHECK(RunShell(recon + dir / "copy") == 0);
-  CHECK(RunShell(recon + dir / "meta --tied metadata") == 0);
+  CHECK(RunShell(recon + dir / "copy --tied copy") == 0);
+  CHECK(RunShell(recon + dir / "meta") == 0);
 }
 
 // Issue 18: `reshard --dp 3` of a global batch of 8 used to succeed, and the resume then failed

@@ -22,7 +22,7 @@ struct ExportArgs {
   std::string dtype = "fp32";
   std::string max_shard = "5GB";
   bool exclude_frozen = false;
-  std::string tied = "copy";
+  std::string tied = "metadata";
   bool json = false;
 };
 
@@ -45,7 +45,7 @@ std::function<int()> SetupExport(CLI::App& sub) {
   sub.add_flag("--json", a->json, "machine-readable output");
   return [a] {
     ExportOptions o;
-    o.tied = a->tied == "metadata" ? TiedExport::kMetadata : TiedExport::kCopy;
+    o.tied = a->tied == "copy" ? TiedExport::kCopy : TiedExport::kMetadata;
     o.tag = a->tag;
     auto dt = DTypeFromName(a->dtype);
     if (!dt || (*dt != DType::kF32 && *dt != DType::kBF16 && *dt != DType::kF16))

@@ -17,8 +17,10 @@ namespace ckpt::convert {
 // How a tied alias (tied_to in the parameter table) is exported. safetensors has no shared
 // storage: kCopy writes the alias as its own tensor (the owner's values), so
 // load_state_dict(strict=True) finds every key, as DeepSpeed's zero_to_fp32 restores shared
-// parameters; kMetadata stores the owner once and names the alias only in tied_weights (smaller,
-// for loaders that re-tie weights themselves). Both record tied_weights.
+// parameters; kMetadata (the default) stores the owner once and names the alias only in
+// tied_weights: the export reads every master value once and its size is the unique parameters
+// (what `ckpt estimate` predicts); loaders re-tie (transformers' tie_weights). Both record
+// tied_weights. docs/convert.md says why and when to pass --tied copy.
 enum class TiedExport { kCopy, kMetadata };
 
 struct ExportOptions {
@@ -26,7 +28,7 @@ struct ExportOptions {
   DType dtype = DType::kF32;                 // fp32, bf16 or fp16: every floating-point tensor
   uint64_t max_shard_bytes = 5000000000ull;  // 0: a single file whatever the size
   bool exclude_frozen = false;
-  TiedExport tied = TiedExport::kCopy;
+  TiedExport tied = TiedExport::kMetadata;
   Env* env = nullptr;                  // nullptr: Env::Default()
   bool progress = false;               // progress bar on a TTY
   uint64_t chunk_elements = 1u << 22;  // elements read per hyperslab (memory bound)

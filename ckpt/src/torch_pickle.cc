@@ -878,7 +878,7 @@ nlohmann::json ToJson(const PickleDoc& doc, const PyValue* v, int depth, int max
     case Kind::kInt:
       return v->i;
     case Kind::kBigInt:
-      return v->s;
+      return Utf8Safe(v->s);
     case Kind::kFloat:
       if (!std::isfinite(v->f)) return std::isnan(v->f) ? "nan" : (v->f > 0 ? "inf" : "-inf");
       return v->f;
@@ -906,9 +906,9 @@ nlohmann::json ToJson(const PickleDoc& doc, const PyValue* v, int depth, int max
       return o;
     }
     case Kind::kGlobal:
-      return {{"global", v->s}};
+      return {{"global", Utf8Safe(v->s)}};
     case Kind::kObject: {
-      json o = {{"class", v->s}};
+      json o = {{"class", Utf8Safe(v->s)}};
       if (!v->items.empty()) {
         json a = json::array();
         for (const PyValue* e : v->items) a.push_back(ToJson(doc, e, depth + 1, max_depth, budget));

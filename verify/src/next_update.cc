@@ -53,9 +53,10 @@ Result<AdamWHyper> ResolveHyper(const CheckpointReader& reader, std::string* sou
                            "AdamW only");
     }
   }
-  // A DeepSpeed source whose optimizer groups differ records them all (docs/deepspeed.md); one
-  // replay with one set of hyper-parameters would be wrong for some parameters.
-  if (opt.is_object() && opt.contains("param_groups"))
+  // A DeepSpeed source whose optimizer groups differ records them all as an array
+  // (docs/deepspeed.md); one replay with one set of hyper-parameters would be wrong for some
+  // parameters. (ckpt.torch records only the number of groups there.)
+  if (opt.is_object() && opt.contains("param_groups") && opt["param_groups"].is_array())
     return Unimplemented("optimizer groups with different hyper-parameters: next-update replays "
                          "one AdamW setting");
   bool have_lr = false;

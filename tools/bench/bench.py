@@ -283,29 +283,35 @@ def main():
     shutil.rmtree(z_root, ignore_errors=True)
 
     # --- export-fp32 ---------------------------------------------------------------------
-    if "export" not in skip:
+    # export_fp32(src, name): a.reps timed exports of src (cold cache) against the floor of
+    # reading what export reads plus writing what it writes at the raw rates, with peak RSS
+    # beside the documented bound (2 x largest tensor + 64 MiB).
+    def export_fp32(src, name, extra):
         secs, rsss = [], []
-        out = os.path.join(work, "export")
+        out = os.path.join(work, name)
         for _ in range(a.reps):
             shutil.rmtree(out, ignore_errors=True)
             drop_caches()
-            o, _, t, rss, _ = R.run([ckpt, "export-fp32", ck_root, out, "--json"])
+            o, _, t, rss, _ = R.run([ckpt, "export-fp32", src, out, "--json"])
             secs.append(t)
             rsss.append(rss)
         ej = json.loads(o)
         written = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
         floor_t = ej["bytes_read"] / GiB / raw_r_gibs + written / GiB / raw_w_gibs
         s = stats(secs)
-        ph["export_fp32"] = {"bytes_read": ej["bytes_read"], "bytes_written": written,
-                             "seconds": s, "floor_seconds": floor_t,
-                             "ratio": floor_t / s["median"],
-                             "gib_per_s_read_plus_written": (ej["bytes_read"] + written) / GiB / s["median"],
-                             "maxrss_kib": max(rsss), "maxrss_kib_all": rsss,
-                             "largest_tensor_bytes": ej["largest_tensor_bytes"],
-                             "rss_bound_kib": (2 * ej["largest_tensor_bytes"] + 64 * MiB) / 1024}
-        log("export: %.2fs, floor %.2fs, %.2fx; peak RSS %.0f MiB" %
-            (s["median"], floor_t, floor_t / s["median"], max(rsss) / 1024))
+        ph[name] = dict(extra, **{
+            "bytes_read": ej["bytes_read"], "bytes_written": written,
+            "seconds": s, "floor_seconds": floor_t, "ratio": floor_t / s["median"],
+            "gib_per_s_read_plus_written": (ej["bytes_read"] + written) / GiB / s["median"],
+            "maxrss_kib": max(rsss), "maxrss_kib_all": rsss,
+            "largest_tensor_bytes": ej["largest_tensor_bytes"],
+            "rss_bound_kib": (2 * ej["largest_tensor_bytes"] + 64 * MiB) / 1024})
+        log("%s: %.2fs, floor %.2fs, %.2fx; peak RSS %.0f MiB" %
+            (name, s["median"], floor_t, floor_t / s["median"], max(rsss) / 1024))
         shutil.rmtree(out, ignore_errors=True)
+
+    if "export" not in skip:
+        export_fp32(ck_root, "export_fp32", {})
 
     # --- export-fp32 of a DeepSpeed ZeRO-2 checkpoint (docs/deepspeed.md) --------------------
     # A bf16 ZeRO-2 checkpoint of about --size on disk (14 bytes a parameter: fp32 master and
@@ -321,28 +327,7 @@ def main():
                "--dtype", "bf16", "--blocks", str(blocks), "--block-width", str(width)])
         ds_bytes = sum(os.path.getsize(os.path.join(dp, f))
                        for dp, _, fs in os.walk(ds_root) for f in fs)
-        secs, rsss = [], []
-        out = os.path.join(work, "ds_export")
-        for _ in range(a.reps):
-            shutil.rmtree(out, ignore_errors=True)
-            drop_caches()
-            o, _, t, rss, _ = R.run([ckpt, "export-fp32", ds_root, out, "--json"])
-            secs.append(t)
-            rsss.append(rss)
-        ej = json.loads(o)
-        written = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
-        floor_t = ej["bytes_read"] / GiB / raw_r_gibs + written / GiB / raw_w_gibs
-        s = stats(secs)
-        ph["deepspeed_export_fp32"] = {
-            "checkpoint_bytes": ds_bytes, "bytes_read": ej["bytes_read"], "bytes_written": written,
-            "seconds": s, "floor_seconds": floor_t, "ratio": floor_t / s["median"],
-            "gib_per_s_read_plus_written": (ej["bytes_read"] + written) / GiB / s["median"],
-            "maxrss_kib": max(rsss), "maxrss_kib_all": rsss,
-            "largest_tensor_bytes": ej["largest_tensor_bytes"],
-            "rss_bound_kib": (2 * ej["largest_tensor_bytes"] + 64 * MiB) / 1024}
-        log("deepspeed export: %.2fs, floor %.2fs, %.2fx; peak RSS %.0f MiB" %
-            (s["median"], floor_t, floor_t / s["median"], max(rsss) / 1024))
-        shutil.rmtree(out, ignore_errors=True)
+        export_fp32(ds_root, "deepspeed_export_fp32", {"checkpoint_bytes": ds_bytes})
         shutil.rmtree(ds_root, ignore_errors=True)
 
     # --- reshard N -> N/2 ----------------------------------------------------------------

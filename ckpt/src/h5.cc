@@ -1,6 +1,5 @@
-#include "h5.h"
+#include "ckpt/h5.h"
 
-#include "ckpt/writer.h"
 
 #include "zstd_filter.h"
 
@@ -128,10 +127,6 @@ Result<std::string> ReadStringAttr(hid_t obj, const char* name) {
   return buf;
 }
 
+void DisableExitCleanup() { H5dont_atexit(); }
+
 }  // namespace ckpt::h5
-
-namespace ckpt {
-
-void DisableHdf5ExitCleanup() { H5dont_atexit(); }
-
-}  // namespace ckpt

@@ -14,7 +14,7 @@
 
 #include "ckpt/env.h"
 #include "ckpt/hash.h"
-#include "h5.h"
+#include "ckpt/h5.h"
 
 namespace ckpt::internal {
 

@@ -31,6 +31,7 @@
 #include <filesystem>
 #include <random>
 
+#include "ckpt/h5.h"
 #include "ckpt/hash.h"
 #include "ckpt/root.h"
 #include "rank_file.h"
@@ -277,5 +278,7 @@ Status SaveCheckpoint(const std::string& root, const Manifest& meta, const RankC
   CKPT_RETURN_IF_ERROR(StatusFromJson(fj), what);
   return Status::Ok();
 }
+
+void DisableHdf5ExitCleanup() { h5::DisableExitCleanup(); }
 
 }  // namespace ckpt

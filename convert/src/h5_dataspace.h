@@ -1,6 +1,5 @@
 // Dataspaces of the universal layout: the space of a full-shape dataset and the selection of a
-// flat element range in it. The handles, dtype types and attributes are ckpt's private HDF5
-// helpers (ckpt/src/h5.h), shared with convert as a friend.
+// flat element range in it, over the format library's HDF5 helpers (ckpt/h5.h).
 #pragma once
 
 #include <hdf5.h>
@@ -9,7 +8,7 @@
 #include <vector>
 
 #include "ckpt/status.h"
-#include "h5.h"
+#include "ckpt/h5.h"
 
 namespace ckpt::convert {
 

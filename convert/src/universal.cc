@@ -20,7 +20,7 @@
 #include "ckpt/hash.h"
 #include "ckpt/progress.h"
 #include "ckpt/root.h"
-#include "h5.h"
+#include "ckpt/h5.h"
 #include "h5_dataspace.h"
 #include "convert/output_dir.h"
 #include "state_source.h"

@@ -16,7 +16,7 @@
 #include "ckpt/reader.h"
 #include "ckpt/root.h"
 #include "ckpt/writer.h"
-#include "convert/safetensors.h"
+#include "safetensors/safetensors.h"
 #include "engine_min/comm.h"
 #include "engine_min/config.h"
 #include "engine_min/data.h"
@@ -47,9 +47,9 @@ int Fail(const ckpt::Status& s, bool every_rank = false) {
 ckpt::Status WriteGradients(const std::string& path, const Engine& engine,
                             const std::vector<std::vector<float>>& grads, double grad_norm,
                             const std::string& tag) {
-  std::vector<ckpt::convert::SafetensorsTensorView> views;
+  std::vector<ckpt::safetensors::SafetensorsTensorView> views;
   for (int id = 0; id < static_cast<int>(grads.size()); ++id) {
-    ckpt::convert::SafetensorsTensorView v;
+    ckpt::safetensors::SafetensorsTensorView v;
     v.spec.name = TrainableName(id);
     v.spec.dtype = ckpt::DType::kF32;
     v.spec.shape = TrainableShape(engine.config().shape, id);
@@ -64,7 +64,7 @@ ckpt::Status WriteGradients(const std::string& path, const Engine& engine,
       {"global_step", std::to_string(engine.counters().global_step)},
       {"grad_norm_before_clip", norm},
       {"clipped", "true"}};
-  return ckpt::convert::WriteSafetensors(path, views, meta).WithContext(path);
+  return ckpt::safetensors::WriteSafetensors(path, views, meta).WithContext(path);
 }
 
 std::string RunLogPath(const CommandLine& cl) {

@@ -5,7 +5,7 @@
 
 #include "convert/safetensors.h"
 #include "numeric.h"
-#include "rank_file_replica.h"
+#include "ckpt/rank_file_size.h"
 
 namespace ckpt::estimate {
 namespace {
@@ -123,12 +123,12 @@ Result<uint64_t> UncompressedRankFileBytes(const std::string& tag, int rank, int
                                            const std::vector<RankDataset>& datasets,
                                            uint64_t chunk_bytes) {
   if (chunk_bytes == 0) return InvalidArgument("chunk bytes must be positive");
-  std::vector<internal::ReplicaDataset> replica;
+  std::vector<RankFileDatasetShape> replica;
   replica.reserve(datasets.size());
   for (const RankDataset& d : datasets) {
     replica.push_back({d.name, d.kind, d.blob_kind, d.dtype, d.shape});
   }
-  return internal::ReplicaRankFileBytes({tag, rank, world}, replica, chunk_bytes);
+  return UncompressedRankFileBytes({tag, rank, world}, replica, chunk_bytes);
 }
 
 Result<CheckpointEstimate> EstimateCheckpoint(const CheckpointConfig& c) {

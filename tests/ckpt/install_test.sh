@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the build tree into a scratch prefix and checks what a user of the install gets:
 # bin/ckpt and bin/engine_min, a consumer built with find_package(ckpt) against ckpt::ckpt,
-# ckpt::convert, ckpt::verify and ckpt::estimate, and the HDF5 zstd filter where
+# ckpt::safetensors, ckpt::convert, ckpt::verify and ckpt::estimate, and the HDF5 zstd filter where
 # CKPT_HDF5_PLUGIN_DIR says, which lets h5py read a compressed checkpoint.
 set -euo pipefail
 build="$1"

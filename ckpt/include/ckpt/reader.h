@@ -56,7 +56,7 @@ class CheckpointReader {
   // frozen/<name> (converted from its stored dtype), aliases from their owner.
   Result<std::vector<float>> ReadParamFull(std::string_view param,
                                            std::string_view state = "master") const;
-  // Streams a dataset in bounded memory (8 MiB blocks) and checks its XXH3 against the
+  // Streams a dataset in bounded memory (1 MiB blocks) and checks its XXH3 against the
   // manifest. DataLoss naming the file and dataset on mismatch.
   Status VerifyDataset(int rank, std::string_view name) const;
   // Every rank file the manifest lists exists with its recorded size: what every command that

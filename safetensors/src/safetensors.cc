@@ -1,5 +1,5 @@
 // safetensors reader and writers. The publish protocol is numbered in safetensors.h.
-#include "convert/safetensors.h"
+#include "safetensors/safetensors.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -20,7 +20,7 @@
 static_assert(std::endian::native == std::endian::little,
               "safetensors and ckpt store little-endian bytes; big-endian hosts are unsupported");
 
-namespace ckpt::convert {
+namespace ckpt::safetensors {
 namespace {
 
 constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
@@ -522,4 +522,4 @@ Status WriteSafetensors(const std::string& path, const std::vector<SafetensorsTe
   return writer.Finish();
 }
 
-}  // namespace ckpt::convert
+}  // namespace ckpt::safetensors

@@ -1,4 +1,4 @@
-#include "rank_file_replica.h"
+#include "ckpt/rank_file_size.h"
 
 #include <hdf5.h>
 
@@ -12,9 +12,9 @@
 
 #include "ckpt/manifest.h"
 #include "ckpt/writer.h"
-#include "rank_file.h"  // ckpt/src: the writer's structure phase
+#include "rank_file.h"
 
-namespace ckpt::estimate::internal {
+namespace ckpt {
 namespace {
 
 // ---- a virtual file driver: metadata in memory pages, raw data dropped ----------------------
@@ -155,9 +155,9 @@ hid_t MetaDriver() {
 
 }  // namespace
 
-Result<uint64_t> ReplicaRankFileBytes(const ReplicaHeader& header,
-                                      const std::vector<ReplicaDataset>& datasets,
-                                      uint64_t chunk_bytes) {
+Result<uint64_t> UncompressedRankFileBytes(const RankFileIdentity& header,
+                                           const std::vector<RankFileDatasetShape>& datasets,
+                                           uint64_t chunk_bytes) {
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   hid_t driver = MetaDriver();
   if (driver < 0) return Internal("replica: cannot register the metadata-only file driver");
@@ -168,7 +168,7 @@ Result<uint64_t> ReplicaRankFileBytes(const ReplicaHeader& header,
   }
   std::vector<DatasetSpec> specs;
   specs.reserve(datasets.size());
-  for (const ReplicaDataset& d : datasets) {
+  for (const RankFileDatasetShape& d : datasets) {
     DatasetSpec s = DatasetSpec::Tensor(d.name, d.dtype, d.shape, nullptr);
     s.kind = d.kind;
     s.blob_kind = d.blob_kind;
@@ -178,7 +178,7 @@ Result<uint64_t> ReplicaRankFileBytes(const ReplicaHeader& header,
   options.chunk_bytes = chunk_bytes;
   last_closed_eoa = 0;
   // The writer's own structure phase (the data phase only fills regions it allocated).
-  Status s = ckpt::internal::WriteRankFileStructure("ckpt-estimate-replica.h5",
+  Status s = internal::WriteRankFileStructure("ckpt-estimate-replica.h5",
                                                     {header.rank, header.world, header.tag},
                                                     specs, options, fapl);
   H5Pclose(fapl);
@@ -186,4 +186,4 @@ Result<uint64_t> ReplicaRankFileBytes(const ReplicaHeader& header,
   return static_cast<uint64_t>(last_closed_eoa);
 }
 
-}  // namespace ckpt::estimate::internal
+}  // namespace ckpt

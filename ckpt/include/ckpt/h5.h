@@ -1,7 +1,8 @@
-// Private HDF5 helpers: RAII handles, one-time library setup (zstd filter 32015, quiet error
-// stack), error text from HDF5's error stack, the HDF5 types of a ckpt dtype and scalar
-// attributes. Private to the format library; convert (the universal layout) includes it as a
-// friend (convert/CMakeLists.txt), so both write and read HDF5 with the same code.
+// The HDF5 conventions of ckpt-format files: RAII handles, one-time library setup (zstd filter
+// 32015, quiet error stack), error text from HDF5's error stack, the HDF5 types of a ckpt dtype
+// and scalar attributes. Public so that every library writing or reading a ckpt-format HDF5
+// file (the rank files here, convert's universal layout) does it with the same code; including
+// it needs HDF5's headers (<hdf5.h>), which the rest of ckpt's public headers do not.
 #pragma once
 
 #include <hdf5.h>
@@ -22,6 +23,10 @@ inline constexpr H5Z_filter_t kZstdFilterId = 32015;
 // Registers the zstd filter and silences HDF5's automatic error printing for this thread.
 // Idempotent and cheap; call at every entry point that may run on a new thread.
 void Init();
+
+// Skips HDF5's exit-time cleanup for the rest of the process (ckpt::DisableHdf5ExitCleanup in
+// writer.h is the entry point executables call).
+void DisableExitCleanup();
 
 // The innermost message on HDF5's error stack for this thread, or "" if empty.
 std::string ErrorText();
@@ -52,7 +57,8 @@ class Handle {
     const hid_t id = std::exchange(id_, H5I_INVALID_HID);
     if (closer_(id) >= 0) return Status::Ok();
     // A close that failed to flush (a full disk) can leave the file open inside HDF5, whose
-    // exit-time cleanup may then fault: executables call DisableHdf5ExitCleanup (writer.h),
+    // exit-time cleanup may then fault: executables call DisableHdf5ExitCleanup (writer.h,
+    // which calls DisableExitCleanup below),
     // and the writer reserves the file's space before writing data, so the data phase fails
     // first, outside HDF5.
     return IOError(std::string(what) + ": " + ErrorText());

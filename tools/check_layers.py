@@ -7,8 +7,11 @@ Fails (exit 1, one line per finding) when
      include path;
   2. a library includes a public header of a library it may not depend on (an upward arrow);
   3. the private modules (src/foo.h + src/foo.cc + src/foo.cu/.cuh) of a library depend on each
-     other in a cycle: module A depends on B when a file of A includes B's header. A public
-     header is a module of its own (an interface: depending on its types is not a cycle).
+     other in a cycle: module A depends on B when a file of A includes B's header, or when A
+     calls a function that a private header A includes declares and a file of B defines (so
+     two files sharing one "internal" header that each define what the other calls are a
+     cycle). A public header is a module of its own (an interface: depending on its types is
+     not a cycle).
 Usage: tools/check_layers.py [SOURCE_DIR]   (default: the repository holding this script)
 """
 import os
@@ -43,6 +46,75 @@ def sources(root, folder):
                 yield os.path.join(dirpath, f)
 
 
+def is_public_path(rel):
+    return os.sep + "include" + os.sep in rel
+
+
+COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+STRING = re.compile(r'"(?:\\.|[^"\\\n])*"')
+# A free function declared at namespace scope in a header: a line that starts at column 0,
+# names the function, and whose statement ends with ';' after the parameter list.
+DECLARATION = re.compile(r"^(?![#\s}])[^;{}()=]*?\b([A-Za-z_]\w*)\s*\(", re.M)
+
+
+def strip(text):
+    return STRING.sub('""', COMMENT.sub(" ", text))
+
+
+def after_parens(text, open_at):
+    """Index just past the parenthesis that closes the one at open_at (-1 when unbalanced)."""
+    depth = 0
+    for i in range(open_at, len(text)):
+        if text[i] == "(":
+            depth += 1
+        elif text[i] == ")":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return -1
+
+
+def functions(text, defined):
+    """Names of the functions declared (defined=False) or defined (True) at column 0."""
+    names = set()
+    for m in DECLARATION.finditer(text):
+        end = after_parens(text, m.end() - 1)
+        if end < 0:
+            continue
+        rest = re.match(r"[\s\w:&*<>,\->]*([;{])", text[end:])
+        if rest and (rest.group(1) == "{") == defined:
+            names.add(m.group(1))
+    return names
+
+
+def add_call_edges(texts, private_includes, edges):
+    """Module A -> module B when A calls a function a private header it includes declares and
+    B defines."""
+    library = {p: os.path.normpath(p).split(os.sep) for p in texts}
+    stripped = {p: strip(t) for p, t in texts.items()}
+    defined_in = {}  # (library dir, function) -> {module stem}
+    for p, t in stripped.items():
+        if p.endswith((".cc", ".cu")):
+            for name in functions(t, defined=True):
+                defined_in.setdefault((os.path.dirname(p), name), set()).add(
+                    os.path.splitext(os.path.basename(p))[0])
+    for p, headers in private_includes.items():
+        if p not in stripped:
+            continue
+        here = os.path.dirname(p)
+        lib = os.path.basename(os.path.dirname(here))
+        stem = os.path.splitext(os.path.basename(p))[0]
+        for h in headers:
+            if h not in stripped:
+                continue
+            for name in functions(stripped[h], defined=False):
+                if not re.search(r"\b" + re.escape(name) + r"\b", stripped[p]):
+                    continue
+                for owner in defined_in.get((here, name), ()):
+                    if owner != stem:
+                        edges.setdefault((lib, stem), set()).add((lib, owner))
+
+
 def main():
     root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else
                            os.path.join(os.path.dirname(__file__), ".."))
@@ -59,11 +131,15 @@ def main():
                                []).append(lib)
 
     edges = {}  # (lib, module) -> {(lib, module)}
+    texts = {}  # path -> text, the private sources of each library
+    private_includes = {}  # path -> the private headers of its own library it includes
     for folder in LAYERS:
         for path in sources(root, folder):
             rel = os.path.relpath(path, root)
             here = os.path.dirname(path)
             text = open(path, encoding="utf-8", errors="replace").read()
+            if folder in LIBRARIES and not is_public_path(rel):
+                texts[path] = text
             stem = os.path.splitext(os.path.basename(path))[0]
             is_public = os.sep + "include" + os.sep in rel
             module = (folder, stem + (".h" if is_public else ""))
@@ -74,6 +150,7 @@ def main():
                     if owner != folder:
                         problems.append(f"{rel}: includes {name}, a file of {owner}/")
                     elif folder in LIBRARIES and os.sep + "src" + os.sep in target:
+                        private_includes.setdefault(path, []).append(target)
                         stem = os.path.splitext(os.path.basename(target))[0]
                         if stem != module[1]:
                             edges.setdefault(module, set()).add((folder, stem))
@@ -91,6 +168,8 @@ def main():
                 owners = [l for l in private.get(name, []) if l != folder]
                 if owners:
                     problems.append(f"{rel}: includes {name}, private to {owners[0]}/src")
+    add_call_edges(texts, private_includes, edges)
+
     # Include paths that reach into another folder's src/.
     for folder in LAYERS:
         for dirpath, dirnames, filenames in os.walk(os.path.join(root, folder)):

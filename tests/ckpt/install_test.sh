@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs the build tree into a scratch prefix and checks what a user of the install gets:
-# bin/ckpt and bin/engine_min, a consumer built with find_package(ckpt) against ckpt::ckpt,
-# ckpt::safetensors, ckpt::convert, ckpt::verify and ckpt::estimate, and the HDF5 zstd filter where
-# CKPT_HDF5_PLUGIN_DIR says, which lets h5py read a compressed checkpoint.
+# bin/ckpt, bin/engine_min and bin/next_update_worker, a consumer built with find_package(ckpt)
+# against ckpt::ckpt, ckpt::safetensors, ckpt::convert, ckpt::verify and ckpt::estimate, and the
+# HDF5 zstd filter where CKPT_HDF5_PLUGIN_DIR says, which lets h5py read a compressed
+# checkpoint.
 set -euo pipefail
 build="$1"
 src="$(cd "$(dirname "$0")" && pwd)/install_consumer"
@@ -12,6 +13,8 @@ prefix="$work/prefix"
 cmake --install "$build" --prefix "$prefix" >/dev/null
 "$prefix/bin/ckpt" --version
 test -x "$prefix/bin/engine_min" || { echo "install_test: no bin/engine_min" >&2; exit 1; }
+test -x "$prefix/bin/next_update_worker" ||
+  { echo "install_test: no bin/next_update_worker" >&2; exit 1; }
 cmake -S "$src" -B "$work/build" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
 cmake --build "$work/build" >/dev/null
 "$work/build/consumer" "$work/root"

@@ -358,6 +358,17 @@ TEST_CASE("bad inputs: clear messages and documented exit codes", "[io]") {
       CHECK(no_gpu.rc == 2);
     }
   }
+  SECTION("split workers run next_update_worker, not ckpt with hidden flags") {
+    auto hidden = Cli(dir, "next-update " + root + " --worker-rank 0 --worker-world 1");
+    CHECK(hidden.rc == 2);
+    CHECK(hidden.err.find("--worker-rank") != std::string::npos);
+    const std::string worker = BinDir() + "/next_update_worker";
+    CHECK(RunShell(worker + " > /dev/null 2>&1") == 2);
+    // A directory without a job: the error is published where the launcher looks for it.
+    CHECK(RunShell(worker + " " + dir.str() + " 0 2> " + dir / "worker.err") == 2);
+    CHECK(ReadText(dir / "worker.err").find("no split next-update job") != std::string::npos);
+    CHECK(ReadText(dir / "rank0.error").find("no split next-update job") != std::string::npos);
+  }
   SECTION("unknown device") {
     auto cli = Cli(dir, "next-update " + root + " --device tpu");
     CHECK(cli.rc == 2);

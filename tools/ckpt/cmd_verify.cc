@@ -44,11 +44,6 @@ std::function<int()> SetupNextUpdate(CLI::App& sub) {
       ->check(CLI::Range(1, 1024));
   sub.add_option("--procs", a->o.procs, "CPU: split the pass over this many processes (default 1)")
       ->check(CLI::Range(1, 1024));
-  // The processes a split run starts (docs/verify.md); not for direct use.
-  sub.add_option("--worker-rank", a->o.worker_rank)->group("");
-  sub.add_option("--worker-world", a->o.worker_world)->group("");
-  sub.add_option("--worker-dir", a->o.worker_dir)->group("");
-  sub.add_flag("--worker-all-outputs", a->o.worker_all_outputs)->group("");
   sub.add_flag("--json", a->json, "machine-readable report");
   sub.add_option("--bench-bytes", a->bench_bytes,
                  "measure the pass against memcpy over this many input bytes, e.g. 256MiB "
@@ -104,14 +99,6 @@ std::function<int()> SetupNextUpdate(CLI::App& sub) {
     }
     if (a->o.root.empty()) {
       return ReportError("next-update", InvalidArgument("a checkpoint ROOT is required"), a->json);
-    }
-    if (a->o.worker_rank >= 0) {
-      if (a->o.worker_world <= a->o.worker_rank || a->o.worker_dir.empty() ||
-          a->o.grad_file.empty() || a->o.device == Device::kAuto) {
-        return ReportError("next-update", InvalidArgument("incomplete --worker-* flags"), false);
-      }
-      Status s = RunNextUpdateWorker(a->o);
-      return s.ok() ? 0 : ReportError("next-update", s, false);
     }
     auto r = RunNextUpdate(a->o);
     if (!r.ok()) return ReportError("next-update", r.status(), a->json);

@@ -1,8 +1,9 @@
 // `ckpt next-update` over several processes, one per GPU (or per CPU process with --procs):
 //   1. the launching process splits the trainable elements, concatenated in table order, into
-//      one contiguous range per worker (SplitElements), creates a scratch directory and, for
-//      CUDA, an NCCL unique id there (the out-of-band channel), and starts this program once per
-//      worker with the hidden --worker-* flags;
+//      one contiguous range per worker (SplitElements), creates a scratch directory, writes the
+//      job there (job.json: tag directory, gradient file, device, world size, outputs) and, for
+//      CUDA, an NCCL unique id (the out-of-band channel), and starts the worker program
+//      (next_update_worker DIR RANK, a main over RunNextUpdateWorker) once per worker;
 //   2. each worker verifies its share of the optimizer-state datasets (dataset i when i mod
 //      world = rank), reads only its elements of w, m, v (ReadParamRange), runs the pass on its
 //      device (GPU `rank`), writes its results as raw fp32 files (one per output array, its
@@ -15,20 +16,23 @@
 //      single-process loop does.
 // Outputs and digests are therefore bitwise those of one process; max_abs and the counts are
 // exact; sums of squares are added in another order (per piece, then per rank) and may differ
-// in the last bits.
+// in the last bits. Workers are processes, not threads or forks: each owns one GPU, and a
+// process that has initialised CUDA (the launcher counts the GPUs) cannot fork a CUDA user.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "ckpt/manifest.h"
-#include "next_update_internal.h"
+#include "next_update_hyper.h"
+#include "next_update_split.h"
 #include "verify/nccl_combine.h"
 #include "verify/trainlog.h"
 
@@ -162,18 +166,53 @@ class RankConcatReader {
   std::ifstream in_;
 };
 
-// The `ckpt` program the workers run: this one when it is `ckpt`, else (a test or another
-// program linking ckpt_verify) the one in $CKPT_BIN_DIR or next to this program.
-Result<std::string> CkptProgram(const std::string& bin_dir) {
-  std::error_code ec;
-  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec && self.filename() == "ckpt") return self.string();
-  const std::string exe = EngineBinDir(bin_dir) + "/ckpt";
+// The worker program: next_update_worker in the directory engine_min is looked for
+// ($CKPT_BIN_DIR, or next to this program).
+Result<std::string> WorkerProgram(const std::string& bin_dir) {
+  const std::string exe = EngineBinDir(bin_dir) + "/" + kNextUpdateWorkerProgram;
   if (!fs::exists(exe)) {
-    return NotFound("a split next-update runs the ckpt program once per process; not found at " +
-                    exe + " (set CKPT_BIN_DIR)");
+    return NotFound(std::string("a split next-update runs ") + kNextUpdateWorkerProgram +
+                    " once per process; not found at " + exe + " (set CKPT_BIN_DIR)");
   }
   return exe;
+}
+
+// What every worker of one split run does; written by the launcher as DIR/job.json.
+struct WorkerJob {
+  std::string tag_dir;
+  std::string grad_file;
+  Device device = Device::kCpu;
+  int world = 0;
+  bool all_outputs = false;  // also keep paths (b) and (c)'s weights (--out)
+};
+
+nlohmann::json WorkerJobJson(const WorkerJob& j) {
+  return {{"tag_dir", j.tag_dir},
+          {"grad_file", j.grad_file},
+          {"device", std::string(DeviceName(j.device))},
+          {"world", j.world},
+          {"all_outputs", j.all_outputs}};
+}
+
+Result<WorkerJob> ReadWorkerJob(const std::string& dir) {
+  const std::string path = dir + "/job.json";
+  std::ifstream f(path);
+  if (!f) return NotFound("no split next-update job at " + path);
+  const nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+  WorkerJob job;
+  try {
+    job.tag_dir = j.at("tag_dir").get<std::string>();
+    job.grad_file = j.at("grad_file").get<std::string>();
+    CKPT_ASSIGN_OR_RETURN(job.device, ParseDevice(j.at("device").get<std::string>()), path);
+    job.world = j.at("world").get<int>();
+    job.all_outputs = j.at("all_outputs").get<bool>();
+  } catch (const nlohmann::json::exception& e) {
+    return InvalidArgument(path + ": not a split next-update job (" + e.what() + ")");
+  }
+  if (job.world < 1 || job.device == Device::kAuto) {
+    return InvalidArgument(path + ": not a split next-update job");
+  }
+  return job;
 }
 
 }  // namespace
@@ -204,12 +243,16 @@ std::vector<std::vector<SplitPiece>> SplitElements(const std::vector<int64_t>& n
   return pieces;
 }
 
-Status RunNextUpdateWorker(const NextUpdateOptions& o) {
-  const std::string& dir = o.worker_dir;
-  const int rank = o.worker_rank, world = o.worker_world;
+Status RunNextUpdateWorker(const std::string& dir, int rank) {
   auto run = [&]() -> Status {
-    CKPT_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(o.root, o.tag),
-                          "open checkpoint " + o.root);
+    CKPT_ASSIGN_OR_RETURN(const WorkerJob o, ReadWorkerJob(dir), "");
+    const int world = o.world;
+    if (rank < 0 || rank >= world) {
+      return InvalidArgument("worker rank " + std::to_string(rank) + " of " +
+                             std::to_string(world));
+    }
+    CKPT_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(o.tag_dir),
+                          "open checkpoint " + o.tag_dir);
     const Manifest& m = reader.manifest();
     std::string source;
     CKPT_ASSIGN_OR_RETURN(AdamWHyper hyper, ResolveHyper(reader, &source), reader.dir());
@@ -243,7 +286,7 @@ Status RunNextUpdateWorker(const NextUpdateOptions& o) {
       numels.push_back(p.numel);
     }
     const std::vector<SplitPiece> mine = SplitElements(numels, world)[static_cast<size_t>(rank)];
-    const int kinds = o.worker_all_outputs ? 5 : 3;
+    const int kinds = o.all_outputs ? 5 : 3;
     RawWriter files[5];
     for (int k = 0; k < kinds; ++k) {
       CKPT_RETURN_IF_ERROR(files[k].Open(RankFile(dir, rank, kOutputKinds[k])), "worker");
@@ -310,6 +353,26 @@ Status RunNextUpdateWorker(const NextUpdateOptions& o) {
   return s;
 }
 
+int NextUpdateWorkerMain(int argc, char** argv) {
+  int rank = -1;
+  if (argc == 3) {
+    char* end = nullptr;
+    const long r = std::strtol(argv[2], &end, 10);
+    if (end != argv[2] && *end == '\0' && r >= 0 && r < (1 << 20)) rank = static_cast<int>(r);
+  }
+  if (rank < 0) {
+    std::fprintf(stderr,
+                 "usage: %s DIR RANK\n(one worker of a split `ckpt next-update`; started by it, "
+                 "not for direct use)\n",
+                 argc > 0 ? argv[0] : kNextUpdateWorkerProgram);
+    return 2;
+  }
+  const Status s = RunNextUpdateWorker(argv[1], rank);
+  if (s.ok()) return 0;
+  std::fprintf(stderr, "%s: %s\n", kNextUpdateWorkerProgram, s.ToString().c_str());
+  return s.code() == StatusCode::kDataLoss ? 1 : 2;
+}
+
 Status RunSplitPass(const NextUpdateOptions& o, const CheckpointReader& reader,
                     const std::string& grad_path, Device device, int workers, ResultSinks& sinks,
                     NextUpdateReport& r) {
@@ -331,7 +394,9 @@ Status RunSplitPass(const NextUpdateOptions& o, const CheckpointReader& reader,
   }
 
   // 1. Start the workers.
-  CKPT_ASSIGN_OR_RETURN(const std::string exe, CkptProgram(o.bin_dir), "next-update workers");
+  CKPT_ASSIGN_OR_RETURN(const std::string exe, WorkerProgram(o.bin_dir), "next-update workers");
+  const WorkerJob job{reader.dir(), grad_path, device, workers, !o.out_dir.empty()};
+  CKPT_RETURN_IF_ERROR(PublishText(dir + "/job.json", WorkerJobJson(job).dump()), "worker job");
   std::vector<pid_t> pids;
   auto stop_all = [&pids] {
     for (pid_t p : pids) {
@@ -343,20 +408,7 @@ Status RunSplitPass(const NextUpdateOptions& o, const CheckpointReader& reader,
     }
   };
   for (int rank = 0; rank < workers; ++rank) {
-    std::vector<std::string> argv = {exe,
-                                     "next-update",
-                                     reader.dir(),
-                                     "--grad",
-                                     grad_path,
-                                     "--device",
-                                     std::string(DeviceName(device)),
-                                     "--worker-rank",
-                                     std::to_string(rank),
-                                     "--worker-world",
-                                     std::to_string(workers),
-                                     "--worker-dir",
-                                     dir};
-    if (!o.out_dir.empty()) argv.push_back("--worker-all-outputs");
+    const std::vector<std::string> argv = {exe, dir, std::to_string(rank)};
     auto pid = SpawnLogged(argv, RankFile(dir, rank, "log"), /*append=*/false);
     if (!pid.ok()) {
       stop_all();

@@ -25,13 +25,9 @@ struct NextUpdateOptions {
   std::string bin_dir;    // where engine_min lives; empty: $CKPT_BIN_DIR or this program's dir
   // Processes the pass is split over: on CUDA one per GPU, `gpus` of them (0: every visible
   // GPU); on the CPU `procs` (1: this process alone). Each loads only its share of the state.
+  // The worker program (kNextUpdateWorkerProgram) is looked for in bin_dir.
   int gpus = 0;
   int procs = 1;
-  // Set only in the processes a split run starts (`ckpt next-update --worker-*`).
-  int worker_rank = -1;
-  int worker_world = 0;
-  std::string worker_dir;
-  bool worker_all_outputs = false;  // also keep paths (b) and (c)'s weights (--out)
 };
 
 struct PathReport {
@@ -77,9 +73,15 @@ struct NextUpdateReport {
 // them comes back with its code and message, prefixed by "worker <rank>".
 Result<NextUpdateReport> RunNextUpdate(const NextUpdateOptions& options);
 
-// The body of one process of a split run (options.worker_*; see next_update_split.cc). Its
-// results, or its error, go to files in options.worker_dir.
-Status RunNextUpdateWorker(const NextUpdateOptions& options);
+// One process of a split run (next_update_split.cc has the protocol): the job its launcher
+// wrote in `dir`, the share of worker `rank`. Its results, or its error, go to files in `dir`.
+Status RunNextUpdateWorker(const std::string& dir, int rank);
+
+// The worker program a split run starts once per process (build/bin/next_update_worker, next
+// to ckpt and engine_min): `next_update_worker DIR RANK` is main() over this function. Exit 0,
+// 1 (the checkpoint fails its checksums), 2 (any other error, or a usage error).
+inline constexpr const char* kNextUpdateWorkerProgram = "next_update_worker";
+int NextUpdateWorkerMain(int argc, char** argv);
 
 // The `--json` object (contract in issue 5; fields are only ever added).
 nlohmann::json NextUpdateToJson(const NextUpdateReport& r);

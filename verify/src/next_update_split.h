@@ -1,5 +1,5 @@
-// Private pieces of `ckpt next-update` shared by the single-process path (next_update.cc) and
-// the one-process-per-device split (next_update_split.cc).
+// The one-process-per-device split of `ckpt next-update` (next_update_split.cc), called by the
+// single-process path (next_update.cc).
 #pragma once
 
 #include <cstdint>
@@ -13,9 +13,6 @@
 #include "verify/next_update.h"
 
 namespace ckpt::verify {
-
-// The hyper-parameters of the next update (docs/verify.md, "The hyper-parameters").
-Result<AdamWHyper> ResolveHyper(const CheckpointReader& reader, std::string* source);
 
 // Where path results go, in trainable-parameter order: the digests of path (a)'s weights and
 // moments, and with --out the three result files.

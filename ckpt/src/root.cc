@@ -233,4 +233,9 @@ nlohmann::json RootListingToJson(const RootListing& listing) {
           {"temporary", listing.temporary}};
 }
 
+std::string TrimSlashes(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  return path;
+}
+
 }  // namespace ckpt

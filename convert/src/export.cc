@@ -22,9 +22,10 @@
 #include <set>
 
 #include "ckpt/progress.h"
+#include "ckpt/root.h"
+#include "ckpt/state_source.h"
 #include "convert/safetensors.h"
 #include "convert/output_dir.h"
-#include "state_source.h"
 
 namespace ckpt::convert {
 namespace {
@@ -82,28 +83,9 @@ Result<std::vector<uint8_t>> EncodeFrozen(const ParamEntry& p, std::vector<uint8
   std::vector<uint8_t> one;
   out.resize(static_cast<size_t>(p.numel) * DTypeSize(out_dtype));
   for (int64_t i = 0; i < p.numel; ++i) {
-    const uint8_t* q = raw.data() + static_cast<size_t>(i) * es;
     float f = 0;
-    switch (p.dtype) {
-      case DType::kF32:
-        std::memcpy(&f, q, 4);
-        break;
-      case DType::kF64: {
-        double d;
-        std::memcpy(&d, q, 8);
-        f = static_cast<float>(d);
-        break;
-      }
-      case DType::kBF16:
-      case DType::kF16: {
-        uint16_t h;
-        std::memcpy(&h, q, 2);
-        f = p.dtype == DType::kBF16 ? Bf16ToFloat(h) : Fp16ToFloat(h);
-        break;
-      }
-      default:
-        return Internal("integer frozen tensor '" + p.name + "' reached dtype conversion");
-    }
+    if (!FloatsToF32(p.dtype, raw.data() + static_cast<size_t>(i) * es, 1, &f))
+      return Internal("integer frozen tensor '" + p.name + "' reached dtype conversion");
     Encode(&f, 1, out_dtype, one);
     std::memcpy(out.data() + static_cast<size_t>(i) * one.size(), one.data(), one.size());
   }
@@ -124,8 +106,11 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
     return InvalidArgument("--dtype must be fp32, bf16 or fp16");
   if (opts.chunk_elements < 1) return InvalidArgument("chunk_elements must be >= 1");
   Env* env = opts.env ? opts.env : Env::Default();
-  CKPT_ASSIGN_OR_RETURN(auto src, OpenStateSource(src_path, opts.tag, /*stream_verify=*/true, env),
-                        "");
+  SourceOptions so;
+  so.tag = opts.tag;
+  so.env = env;
+  so.stream_verify = true;
+  CKPT_ASSIGN_OR_RETURN(auto src, OpenStateSource(src_path, so), "");
   const Manifest& m = src->manifest();
   ExportReport report;
   report.source_dir = src->dir();
@@ -203,7 +188,7 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
       const ParamEntry& p = *t.param;
       const std::string where = "parameter '" + t.name + "'";
       if (p.frozen) {
-        CKPT_ASSIGN_OR_RETURN(auto raw, src->ReadFrozenBytes(p), where);
+        CKPT_ASSIGN_OR_RETURN(auto raw, src->ReadFrozenBytes(p.name), where);
         if (raw.size() != static_cast<uint64_t>(p.numel) * DTypeSize(p.dtype))
           return DataLoss(where + ": frozen dataset size does not match the parameter table");
         CKPT_ASSIGN_OR_RETURN(auto bytes, EncodeFrozen(p, std::move(raw), t.out_dtype), where);
@@ -214,7 +199,7 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
         for (int64_t b = 0; b < p.numel; b += step) {
           const int64_t e = std::min(p.numel, b + step);
           buf.resize(static_cast<size_t>(e - b));
-          CKPT_RETURN_IF_ERROR(src->ReadParamRange(p, kMaster, b, e, buf.data()), where);
+          CKPT_RETURN_IF_ERROR(src->ReadParamRange(p.name, kMaster, b, e, buf.data()), where);
           if (t.out_dtype == DType::kF32) {
             CKPT_RETURN_IF_ERROR(writer.Append(buf.data(), buf.size() * 4), where);
           } else {

@@ -4,13 +4,9 @@
 #include <random>
 
 #include "ckpt/manifest.h"
+#include "ckpt/root.h"
 
 namespace ckpt::convert {
-
-std::string TrimSlashes(std::string path) {
-  while (path.size() > 1 && path.back() == '/') path.pop_back();
-  return path;
-}
 
 Result<StagedOutput> StagedOutput::Begin(const std::string& out_arg, Env* env) {
   if (out_arg.empty()) return InvalidArgument("output directory is empty");

@@ -22,11 +22,12 @@
 #include <thread>
 
 #include "ckpt/collective.h"
+#include "ckpt/deepspeed.h"
 #include "ckpt/manifest.h"
 #include "ckpt/progress.h"
+#include "ckpt/state_source.h"
 #include "ckpt/writer.h"
 #include "convert/output_dir.h"
-#include "state_source.h"
 
 namespace ckpt::convert {
 namespace {
@@ -46,26 +47,25 @@ Status PrepareRank(const std::string& src_path, const ReshardOptions& opts, Env*
                    const Manifest& target, const nlohmann::json& note, bool copy_rng,
                    int source_ranks, Progress& progress, PreparedRank& out) {
   const int j = out.stats.rank;
-  CKPT_ASSIGN_OR_RETURN(auto src, OpenStateSource(src_path, opts.tag, /*stream_verify=*/false, env),
-                        "");
-  const Manifest& sm = src->manifest();
+  SourceOptions so;
+  so.tag = opts.tag;
+  so.env = env;
+  CKPT_ASSIGN_OR_RETURN(auto src, OpenStateSource(src_path, so), "");
   const size_t n = static_cast<size_t>(target.partition.shard_numel[static_cast<size_t>(j)]);
   out.master.assign(n, 0.0f);
   out.exp_avg.assign(n, 0.0f);
   out.exp_avg_sq.assign(n, 0.0f);
   for (const auto& p : target.params) {
     if (!p.trainable()) continue;
-    const ParamEntry* sp = sm.FindParam(p.name);
-    if (!sp) return Internal("parameter '" + p.name + "' vanished from the source");
     for (const auto& r : p.ranges) {
       if (r.rank != j) continue;
       CKPT_RETURN_IF_ERROR(
-          src->ReadParamRange(*sp, kMaster, r.begin, r.end, out.master.data() + r.shard_offset),
+          src->ReadParamRange(p.name, kMaster, r.begin, r.end, out.master.data() + r.shard_offset),
           "");
       CKPT_RETURN_IF_ERROR(
-          src->ReadParamRange(*sp, kExpAvg, r.begin, r.end, out.exp_avg.data() + r.shard_offset),
+          src->ReadParamRange(p.name, kExpAvg, r.begin, r.end, out.exp_avg.data() + r.shard_offset),
           "");
-      CKPT_RETURN_IF_ERROR(src->ReadParamRange(*sp, kExpAvgSq, r.begin, r.end,
+      CKPT_RETURN_IF_ERROR(src->ReadParamRange(p.name, kExpAvgSq, r.begin, r.end,
                                                out.exp_avg_sq.data() + r.shard_offset),
                            "");
       out.stats.bytes_owned += static_cast<uint64_t>(r.end - r.begin) * 12;
@@ -85,8 +85,7 @@ Status PrepareRank(const std::string& src_path, const ReshardOptions& opts, Env*
     out.frozen.reserve(frozen_count);
     for (const auto& p : target.params) {
       if (!p.frozen || !p.tied_to.empty()) continue;
-      const ParamEntry* sp = sm.FindParam(p.name);
-      CKPT_ASSIGN_OR_RETURN(auto raw, src->ReadFrozenBytes(*sp), "parameter '" + p.name + "'");
+      CKPT_ASSIGN_OR_RETURN(auto raw, src->ReadFrozenBytes(p.name), "parameter '" + p.name + "'");
       out.stats.bytes_owned += raw.size();
       out.frozen.push_back(std::move(raw));
       ds.push_back(DatasetSpec::Tensor(std::string(kFrozenPrefix) + p.name, p.dtype, p.shape,
@@ -133,14 +132,16 @@ Result<ReshardReport> Reshard(const std::string& src_path, const std::string& ou
     return InvalidArgument("--zero must be 0, 1, 2 or 3 (got " + std::to_string(opts.zero_stage) +
                            ")");
   Env* env = opts.env ? opts.env : Env::Default();
-  CKPT_ASSIGN_OR_RETURN(auto src, OpenStateSource(src_path, opts.tag, /*stream_verify=*/false, env),
-                        "");
+  SourceOptions so;
+  so.tag = opts.tag;
+  so.env = env;
+  CKPT_ASSIGN_OR_RETURN(auto src, OpenStateSource(src_path, so), "");
   const Manifest& sm = src->manifest();
   ReshardReport report;
   report.source_dir = src->dir();
   report.out = out;
   report.tag = sm.tag;
-  report.source_universal = src->universal();
+  report.source_kind = src->kind();
   report.source_dp = src->source_ranks();
   report.source_zero = sm.topology.zero_stage;
   report.dp = opts.dp;
@@ -199,7 +200,7 @@ Result<ReshardReport> Reshard(const std::string& src_path, const std::string& ou
   CKPT_RETURN_IF_ERROR(ValidateManifest(m), "resharded manifest");
 
   std::string comp_text = opts.compression;
-  if (comp_text.empty() && !src->universal() && !sm.files.empty())
+  if (comp_text.empty() && src->kind() != SourceKind::kUniversal && !sm.files.empty())
     comp_text = sm.files[0].compression;
   CKPT_ASSIGN_OR_RETURN(Compression comp, Compression::Parse(comp_text), "compression");
 
@@ -265,6 +266,28 @@ Result<ReshardReport> Reshard(const std::string& src_path, const std::string& ou
   // 5. Publish.
   CKPT_RETURN_IF_ERROR(staged.Commit(), "");
   return report;
+}
+
+Result<ImportReport> ImportDeepSpeed(const std::string& src_path, const std::string& out,
+                                     ReshardOptions opts) {
+  SourceOptions so;
+  so.tag = opts.tag;
+  so.env = opts.env;
+  CKPT_ASSIGN_OR_RETURN(auto src, OpenStateSource(src_path, so), "");
+  if (src->kind() != SourceKind::kDeepSpeed)
+    return NotFound(src_path + (opts.tag.empty() ? "" : "/" + opts.tag) +
+                    ": not a DeepSpeed checkpoint (no *_model_states.pt, or no `latest` naming a "
+                    "directory with one)");
+  ImportReport r;
+  r.ds_version = src->deepspeed()->ds_version;
+  r.global_step = src->manifest().counters.global_step;
+  r.params = src->manifest().params.size();
+  opts.dp = src->manifest().topology.dp_world_size;
+  opts.zero_stage = src->manifest().topology.zero_stage;
+  opts.verify_source = false;  // DeepSpeed stores no checksums to verify against
+  src.reset();
+  CKPT_ASSIGN_OR_RETURN(r.reshard, Reshard(src_path, out, opts), "");
+  return r;
 }
 
 }  // namespace ckpt::convert

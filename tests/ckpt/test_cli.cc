@@ -273,3 +273,44 @@ TEST_CASE("check --deep: progress on a TTY only; a problem names its file once",
   }
   CHECK(dataset_problem);
 }
+
+// Issue 13 (one read interface) and issue 18 (rough edges): inspect and diff open what check,
+// export-fp32 and reshard open, a universal directory included; diff draws progress on a TTY
+// only, like check --deep.
+TEST_CASE("inspect and diff read a universal directory; diff progress on a TTY only", "[io]") {
+  ScratchDir d;
+  const std::string root = d / "run", uni = d / "uni", other = d / "other";
+  REQUIRE(Ckpt("synth " + root + " --ranks 2 --zero 3 --params 200k").rc == 0);
+  REQUIRE(Ckpt("to-universal " + root + " " + uni).rc == 0);
+  auto info = Ckpt("inspect " + uni + " --json");
+  REQUIRE(info.rc == 0);
+  CHECK(Json(info)["kind"] == "universal");
+  CHECK(Json(info)["total_params"] == Json(Ckpt("inspect " + root + " --json"))["total_params"]);
+  auto text = Ckpt("inspect " + uni);
+  CHECK(text.rc == 0);
+  CHECK(text.out.find("universal layout") != std::string::npos);
+
+  // The universal copy holds the same state: weights, moments, counters, per-rank datasets.
+  auto same = Ckpt("diff " + root + " " + uni + " --json");
+  CHECK(same.rc == 0);
+  CHECK(Json(same)["identical"] == true);
+  CHECK(Ckpt("diff " + uni + " " + root).out == "identical\n");
+  // Another run differs in its values, found through the universal reader too.
+  REQUIRE(Ckpt("synth " + other + " --ranks 1 --params 200k --seed 9").rc == 0);
+  auto differ = Ckpt("diff " + uni + " " + other + " --json");
+  CHECK(differ.rc == 1);
+  bool master = false;
+  const json found = Json(differ);
+  for (const auto& x : found["differences"])
+    if (x["what"].get<std::string>().rfind("master ", 0) == 0 && x["max_abs"].is_number())
+      master = true;
+  CHECK(master);
+
+  const std::string tty = d / "tty.txt";
+  const std::string cmd = BinDir() + "/ckpt diff " + root + " " + uni;
+  REQUIRE(RunShell("script -qec '" + cmd + "' /dev/null > " + tty + " 2>&1") == 0);
+  CHECK(Slurp(tty).find("diff [##############################] 100.0%") != std::string::npos);
+  REQUIRE(RunShell("script -qec '" + cmd + " --json' /dev/null > " + tty + " 2>&1") == 0);
+  CHECK(Slurp(tty).find("diff [") == std::string::npos);
+  CHECK(Ckpt("diff " + root + " " + uni).out.find("diff [") == std::string::npos);
+}

@@ -2,9 +2,11 @@
 // unions of hyperslabs), names with '/' and '%', an fp16 frozen table, ZeRO-0.
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <fstream>
 #include <thread>
 
 #include "ckpt/reader.h"
+#include "ckpt/state_source.h"
 #include "ckpt/writer.h"
 #include "convert/export.h"
 #include "convert/reshard.h"
@@ -172,4 +174,76 @@ TEST_CASE("universal and reshard handle N-d, scalar, escaped names, fp16 frozen"
     CHECK((*v)[7] == 0.75f);
     CHECK(h->metadata.at("tied_weights") == R"({"proj_out.w":"proj.w"})");
   }
+}
+
+// ckpt/state_source.h: a sharded checkpoint and its universal copy read alike through the one
+// interface (kind decided by OpenStateSource, aliases, frozen conversion, hyper-parameters, the
+// same errors), and Verify's shares together check every dataset.
+TEST_CASE("one StateSource interface over a sharded checkpoint and its universal copy", "[io]") {
+  testing::ScratchDir dir("source");
+  REQUIRE(WriteCheckpoint(dir / "src", 3, 3).ok());
+  REQUIRE(ConvertToUniversal(dir / "src", dir / "uni").ok());
+  auto s = OpenStateSource(dir / "src");
+  auto u = OpenStateSource(dir / "uni");
+  REQUIRE(s.ok());
+  REQUIRE(u.ok());
+  CHECK((*s)->kind() == SourceKind::kSharded);
+  CHECK((*u)->kind() == SourceKind::kUniversal);
+  CHECK((*s)->deepspeed() == nullptr);
+  CHECK((*u)->source_ranks() == 3);
+  for (StateSource* src : {s->get(), u->get()}) {
+    INFO(SourceKindName(src->kind()));
+    std::vector<float> got(132);
+    REQUIRE(src->ReadParamRange("proj_out.w", "exp_avg", 0, 132, got.data()).ok());
+    CHECK(got[131] == Value(3, 1, 131));  // the alias reads its owner, proj.w
+    REQUIRE(src->ReadParamRange("rope/table", "master", 4, 8, got.data()).ok());
+    CHECK(got[1] == 0.25f);  // fp16 frozen, converted
+    CHECK(src->ReadParamRange("rope/table", "exp_avg", 0, 1, got.data()).code() ==
+          StatusCode::kInvalidArgument);
+    CHECK(src->ReadParamRange("nope", "master", 0, 1, got.data()).code() ==
+          StatusCode::kNotFound);
+    CHECK(src->ReadParamRange("bias", "momentum", 0, 1, got.data()).code() ==
+          StatusCode::kInvalidArgument);
+    CHECK(src->ReadParamRange("bias", "master", 0, 2, got.data()).code() ==
+          StatusCode::kInvalidArgument);
+    std::string from;
+    auto h = src->OptimizerHyper(&from);
+    REQUIRE(h.ok());
+    CHECK(h->step == 5);  // scheduler.step: the manifest records no optimizer step
+    CHECK(from.find("scheduler.step") != std::string::npos);
+  }
+
+  // Flip one byte of rank 2's exp_avg_sq values: exactly one of three shares finds it.
+  const std::string rank2 = dir / "src/global_step5/rank_00002.h5";
+  std::vector<float> first(2);
+  {
+    auto r = CheckpointReader::Open(dir / "src");
+    REQUIRE(r.ok());
+    REQUIRE(r->ReadSlice(2, "exp_avg_sq", 0, 2, first.data()).ok());
+  }
+  s->reset();
+  std::string bytes;
+  {
+    std::ifstream in(rank2, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const auto at = bytes.find(std::string(reinterpret_cast<const char*>(first.data()), 8));
+  REQUIRE(at != std::string::npos);
+  bytes[at] ^= 0x01;
+  {
+    std::ofstream out(rank2, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+  int failed = 0;
+  for (int part = 0; part < 3; ++part) {
+    auto src = OpenStateSource(dir / "src");
+    REQUIRE(src.ok());
+    Status st = (*src)->Verify({"master", "exp_avg", "exp_avg_sq"}, part, 3);
+    if (!st.ok()) {
+      ++failed;
+      CHECK(st.code() == StatusCode::kDataLoss);
+      CHECK(st.message().find("exp_avg_sq") != std::string::npos);
+    }
+  }
+  CHECK(failed == 1);
 }

@@ -11,6 +11,7 @@ partitions concatenated, padding stripped, split by param_shapes; plus the momen
   3. `ckpt to-universal DS` and `ckpt reshard DS --dp M` (read back through to-universal) hold
      master, exp_avg and exp_avg_sq equal to the truth bitwise, with step and hyper-parameters;
   4. `ckpt inspect --json` and `ckpt check` agree with the fixture (check: exit 0, no checksums);
+     inspect and `ckpt diff` read its universal copy, which diff finds identical;
   5. `ckpt next-update DS --grad G` equals torch.optim.AdamW on the fixture's state.
 Then the hostile variants (truncated zip, os.system / eval globals, a storage too small for its
 view, mismatched partition counts, a missing rank file) must each be refused by export-fp32,
@@ -167,6 +168,14 @@ def check_fixture(ckpt, work, zero, world, dtype, optimizer="zero", quick=False)
     u = root + ".universal"
     run([ckpt, "to-universal", root, u, "--json"])
     check_universal(u, truth, what + " to-universal")
+    # one read interface: inspect and diff open the universal copy like the DeepSpeed original
+    uinfo = json.loads(run([ckpt, "inspect", u, "--json"]).stdout)
+    if uinfo["kind"] != "universal" or uinfo["total_params"] != info["total_params"]:
+        fail(f"{what}: inspect of its universal copy says {uinfo['kind']}, "
+             f"{uinfo['total_params']} parameters")
+    d = json.loads(run([ckpt, "diff", root, u, "--json"]).stdout)
+    if not d["identical"]:
+        fail(f"{what}: diff against its universal copy: {d['differences'][:5]}")
     if not quick:
         m = 1 if world != 1 else 2
         rs = root + ".reshard"
@@ -236,7 +245,7 @@ def check_hostile(ckpt, work, kind, zero=2, world=2, dtype="bf16"):
         shutil.rmtree(root + suffix, ignore_errors=True)
     marker = os.path.join(root, "PWNED")
     for cmd in (["export-fp32", root, root + ".out"], ["inspect", root], ["check", root],
-                ["import-deepspeed", root, root + ".imp"]):
+                ["import-deepspeed", root, root + ".imp"], ["diff", root, root]):
         p = run([ckpt] + cmd, expect=None)
         text = p.stdout + p.stderr
         if p.returncode not in (1, 2):

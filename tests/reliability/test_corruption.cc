@@ -444,7 +444,7 @@ struct UniversalReference {
 // The deep check a universal directory gets: the reader opens it (manifest, file size, format
 // attributes), then the whole-file XXH3 and every dataset's XXH3 against the manifest.
 Verdict JudgeUniversal(const std::string& dir, const UniversalReference* ref) {
-  auto r = convert::UniversalReader::Open(dir);
+  auto r = UniversalReader::Open(dir);
   if (!r.ok()) return {Outcome::kRefused, r.status().ToString(), {}};
   const FileRecord& f = r->manifest().files.at(0);
   auto h = Xxh3FileHex(dir + "/" + f.path);
@@ -535,7 +535,7 @@ void RunConvertSuite(Tally& tally) {
   REQUIRE(convert::ConvertToUniversal(root, uni_old, old_opts).ok());
   UniversalReference uref;
   {
-    auto r = convert::UniversalReader::Open(uni);
+    auto r = UniversalReader::Open(uni);
     REQUIRE(r.ok());
     uref.manifest = ManifestToJson(r->manifest());
     for (const auto& ds : r->manifest().files.at(0).datasets)

@@ -2,7 +2,6 @@
 #include <cstdio>
 #include <memory>
 
-#include "ckpt/deepspeed.h"
 #include "ckpt/units.h"
 #include "command.h"
 #include "convert/export.h"
@@ -175,7 +174,7 @@ std::function<int()> SetupReshard(CLI::App& sub) {
                          {"bytes_owned", s.bytes_owned},
                          {"ratio", s.ratio()}});
       PrintJson({{"source", r->source_dir},
-                 {"source_kind", r->source_universal ? "universal" : "sharded"},
+                 {"source_kind", std::string(SourceKindName(r->source_kind))},
                  {"out", r->out},
                  {"tag", r->tag},
                  {"source_dp", r->source_dp},
@@ -189,7 +188,7 @@ std::function<int()> SetupReshard(CLI::App& sub) {
                  {"skipped", r->skipped}});
     } else {
       std::printf("resharded %s (%s, %d rank(s), ZeRO-%d) -> %s/%s (%d rank(s), ZeRO-%d)\n",
-                  r->source_dir.c_str(), r->source_universal ? "universal" : "sharded",
+                  r->source_dir.c_str(), std::string(SourceKindName(r->source_kind)).c_str(),
                   r->source_dp, r->source_zero, r->out.c_str(), r->tag.c_str(), r->dp,
                   r->zero_stage);
       for (const auto& s : r->ranks)
@@ -215,8 +214,6 @@ struct ImportArgs {
   bool json = false;
 };
 
-// A normal ckpt checkpoint with the DeepSpeed checkpoint's world size and ZeRO stage: reshard's
-// writer fed by the DeepSpeed source.
 std::function<int()> SetupImportDeepSpeed(CLI::App& sub) {
   auto a = std::make_shared<ImportArgs>();
   sub.add_option("DS_ROOT", a->src, "DeepSpeed checkpoint root (with latest) or tag directory")
@@ -226,39 +223,28 @@ std::function<int()> SetupImportDeepSpeed(CLI::App& sub) {
   sub.add_option("--compress", a->compress, "none | zstd[:LEVEL][+shuffle] (default none)");
   sub.add_flag("--json", a->json, "machine-readable output");
   return [a] {
-    if (DeepSpeedTagDir(a->src, a->tag).empty())
-      return ReportError("import-deepspeed",
-                         NotFound(a->src + (a->tag.empty() ? "" : "/" + a->tag) +
-                                  ": not a DeepSpeed checkpoint (no *_model_states.pt, or no "
-                                  "`latest` naming a directory with one)"),
-                         a->json);
-    auto ds = DeepSpeedReader::Open(a->src, a->tag);
-    if (!ds.ok()) return ReportError("import-deepspeed", ds.status(), a->json);
     ReshardOptions o;
     o.tag = a->tag;
-    o.dp = ds->manifest().topology.dp_world_size;
-    o.zero_stage = ds->manifest().topology.zero_stage;
     o.compression = a->compress;
-    o.verify_source = false;  // DeepSpeed stores no checksums to verify against
     o.progress = !a->json;
-    auto r = Reshard(a->src, a->out, o);
-    if (!r.ok()) return ReportError("import-deepspeed", r.status(), a->json);
+    auto imported = ImportDeepSpeed(a->src, a->out, o);
+    if (!imported.ok()) return ReportError("import-deepspeed", imported.status(), a->json);
+    const ReshardReport& r = imported->reshard;
     if (a->json) {
-      PrintJson({{"source", r->source_dir},
-                 {"out", r->out},
-                 {"tag", r->tag},
-                 {"dp", r->dp},
-                 {"zero", r->zero_stage},
-                 {"global_step", ds->manifest().counters.global_step},
-                 {"params", ds->manifest().params.size()},
-                 {"ds_version", ds->info().ds_version},
-                 {"not_carried", r->skipped}});
+      PrintJson({{"source", r.source_dir},
+                 {"out", r.out},
+                 {"tag", r.tag},
+                 {"dp", r.dp},
+                 {"zero", r.zero_stage},
+                 {"global_step", imported->global_step},
+                 {"params", imported->params},
+                 {"ds_version", imported->ds_version},
+                 {"not_carried", r.skipped}});
     } else {
       std::printf("imported DeepSpeed %s checkpoint %s (%d rank(s), ZeRO-%d, step %lld) -> %s/%s\n",
-                  ds->info().ds_version.c_str(), r->source_dir.c_str(), r->dp, r->zero_stage,
-                  static_cast<long long>(ds->manifest().counters.global_step), r->out.c_str(),
-                  r->tag.c_str());
-      for (const auto& s : r->skipped) std::printf("  not carried over: %s\n", s.c_str());
+                  imported->ds_version.c_str(), r.source_dir.c_str(), r.dp, r.zero_stage,
+                  static_cast<long long>(imported->global_step), r.out.c_str(), r.tag.c_str());
+      for (const auto& s : r.skipped) std::printf("  not carried over: %s\n", s.c_str());
     }
     return 0;
   };

@@ -15,12 +15,10 @@
 #include "ckpt/deepspeed.h"
 #include "ckpt/hash.h"
 #include "ckpt/manifest.h"
-#include "ckpt/reader.h"
 #include "ckpt/root.h"
+#include "ckpt/state_source.h"
 #include "convert/output_dir.h"
-#include "convert/reshard.h"
 #include "convert/safetensors.h"
-#include "next_update_hyper.h"
 #include "next_update_split.h"
 #include "verify/trainlog.h"
 
@@ -117,7 +115,7 @@ std::string RootOfTagDir(const std::string& tag_dir) {
   return fs::path(tag_dir).lexically_normal().parent_path().string();
 }
 
-Status RunEngineGrad(const NextUpdateOptions& o, const CheckpointReader& reader,
+Status RunEngineGrad(const NextUpdateOptions& o, const StateSource& source,
                      const std::string& out_file, const std::string& log) {
   const std::string bin_dir = EngineBinDir(o.bin_dir);
   const std::string engine = bin_dir + "/engine_min";
@@ -125,11 +123,11 @@ Status RunEngineGrad(const NextUpdateOptions& o, const CheckpointReader& reader,
     return NotFound("no gradient file given (--grad) and engine_min not found at " + engine +
                     " (set CKPT_BIN_DIR)");
   }
-  const std::string root = RootOfTagDir(reader.dir());
-  const int ranks = std::max(1, reader.manifest().topology.dp_world_size);
+  const std::string root = RootOfTagDir(source.dir());
+  const int ranks = std::max(1, source.manifest().topology.dp_world_size);
   auto cmd =
       EngineCommand(bin_dir, ranks,
-                    {"grad", "--ckpt-dir", root, "--resume-tag", reader.tag(), "--out", out_file});
+                    {"grad", "--ckpt-dir", root, "--resume-tag", source.tag(), "--out", out_file});
   auto rc = RunProcess(cmd, log);
   CKPT_RETURN_IF_ERROR(rc, "engine_min grad");
   if (*rc != 0) {
@@ -140,27 +138,25 @@ Status RunEngineGrad(const NextUpdateOptions& o, const CheckpointReader& reader,
 }
 
 // The pass in this process, one trainable parameter at a time.
-Status RunSingleProcess(const CheckpointReader& reader, const convert::SafetensorsHeader& gheader,
+Status RunSingleProcess(StateSource& source, const convert::SafetensorsHeader& gheader,
                         const std::string& grad_path, const AdamWHyper& hyper, UpdatePass& pass,
                         ResultSinks& sinks, NextUpdateReport& r) {
-  const Manifest& m = reader.manifest();
-  // ReadParamFull's hyperslab reads cannot check a checksum, so every optimizer-state
-  // dataset is verified whole first: a corrupt shard is DataLoss, never a silent replay.
-  for (int rank = 0; rank < static_cast<int>(m.files.size()); ++rank) {
-    for (std::string_view ds : {kMaster, kExpAvg, kExpAvgSq}) {
-      if (m.FindDataset(rank, ds) == nullptr) continue;
-      CKPT_RETURN_IF_ERROR(reader.VerifyDataset(rank, ds), "optimizer state of " + reader.dir());
-    }
-  }
+  const Manifest& m = source.manifest();
+  // Range reads cannot check a checksum, so every optimizer-state dataset is verified whole
+  // first: a corrupt shard is DataLoss, never a silent replay.
+  CKPT_RETURN_IF_ERROR(source.FinishVerification({std::string(kMaster), std::string(kExpAvg),
+                                                  std::string(kExpAvgSq)}),
+                       "optimizer state of " + source.dir());
 
   for (const ParamEntry& p : m.params) {
     if (!p.trainable()) continue;
-    CKPT_ASSIGN_OR_RETURN(std::vector<float> w, reader.ReadParamFull(p.name, kMaster),
-                          "read " + p.name);
-    CKPT_ASSIGN_OR_RETURN(std::vector<float> mo, reader.ReadParamFull(p.name, kExpAvg),
-                          "read " + p.name);
-    CKPT_ASSIGN_OR_RETURN(std::vector<float> vo, reader.ReadParamFull(p.name, kExpAvgSq),
-                          "read " + p.name);
+    std::vector<float> w(static_cast<size_t>(p.numel)), mo(w.size()), vo(w.size());
+    CKPT_RETURN_IF_ERROR(source.ReadParamRange(p.name, kMaster, 0, p.numel, w.data()),
+                         "read " + p.name);
+    CKPT_RETURN_IF_ERROR(source.ReadParamRange(p.name, kExpAvg, 0, p.numel, mo.data()),
+                         "read " + p.name);
+    CKPT_RETURN_IF_ERROR(source.ReadParamRange(p.name, kExpAvgSq, 0, p.numel, vo.data()),
+                         "read " + p.name);
     CKPT_ASSIGN_OR_RETURN(std::vector<float> g,
                           convert::ReadSafetensorsTensorF32(grad_path, gheader, p.name),
                           "gradient file");
@@ -199,9 +195,10 @@ Status RunSingleProcess(const CheckpointReader& reader, const convert::Safetenso
 
 }  // namespace
 
-namespace {
-
-Result<NextUpdateReport> RunNextUpdateOnCkpt(const NextUpdateOptions& o) {
+// Every kind of checkpoint reads through one StateSource (ckpt/state_source.h): a ckpt
+// checkpoint, a universal directory, a DeepSpeed checkpoint (whose next batch is unknown to
+// ckpt, so its gradient must be given with --grad).
+Result<NextUpdateReport> RunNextUpdate(const NextUpdateOptions& o) {
   NextUpdateReport r;
   // --out: refused when it holds anything, written in a staging directory and published by
   // one rename at the end; on any failure nothing appears (convert/output_dir.h).
@@ -211,21 +208,31 @@ Result<NextUpdateReport> RunNextUpdateOnCkpt(const NextUpdateOptions& o) {
                           convert::StagedOutput::Begin(o.out_dir, Env::Default()), "--out");
     out.emplace(std::move(staged));
   }
-  CKPT_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(o.root, o.tag),
+  // Every file of the checkpoint is checked as export and reshard check them: a missing or
+  // truncated rank file is DataLoss even when the pass reads nothing from it.
+  SourceOptions so;
+  so.tag = o.tag;
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<StateSource> source, OpenStateSource(o.root, so),
                         "open checkpoint " + o.root);
-  // Every file of the checkpoint, as export and reshard check them: a missing or truncated
-  // rank file is DataLoss even when the pass reads nothing from it.
-  CKPT_RETURN_IF_ERROR(reader.CheckFiles(), "");
-  const Manifest& m = reader.manifest();
-  r.tag_dir = reader.dir();
-  r.tag = reader.tag();
-  CKPT_ASSIGN_OR_RETURN(r.hyper, ResolveHyper(reader, &r.hyper_source), r.tag_dir);
+  const Manifest& m = source->manifest();
+  r.tag_dir = source->dir();
+  r.tag = source->tag();
+  CKPT_ASSIGN_OR_RETURN(r.hyper, source->OptimizerHyper(&r.hyper_source), r.tag_dir);
+  if (const DeepSpeedInfo* ds = source->deepspeed()) {
+    r.hyper_source += "; DeepSpeed " + ds->ds_version + " checkpoint (optimizer " +
+                      ds->optimizer + ")";
+  }
 
   // The gradient.
   std::optional<TempDir> scratch;
   std::string grad_path = o.grad_file;
   const bool engine_grad = grad_path.empty();
   if (engine_grad) {
+    if (source->kind() == SourceKind::kDeepSpeed) {
+      return FailedPrecondition(o.root +
+                                " is a DeepSpeed checkpoint: its next batch is unknown to ckpt, so "
+                                "pass the gradient (--grad GRADS.safetensors)");
+    }
     if (!HasEngineConfig(m.engine_config)) {
       return FailedPrecondition(NoEngineConfigMessage(
           r.tag_dir, "its next batch is unknown: pass --grad GRADS.safetensors"));
@@ -233,7 +240,7 @@ Result<NextUpdateReport> RunNextUpdateOnCkpt(const NextUpdateOptions& o) {
     CKPT_ASSIGN_OR_RETURN(TempDir t, TempDir::Create("ckpt-next-update"), "scratch directory");
     scratch.emplace(std::move(t));
     grad_path = scratch->path() + "/grad.safetensors";
-    CKPT_RETURN_IF_ERROR(RunEngineGrad(o, reader, grad_path, scratch->path() + "/engine.log"),
+    CKPT_RETURN_IF_ERROR(RunEngineGrad(o, *source, grad_path, scratch->path() + "/engine.log"),
                          "next gradient");
     r.grad_source = "engine_min grad";
   } else {
@@ -300,12 +307,12 @@ Result<NextUpdateReport> RunNextUpdateOnCkpt(const NextUpdateOptions& o) {
 
   if (workers > 1) {
     r.device = device;
-    CKPT_RETURN_IF_ERROR(RunSplitPass(o, reader, grad_path, device, workers, sinks, r),
+    CKPT_RETURN_IF_ERROR(RunSplitPass(o, *source, grad_path, device, workers, sinks, r),
                          "next-update over " + std::to_string(workers) + " processes");
   } else {
     r.device = pass->device();
     if (r.device == Device::kCuda) r.devices = {0};
-    CKPT_RETURN_IF_ERROR(RunSingleProcess(reader, gheader, grad_path, r.hyper, *pass, sinks, r),
+    CKPT_RETURN_IF_ERROR(RunSingleProcess(*source, gheader, grad_path, r.hyper, *pass, sinks, r),
                          "next-update");
   }
   if (sinks.full) {
@@ -349,8 +356,6 @@ Result<NextUpdateReport> RunNextUpdateOnCkpt(const NextUpdateOptions& o) {
   if (out) CKPT_RETURN_IF_ERROR(out->Commit(), "publish " + o.out_dir);
   return r;
 }
-
-}  // namespace
 
 namespace {
 
@@ -448,36 +453,6 @@ std::string NextUpdateToText(const NextUpdateReport& r) {
        << ")\n";
   }
   return os.str();
-}
-
-// A DeepSpeed checkpoint is first staged as a ckpt checkpoint (import-deepspeed's conversion,
-// same world size and stage) in a scratch directory; the pass then reads it like any other.
-// Its next batch is unknown to ckpt, so the gradient must be given (--grad).
-Result<NextUpdateReport> RunNextUpdate(const NextUpdateOptions& o) {
-  if (DeepSpeedTagDir(o.root, o.tag).empty()) return RunNextUpdateOnCkpt(o);
-  if (o.grad_file.empty())
-    return FailedPrecondition(o.root +
-                              " is a DeepSpeed checkpoint: its next batch is unknown to ckpt, so "
-                              "pass the gradient (--grad GRADS.safetensors)");
-  CKPT_ASSIGN_OR_RETURN(DeepSpeedReader ds, DeepSpeedReader::Open(o.root, o.tag), "");
-  CKPT_ASSIGN_OR_RETURN(TempDir scratch, TempDir::Create("ckpt-next-update-ds"),
-                        "scratch directory");
-  convert::ReshardOptions ro;
-  ro.tag = o.tag;
-  ro.dp = ds.manifest().topology.dp_world_size;
-  ro.zero_stage = ds.manifest().topology.zero_stage;
-  ro.verify_source = false;
-  const std::string staged = scratch.path() + "/ckpt";
-  CKPT_RETURN_IF_ERROR(convert::Reshard(o.root, staged, ro).status(),
-                       "staging the DeepSpeed checkpoint " + ds.dir());
-  NextUpdateOptions so = o;
-  so.root = staged;
-  so.tag = "";
-  CKPT_ASSIGN_OR_RETURN(NextUpdateReport r, RunNextUpdateOnCkpt(so), "");
-  r.tag_dir = ds.dir();
-  r.hyper_source += "; DeepSpeed " + ds.info().ds_version + " checkpoint (optimizer " +
-                    ds.info().optimizer + ") staged as a ckpt checkpoint";
-  return r;
 }
 
 }  // namespace ckpt::verify

@@ -31,7 +31,6 @@
 #include <sstream>
 
 #include "ckpt/manifest.h"
-#include "next_update_hyper.h"
 #include "next_update_split.h"
 #include "verify/nccl_combine.h"
 #include "verify/trainlog.h"
@@ -251,22 +250,19 @@ Status RunNextUpdateWorker(const std::string& dir, int rank) {
       return InvalidArgument("worker rank " + std::to_string(rank) + " of " +
                              std::to_string(world));
     }
-    CKPT_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(o.tag_dir),
+    SourceOptions so;
+    so.check_files = false;  // the launcher checked them
+    CKPT_ASSIGN_OR_RETURN(std::unique_ptr<StateSource> source, OpenStateSource(o.tag_dir, so),
                           "open checkpoint " + o.tag_dir);
-    const Manifest& m = reader.manifest();
-    std::string source;
-    CKPT_ASSIGN_OR_RETURN(AdamWHyper hyper, ResolveHyper(reader, &source), reader.dir());
+    const Manifest& m = source->manifest();
+    CKPT_ASSIGN_OR_RETURN(AdamWHyper hyper, source->OptimizerHyper(), source->dir());
     CKPT_ASSIGN_OR_RETURN(convert::SafetensorsHeader gheader,
                           convert::ReadSafetensorsHeader(o.grad_file), "gradient file");
     // This worker's share of the checksum verification.
-    int index = 0;
-    for (int file = 0; file < static_cast<int>(m.files.size()); ++file) {
-      for (std::string_view ds : {kMaster, kExpAvg, kExpAvgSq}) {
-        if (m.FindDataset(file, ds) == nullptr) continue;
-        if (index++ % world != rank) continue;
-        CKPT_RETURN_IF_ERROR(reader.VerifyDataset(file, ds), "optimizer state of " + reader.dir());
-      }
-    }
+    CKPT_RETURN_IF_ERROR(source->Verify({std::string(kMaster), std::string(kExpAvg),
+                                         std::string(kExpAvgSq)},
+                                        rank, world),
+                         "optimizer state of " + source->dir());
     std::unique_ptr<NcclStatsCombiner> combiner;
     if (o.device == Device::kCuda) {
       CKPT_RETURN_IF_ERROR(SelectCudaDevice(rank), "worker " + std::to_string(rank));
@@ -297,13 +293,14 @@ Status RunNextUpdateWorker(const std::string& dir, int rank) {
       const ParamEntry& p = *params[piece.tensor];
       const size_t n = static_cast<size_t>(piece.end - piece.begin);
       std::vector<float> w(n), mo(n), vo(n);
-      CKPT_RETURN_IF_ERROR(reader.ReadParamRange(p.name, kMaster, piece.begin, piece.end, w.data()),
-                           "read " + p.name);
       CKPT_RETURN_IF_ERROR(
-          reader.ReadParamRange(p.name, kExpAvg, piece.begin, piece.end, mo.data()),
+          source->ReadParamRange(p.name, kMaster, piece.begin, piece.end, w.data()),
           "read " + p.name);
       CKPT_RETURN_IF_ERROR(
-          reader.ReadParamRange(p.name, kExpAvgSq, piece.begin, piece.end, vo.data()),
+          source->ReadParamRange(p.name, kExpAvg, piece.begin, piece.end, mo.data()),
+          "read " + p.name);
+      CKPT_RETURN_IF_ERROR(
+          source->ReadParamRange(p.name, kExpAvgSq, piece.begin, piece.end, vo.data()),
           "read " + p.name);
       // The gradient tensor is read whole: a slice could not be checked against its digest.
       CKPT_ASSIGN_OR_RETURN(std::vector<float> g,
@@ -373,10 +370,10 @@ int NextUpdateWorkerMain(int argc, char** argv) {
   return s.code() == StatusCode::kDataLoss ? 1 : 2;
 }
 
-Status RunSplitPass(const NextUpdateOptions& o, const CheckpointReader& reader,
+Status RunSplitPass(const NextUpdateOptions& o, StateSource& source,
                     const std::string& grad_path, Device device, int workers, ResultSinks& sinks,
                     NextUpdateReport& r) {
-  const Manifest& m = reader.manifest();
+  const Manifest& m = source.manifest();
   std::string dir = (fs::temp_directory_path() / "ckpt-next-update-split-XXXXXX").string();
   if (mkdtemp(dir.data()) == nullptr) return ErrnoError("mkdtemp " + dir, errno);
   struct RemoveDir {
@@ -395,7 +392,7 @@ Status RunSplitPass(const NextUpdateOptions& o, const CheckpointReader& reader,
 
   // 1. Start the workers.
   CKPT_ASSIGN_OR_RETURN(const std::string exe, WorkerProgram(o.bin_dir), "next-update workers");
-  const WorkerJob job{reader.dir(), grad_path, device, workers, !o.out_dir.empty()};
+  const WorkerJob job{source.dir(), grad_path, device, workers, !o.out_dir.empty()};
   CKPT_RETURN_IF_ERROR(PublishText(dir + "/job.json", WorkerJobJson(job).dump()), "worker job");
   std::vector<pid_t> pids;
   auto stop_all = [&pids] {

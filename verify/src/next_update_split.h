@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "ckpt/hash.h"
-#include "ckpt/reader.h"
+#include "ckpt/state_source.h"
 #include "convert/safetensors.h"
 #include "verify/next_update.h"
 
@@ -40,7 +40,7 @@ std::vector<std::vector<SplitPiece>> SplitElements(const std::vector<int64_t>& n
 // here), and fills r.tensors, r.overall and the sinks exactly as the single-process loop does.
 // The children read the checkpoint and `grad_path` themselves. Errors of a child come back
 // with its status code and message.
-Status RunSplitPass(const NextUpdateOptions& o, const CheckpointReader& reader,
+Status RunSplitPass(const NextUpdateOptions& o, StateSource& source,
                     const std::string& grad_path, Device device, int workers, ResultSinks& sinks,
                     NextUpdateReport& r);
 

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 #include <utility>
 
 #include "ckpt/dtype.h"
@@ -94,5 +95,12 @@ Status WriteIntAttr(hid_t obj, const char* name, int64_t value);
 // own character set (h5py writes UTF-8). NotFound when absent; DataLoss when it is not a
 // string or cannot be read.
 Result<std::string> ReadStringAttr(hid_t obj, const char* name);
+
+// Dataspaces of full-shape datasets (the universal layout: its reader here, its writer in
+// convert). The space of `shape` (scalar when shape is empty).
+Handle SpaceFor(const std::vector<int64_t>& shape);
+// Selects the row-major flat elements [begin, end) of a dataset of `shape` in `space`, as a
+// union of at most 2 × rank hyperslabs (elements stay in flat order).
+Status SelectFlatRange(hid_t space, const std::vector<int64_t>& shape, int64_t begin, int64_t end);
 
 }  // namespace ckpt::h5

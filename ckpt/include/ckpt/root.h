@@ -46,6 +46,8 @@ Result<std::string> ReadLatest(const std::string& root, Env* env = nullptr,
 // itself; otherwise a root, at `tag` or at `latest`.
 Result<std::string> ResolveTagDir(const std::string& path, const std::string& tag = "",
                                   Env* env = nullptr);
+// A directory path without trailing slashes ("a/b/" -> "a/b").
+std::string TrimSlashes(std::string path);
 
 // An exclusive advisory lock (Env::TryLockFile, flock) on ROOT/.lock, held by a saver or by
 // gc. The kernel drops it when the process dies, so a crashed saver never blocks the next one.

@@ -42,7 +42,4 @@ class StagedOutput {
   bool committed_ = false;
 };
 
-// A directory path without trailing slashes ("a/b/" -> "a/b").
-std::string TrimSlashes(std::string path);
-
 }  // namespace ckpt::convert

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "ckpt/env.h"
+#include "ckpt/state_source.h"
 #include "ckpt/status.h"
 
 namespace ckpt::convert {
@@ -32,7 +33,7 @@ struct ReshardReport {
   std::string source_dir;
   std::string out;
   std::string tag;
-  bool source_universal = false;
+  SourceKind source_kind = SourceKind::kSharded;
   int source_dp = 0;
   int source_zero = 0;
   int dp = 0;
@@ -54,5 +55,19 @@ struct ReshardReport {
 // updated. Errors: InvalidArgument (dp < 1, zero outside 0..3), source errors, AlreadyExists.
 Result<ReshardReport> Reshard(const std::string& src, const std::string& out,
                               const ReshardOptions& opts);
+
+struct ImportReport {
+  ReshardReport reshard;
+  std::string ds_version;
+  int64_t global_step = 0;
+  size_t params = 0;  // entries of the parameter table
+};
+
+// `ckpt import-deepspeed`: a normal ckpt checkpoint with the DeepSpeed checkpoint's world size
+// and ZeRO stage (Reshard fed by the DeepSpeed source; opts.dp and opts.zero_stage are ignored,
+// and there are no checksums to verify first). NotFound when `src` is not a DeepSpeed
+// checkpoint.
+Result<ImportReport> ImportDeepSpeed(const std::string& src, const std::string& out,
+                                     ReshardOptions opts);
 
 }  // namespace ckpt::convert

@@ -1,16 +1,17 @@
-#include "state_source.h"
+// The three sources behind ckpt::StateSource (ckpt/state_source.h) and the one place that
+// decides what a path is.
+#include "ckpt/state_source.h"
 
 #include <algorithm>
-#include <cstring>
 #include <map>
 
 #include "ckpt/deepspeed.h"
 #include "ckpt/hash.h"
 #include "ckpt/reader.h"
 #include "ckpt/root.h"
-#include "convert/universal.h"
+#include "ckpt/universal.h"
 
-namespace ckpt::convert {
+namespace ckpt {
 namespace {
 
 constexpr int64_t kGapChunk = 1 << 20;  // elements per read of padding / tails
@@ -21,45 +22,11 @@ int64_t Numel(const std::vector<int64_t>& shape) {
   return n;
 }
 
-// Converts `count` stored elements of `dtype` starting at element `first` of `raw` to fp32.
-Status ConvertToF32(const std::vector<uint8_t>& raw, DType dtype, int64_t first, int64_t count,
-                    float* out) {
-  const size_t es = DTypeSize(dtype);
-  const uint8_t* p = raw.data() + static_cast<size_t>(first) * es;
-  for (int64_t i = 0; i < count; ++i, p += es) {
-    switch (dtype) {
-      case DType::kF32:
-        std::memcpy(&out[i], p, 4);
-        break;
-      case DType::kF64: {
-        double d;
-        std::memcpy(&d, p, 8);
-        out[i] = static_cast<float>(d);
-        break;
-      }
-      case DType::kBF16:
-      case DType::kF16: {
-        uint16_t h;
-        std::memcpy(&h, p, 2);
-        out[i] = dtype == DType::kBF16 ? Bf16ToFloat(h) : Fp16ToFloat(h);
-        break;
-      }
-      default:
-        return InvalidArgument("dtype " + std::string(DTypeName(dtype)) + " is not floating point");
-    }
-  }
-  return Status::Ok();
-}
-
 struct HashStream {
   Xxh3Stream hash;
   int64_t cursor = 0;
   bool broken = false;  // a read arrived out of order: verify by a full pass instead
 };
-
-const ParamEntry* Owner(const Manifest& m, const ParamEntry& p) {
-  return p.tied_to.empty() ? &p : m.FindParam(p.tied_to);
-}
 
 Status CheckDigest(const std::string& label, const DatasetRecord& rec, const Xxh3Stream& h) {
   if (rec.xxh3.empty()) return Status::Ok();
@@ -70,6 +37,42 @@ Status CheckDigest(const std::string& label, const DatasetRecord& rec, const Xxh
   return Status::Ok();
 }
 
+// The parameter whose values `name` reads (a tied alias: its owner), with the checks every
+// source applies to a range request.
+Result<const ParamEntry*> Resolve(const Manifest& m, const std::string& dir,
+                                  std::string_view name, std::string_view state, int64_t begin,
+                                  int64_t end) {
+  const ParamEntry* p = m.FindParam(name);
+  if (!p) return NotFound(dir + ": no parameter '" + std::string(name) + "'");
+  if (!p->tied_to.empty()) {
+    p = m.FindParam(p->tied_to);
+    if (!p)
+      return DataLoss(dir + ": parameter '" + std::string(name) + "' is tied to a missing one");
+  }
+  if (state != kMaster && state != kExpAvg && state != kExpAvgSq)
+    return InvalidArgument("unknown state '" + std::string(state) + "'");
+  if (p->frozen && state != kMaster)
+    return InvalidArgument("frozen parameter '" + p->name + "' has no " + std::string(state));
+  if (begin < 0 || end > p->numel || begin > end)
+    return InvalidArgument("parameter '" + p->name + "': range [" + std::to_string(begin) + ", " +
+                           std::to_string(end) + ") outside [0, " + std::to_string(p->numel) +
+                           ")");
+  return p;
+}
+
+// Elements [begin, end) of a frozen parameter's stored bytes as fp32.
+Status FrozenToF32(const ParamEntry& p, const std::vector<uint8_t>& raw, int64_t begin,
+                   int64_t end, float* out) {
+  const size_t es = DTypeSize(p.dtype);
+  if (raw.size() != static_cast<size_t>(p.numel) * es)
+    return DataLoss("frozen parameter '" + p.name + "': stored size does not match its table entry");
+  if (!FloatsToF32(p.dtype, raw.data() + static_cast<size_t>(begin) * es,
+                   static_cast<size_t>(end - begin), out))
+    return InvalidArgument("frozen parameter '" + p.name + "': dtype " +
+                           std::string(DTypeName(p.dtype)) + " is not floating point");
+  return Status::Ok();
+}
+
 // ---- sharded ------------------------------------------------------------------------------
 
 class ShardedSource final : public StateSource {
@@ -77,24 +80,19 @@ class ShardedSource final : public StateSource {
   ShardedSource(CheckpointReader reader, bool verify)
       : reader_(std::move(reader)), verify_(verify) {}
 
+  SourceKind kind() const override { return SourceKind::kSharded; }
   const Manifest& manifest() const override { return reader_.manifest(); }
   const std::string& dir() const override { return reader_.dir(); }
-  bool universal() const override { return false; }
   int source_ranks() const override { return manifest().topology.dp_world_size; }
   uint64_t bytes_read() const override { return reader_.bytes_read(); }
 
-  Status ReadParamRange(const ParamEntry& p_in, std::string_view state, int64_t begin, int64_t end,
-                        float* out) override {
-    const ParamEntry* p = Owner(manifest(), p_in);
-    if (!p) return DataLoss("parameter '" + p_in.name + "' is tied to a missing parameter");
-    if (begin < 0 || end > p->numel || begin > end)
-      return InvalidArgument("range [" + std::to_string(begin) + ", " + std::to_string(end) +
-                             ") outside parameter '" + p->name + "'");
+  Status ReadParamRange(std::string_view param, std::string_view state, int64_t begin,
+                        int64_t end, float* out) override {
+    CKPT_ASSIGN_OR_RETURN(const ParamEntry* p, Resolve(manifest(), dir(), param, state, begin, end),
+                          "");
     if (p->frozen) {
-      if (state != kMaster)
-        return InvalidArgument("frozen parameter '" + p->name + "' has no " + std::string(state));
-      CKPT_ASSIGN_OR_RETURN(auto raw, ReadFrozenBytes(*p), "");
-      return ConvertToF32(raw, p->dtype, begin, end - begin, out);
+      CKPT_ASSIGN_OR_RETURN(auto raw, ReadFrozenBytes(p->name), "");
+      return FrozenToF32(*p, raw, begin, end, out);
     }
     for (const auto& r : p->ranges) {
       const int64_t lo = std::max(begin, r.begin), hi = std::min(end, r.end);
@@ -106,13 +104,13 @@ class ShardedSource final : public StateSource {
     return Status::Ok();
   }
 
-  Result<std::vector<uint8_t>> ReadFrozenBytes(const ParamEntry& p) override {
-    const std::string name = std::string(kFrozenPrefix) + p.name;
+  Result<std::vector<uint8_t>> ReadFrozenBytes(std::string_view param) override {
+    const std::string name = std::string(kFrozenPrefix) + std::string(param);
     for (const auto& f : manifest().files) {
       for (const auto& d : f.datasets)
         if (d.name == name) return reader_.ReadDatasetBytes(f.rank, name);
     }
-    return DataLoss(dir() + ": frozen parameter '" + p.name + "' is in no rank file");
+    return DataLoss(dir() + ": frozen parameter '" + std::string(param) + "' is in no rank file");
   }
 
   std::vector<RankExtra> RankExtras(int r) const override {
@@ -141,11 +139,13 @@ class ShardedSource final : public StateSource {
     return out;
   }
 
-  Status FinishVerification(const std::vector<std::string>& states) override {
+  Status Verify(const std::vector<std::string>& states, int part, int parts) override {
+    int index = 0;
     for (const auto& f : manifest().files) {
       for (const auto& state : states) {
         const DatasetRecord* rec = manifest().FindDataset(f.rank, state);
         if (!rec) continue;
+        if (index++ % parts != part) continue;
         auto it = streams_.find({f.rank, state});
         if (it == streams_.end() || it->second.broken) {
           CKPT_RETURN_IF_ERROR(reader_.VerifyDataset(f.rank, state), "verify");
@@ -198,16 +198,16 @@ class UniversalSource final : public StateSource {
   UniversalSource(UniversalReader reader, bool verify)
       : reader_(std::move(reader)), verify_(verify) {}
 
+  SourceKind kind() const override { return SourceKind::kUniversal; }
   const Manifest& manifest() const override { return reader_.manifest(); }
   const std::string& dir() const override { return reader_.dir(); }
-  bool universal() const override { return true; }
   int source_ranks() const override { return reader_.source_ranks(); }
   uint64_t bytes_read() const override { return reader_.bytes_read(); }
 
-  Status ReadParamRange(const ParamEntry& p_in, std::string_view state, int64_t begin, int64_t end,
-                        float* out) override {
-    const ParamEntry* p = Owner(manifest(), p_in);
-    if (!p) return DataLoss("parameter '" + p_in.name + "' is tied to a missing parameter");
+  Status ReadParamRange(std::string_view param, std::string_view state, int64_t begin,
+                        int64_t end, float* out) override {
+    CKPT_ASSIGN_OR_RETURN(const ParamEntry* p, Resolve(manifest(), dir(), param, state, begin, end),
+                          "");
     if (!verify_ || p->frozen) return reader_.ReadParamRange(p->name, state, begin, end, out);
     const std::string name = UniversalParamGroup(p->name) + "/" + std::string(state);
     HashStream& s = streams_[name];
@@ -221,8 +221,8 @@ class UniversalSource final : public StateSource {
     return Status::Ok();
   }
 
-  Result<std::vector<uint8_t>> ReadFrozenBytes(const ParamEntry& p) override {
-    return reader_.ReadDatasetBytes(UniversalParamGroup(p.name) + "/" + std::string(kMaster));
+  Result<std::vector<uint8_t>> ReadFrozenBytes(std::string_view param) override {
+    return reader_.ReadDatasetBytes(UniversalParamGroup(param) + "/" + std::string(kMaster));
   }
 
   std::vector<RankExtra> RankExtras(int r) const override {
@@ -235,16 +235,18 @@ class UniversalSource final : public StateSource {
     return out;
   }
 
-  Result<std::vector<uint8_t>> ReadRankExtra(int r, const RankExtra& extra) override {
+  Result<std::vector<uint8_t>> ReadRankExtra(int, const RankExtra& extra) override {
     return reader_.ReadDatasetBytes(extra.record.name);
   }
 
   std::vector<std::string> UnusedTensors() const override { return {}; }
 
-  Status FinishVerification(const std::vector<std::string>& states) override {
+  Status Verify(const std::vector<std::string>& states, int part, int parts) override {
+    int index = 0;
     for (const auto& p : manifest().params) {
       if (!p.trainable()) continue;
       for (const auto& state : states) {
+        if (index++ % parts != part) continue;
         const std::string name = UniversalParamGroup(p.name) + "/" + state;
         const DatasetRecord* rec = manifest().FindDataset(0, name);
         if (!rec) return DataLoss(dir() + ": manifest lists no dataset /" + name);
@@ -283,26 +285,28 @@ class UniversalSource final : public StateSource {
 
 // ---- DeepSpeed ------------------------------------------------------------------------------
 
-// DeepSpeed stores no checksums: reads are as good as the zip records (FinishVerification has
-// nothing to compare; `ckpt check` reads every record to its end so libzip checks each CRC-32).
+// DeepSpeed stores no checksums: reads are as good as the zip records (Verify has nothing to
+// compare; CheckSource reads every record to its end so libzip checks each CRC-32).
 class DeepSpeedSource final : public StateSource {
  public:
   explicit DeepSpeedSource(DeepSpeedReader reader) : reader_(std::move(reader)) {
     if (!reader_.info().lr_scheduler.is_null()) scheduler_ = reader_.info().lr_scheduler.dump();
   }
 
+  SourceKind kind() const override { return SourceKind::kDeepSpeed; }
   const Manifest& manifest() const override { return reader_.manifest(); }
   const std::string& dir() const override { return reader_.dir(); }
-  bool universal() const override { return false; }
   int source_ranks() const override { return manifest().topology.dp_world_size; }
+  const DeepSpeedInfo* deepspeed() const override { return &reader_.info(); }
   uint64_t bytes_read() const override { return reader_.bytes_read(); }
 
-  Status ReadParamRange(const ParamEntry& p, std::string_view state, int64_t begin, int64_t end,
-                        float* out) override {
-    return reader_.ReadParamRange(p.name, state, begin, end, out);
+  Status ReadParamRange(std::string_view param, std::string_view state, int64_t begin,
+                        int64_t end, float* out) override {
+    CKPT_RETURN_IF_ERROR(Resolve(manifest(), dir(), param, state, begin, end).status(), "");
+    return reader_.ReadParamRange(param, state, begin, end, out);
   }
-  Result<std::vector<uint8_t>> ReadFrozenBytes(const ParamEntry& p) override {
-    return reader_.ReadFrozenBytes(p.name);
+  Result<std::vector<uint8_t>> ReadFrozenBytes(std::string_view param) override {
+    return reader_.ReadFrozenBytes(param);
   }
   // The scheduler's state_dict (global in DeepSpeed) as every rank's `scheduler` json.
   std::vector<RankExtra> RankExtras(int r) const override {
@@ -316,42 +320,133 @@ class DeepSpeedSource final : public StateSource {
     return {{std::string(kScheduler), rec}};
   }
   Result<std::vector<uint8_t>> ReadRankExtra(int, const RankExtra& extra) override {
-    if (extra.name != kScheduler) return NotFound("no dataset " + extra.name);
+    if (extra.name != kScheduler) return NotFound(dir() + ": no dataset " + extra.name);
     return std::vector<uint8_t>(scheduler_.begin(), scheduler_.end());
   }
   std::vector<std::string> UnusedTensors() const override {
     return {"module (the " + reader_.info().model_dtype +
             " model weights; the fp32 masters are read instead)"};
   }
-  Status FinishVerification(const std::vector<std::string>&) override { return Status::Ok(); }
+  Status Verify(const std::vector<std::string>&, int, int) override { return Status::Ok(); }
 
  private:
   DeepSpeedReader reader_;
   std::string scheduler_;
 };
 
+double JsonNumber(const nlohmann::json& j, const char* key, double fallback, bool* found) {
+  if (j.is_object() && j.contains(key) && j[key].is_number()) {
+    if (found) *found = true;
+    return j[key].get<double>();
+  }
+  return fallback;
+}
+
 }  // namespace
 
+std::string_view SourceKindName(SourceKind kind) {
+  switch (kind) {
+    case SourceKind::kSharded:
+      return "sharded";
+    case SourceKind::kUniversal:
+      return "universal";
+    case SourceKind::kDeepSpeed:
+      return kDeepSpeedKind;
+  }
+  return "sharded";
+}
+
+// engine_min records the optimizer's settings and its update count in manifest.optimizer and
+// the rate of the next update in rank 0's `scheduler` dataset; other writers may only have
+// manifest.optimizer.
+Result<AdamWHyper> StateSource::OptimizerHyper(std::string* source) {
+  const Manifest& m = manifest();
+  const nlohmann::json& opt = m.optimizer;
+  AdamWHyper h;
+  if (opt.is_object() && opt.contains("type") && opt["type"].is_string()) {
+    const std::string type = opt["type"].get<std::string>();
+    if (type != "adamw" && type != "adam")
+      return Unimplemented("optimizer type '" + type + "' in " + dir() +
+                           ": only AdamW hyper-parameters are read");
+  }
+  // A DeepSpeed source whose optimizer groups differ records them all as an array
+  // (docs/deepspeed.md); one set of hyper-parameters would be wrong for some parameters.
+  // (ckpt.torch records only the number of groups there.)
+  if (opt.is_object() && opt.contains("param_groups") && opt["param_groups"].is_array())
+    return Unimplemented("optimizer groups with different hyper-parameters: one AdamW setting "
+                         "cannot describe them");
+  bool have_lr = false;
+  h.lr = JsonNumber(opt, "lr", h.lr, &have_lr);
+  if (opt.contains("betas") && opt["betas"].is_array() && opt["betas"].size() == 2 &&
+      opt["betas"][0].is_number() && opt["betas"][1].is_number()) {
+    h.beta1 = opt["betas"][0].get<double>();
+    h.beta2 = opt["betas"][1].get<double>();
+  }
+  h.beta1 = JsonNumber(opt, "beta1", h.beta1, nullptr);
+  h.beta2 = JsonNumber(opt, "beta2", h.beta2, nullptr);
+  h.eps = JsonNumber(opt, "eps", h.eps, nullptr);
+  h.weight_decay = JsonNumber(opt, "weight_decay", h.weight_decay, nullptr);
+  std::string lr_from = have_lr ? "manifest optimizer.lr" : "default lr";
+  bool have_step = false;
+  h.step = static_cast<int64_t>(JsonNumber(opt, "step", -1, &have_step));
+  std::string step_from = "manifest optimizer.step";
+  if (!have_step || h.step < 0) {
+    h.step = m.counters.global_step - m.counters.skipped_steps;
+    step_from = "counters.global_step - skipped_steps";
+  }
+  for (const RankExtra& ex : RankExtras(0)) {
+    if (ex.name != kScheduler) continue;
+    CKPT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadRankExtra(0, ex),
+                          "rank 0 scheduler state");
+    const auto sched = nlohmann::json::parse(bytes.begin(), bytes.end(), nullptr, false);
+    if (sched.is_discarded())
+      return DataLoss(dir() + ": rank 0 dataset /" + std::string(kScheduler) +
+                      " is not valid JSON");
+    for (const char* key : {"next_lr", "lr"}) {
+      bool found = false;
+      const double lr = JsonNumber(sched, key, 0, &found);
+      if (found) {
+        h.lr = lr;
+        lr_from = std::string("scheduler.") + key;
+        break;
+      }
+    }
+    for (const char* key : {"optimizer_step", "step"}) {
+      bool found = false;
+      const double step = JsonNumber(sched, key, 0, &found);
+      if (found && !have_step) {
+        h.step = static_cast<int64_t>(step);
+        step_from = std::string("scheduler.") + key;
+        break;
+      }
+    }
+  }
+  if (!(h.lr >= 0) || !(h.beta1 >= 0 && h.beta1 < 1) || !(h.beta2 >= 0 && h.beta2 < 1) ||
+      !(h.eps > 0) || h.step < 0)
+    return DataLoss("optimizer hyper-parameters in " + dir() + " are out of range");
+  if (source) *source = "lr: " + lr_from + "; step: " + step_from;
+  return h;
+}
+
 Result<std::unique_ptr<StateSource>> OpenStateSource(const std::string& path,
-                                                     const std::string& tag, bool stream_verify,
-                                                     Env* env) {
-  if (!env) env = Env::Default();
-  if (!DeepSpeedTagDir(path, tag, env).empty()) {
-    CKPT_ASSIGN_OR_RETURN(DeepSpeedReader r, DeepSpeedReader::Open(path, tag, env), "");
+                                                     const SourceOptions& options) {
+  Env* env = options.env ? options.env : Env::Default();
+  if (!DeepSpeedTagDir(path, options.tag, env).empty()) {
+    CKPT_ASSIGN_OR_RETURN(DeepSpeedReader r, DeepSpeedReader::Open(path, options.tag, env), "");
     return std::unique_ptr<StateSource>(new DeepSpeedSource(std::move(r)));
   }
-  CKPT_ASSIGN_OR_RETURN(std::string dir, ResolveTagDir(path, tag, env), "");
+  CKPT_ASSIGN_OR_RETURN(std::string dir, ResolveTagDir(path, options.tag, env), "");
   if (IsUniversal(dir, "", env)) {
     CKPT_ASSIGN_OR_RETURN(UniversalReader r, UniversalReader::Open(dir, env), "");
-    return std::unique_ptr<StateSource>(new UniversalSource(std::move(r), stream_verify));
+    return std::unique_ptr<StateSource>(new UniversalSource(std::move(r), options.stream_verify));
   }
   OpenOptions o;
   o.env = env;
   o.verify_checksums = true;
   CKPT_ASSIGN_OR_RETURN(CheckpointReader r, CheckpointReader::Open(dir, "", o), "");
   // A missing or truncated rank file is reported before any output is written.
-  CKPT_RETURN_IF_ERROR(r.CheckFiles(), "");
-  return std::unique_ptr<StateSource>(new ShardedSource(std::move(r), stream_verify));
+  if (options.check_files) CKPT_RETURN_IF_ERROR(r.CheckFiles(), "");
+  return std::unique_ptr<StateSource>(new ShardedSource(std::move(r), options.stream_verify));
 }
 
-}  // namespace ckpt::convert
+}  // namespace ckpt

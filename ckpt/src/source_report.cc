@@ -1,0 +1,228 @@
+// `ckpt inspect` and `ckpt check` of any checkpoint kind (ckpt/state_source.h): what they find
+// and how it is printed, so the CLI only parses flags and prints.
+#include <cstdio>
+
+#include "ckpt/deepspeed.h"
+#include "ckpt/hash.h"
+#include "ckpt/progress.h"
+#include "ckpt/root.h"
+#include "ckpt/state_source.h"
+#include "ckpt/units.h"
+#include "ckpt/universal.h"
+
+namespace ckpt {
+namespace {
+
+constexpr const char* kDeepSpeedNote =
+    "DeepSpeed stores no checksums: checked the layout, every zip record's CRC-32 and that "
+    "every tensor reads";
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// printf into a std::string.
+template <typename... Args>
+void Appendf(std::string& out, const char* fmt, Args... args) {
+  const int n = std::snprintf(nullptr, 0, fmt, args...);
+  if (n <= 0) return;
+  std::string buf(static_cast<size_t>(n) + 1, '\0');
+  std::snprintf(buf.data(), buf.size(), fmt, args...);
+  buf.resize(static_cast<size_t>(n));
+  out += buf;
+}
+
+// A universal checkpoint: its manifest, file size and, with deep, the file and every dataset
+// checksum.
+std::vector<Problem> CheckUniversal(const std::string& dir, bool deep, Env* env, bool progress) {
+  std::vector<Problem> problems;
+  auto reader = UniversalReader::Open(dir, env);
+  if (!reader.ok()) {
+    problems.push_back({std::string(kManifestFile), "", reader.status().message()});
+    return problems;
+  }
+  uint64_t total = 0;
+  for (const auto& f : reader->manifest().files) {
+    total += f.bytes;
+    for (const auto& d : f.datasets) total += d.bytes;
+  }
+  Progress bar("check --deep", total, progress && deep);
+  for (const auto& f : reader->manifest().files) {
+    const std::string path = dir + "/" + f.path;
+    auto size = env->FileSize(path);
+    if (!size.ok() || *size != f.bytes) {
+      problems.push_back({f.path, "", size.ok() ? "size " + std::to_string(*size) +
+                                                      " bytes, manifest records " +
+                                                      std::to_string(f.bytes)
+                                                : size.status().message()});
+      continue;
+    }
+    if (!deep) continue;
+    if (!f.xxh3.empty()) {
+      auto h = Xxh3FileHex(path, env);
+      if (!h.ok() || *h != f.xxh3)
+        problems.push_back({f.path, "", h.ok() ? "file checksum mismatch (manifest " + f.xxh3 +
+                                                     ", file " + *h + ")"
+                                               : h.status().message()});
+      bar.Add(f.bytes);
+    }
+    for (const auto& d : f.datasets) {
+      Status s = reader->VerifyDataset(d.name);
+      if (!s.ok()) problems.push_back({f.path, d.name, s.message()});
+      bar.Add(d.bytes);
+    }
+  }
+  bar.Finish();
+  return problems;
+}
+
+// DeepSpeed records no checksums of its own, so the check is the layout (DeepSpeedReader::Open),
+// every zip record's CRC-32 and every tensor read through the parameter table.
+Result<std::vector<Problem>> CheckDeepSpeed(const std::string& path, const std::string& tag,
+                                            Env* env) {
+  auto reader = DeepSpeedReader::Open(path, tag, env);
+  if (!reader.ok()) {
+    if (reader.status().code() != StatusCode::kDataLoss) return reader.status();
+    return std::vector<Problem>{{"", "", reader.status().message()}};
+  }
+  return reader->Check();
+}
+
+}  // namespace
+
+nlohmann::json InspectSourceToJson(const StateSource& source) {
+  nlohmann::json out = InspectToJson(source.manifest(), source.dir());
+  if (const DeepSpeedInfo* i = source.deepspeed()) {
+    out["deepspeed"] = {{"ds_version", i->ds_version},
+                        {"optimizer", i->optimizer},
+                        {"model_dtype", i->model_dtype},
+                        {"model_files", i->model_files},
+                        {"optim_files", i->optim_files},
+                        {"buffers", i->buffers},
+                        {"group_partition", i->group_partition},
+                        {"lr_scheduler", i->lr_scheduler},
+                        {"checksums", false}};
+  }
+  return out;
+}
+
+std::string InspectSourceToText(const StateSource& source) {
+  const Manifest& m = source.manifest();
+  const DeepSpeedInfo* ds = source.deepspeed();
+  std::string out;
+  Appendf(out, "tag            %s  (%s)\n", m.tag.c_str(), source.dir().c_str());
+  if (ds) {
+    Appendf(out,
+            "format         DeepSpeed %s ZeRO checkpoint (%s, %s training); no checksums "
+            "(DeepSpeed records none)\n",
+            ds->ds_version.c_str(), ds->optimizer.c_str(), ds->model_dtype.c_str());
+    Appendf(out, "files          %zu model-states + %zu optimizer file(s)\n",
+            ds->model_files.size(), ds->optim_files.size());
+    if (!ds->buffers.empty())
+      Appendf(out, "buffers        %zu (listed as frozen)\n", ds->buffers.size());
+    if (!ds->lr_scheduler.is_null())
+      Appendf(out, "lr_scheduler   %s\n", ds->lr_scheduler.dump().c_str());
+  } else {
+    Appendf(out, "format         %s %d.%d%s, written by %s at %s\n", m.format.c_str(),
+            m.version_major, m.version_minor,
+            source.kind() == SourceKind::kUniversal ? " (universal layout)" : "",
+            m.writer.c_str(), m.created_utc.c_str());
+  }
+  Appendf(out,
+          "counters       global_step %lld, micro_step %lld, skipped %lld, samples %lld, "
+          "tokens %lld\n",
+          static_cast<long long>(m.counters.global_step),
+          static_cast<long long>(m.counters.micro_step),
+          static_cast<long long>(m.counters.skipped_steps),
+          static_cast<long long>(m.counters.samples_seen),
+          static_cast<long long>(m.counters.tokens_seen));
+  Appendf(out, "topology       dp %d, tp %d, pp %d, ZeRO-%d (%s partition, alignment %lld)%s\n",
+          m.topology.dp_world_size, m.topology.tp, m.topology.pp, m.topology.zero_stage,
+          m.partition.scheme.c_str(), static_cast<long long>(m.partition.alignment),
+          source.kind() == SourceKind::kUniversal ? " of the source" : "");
+  Appendf(out, "optimizer      %s\n", m.optimizer.dump().c_str());
+  if (!ds) {
+    uint64_t bytes = 0;
+    std::string comp;
+    for (const auto& f : m.files) {
+      bytes += f.bytes;
+      comp = f.compression;
+    }
+    Appendf(out, "files          %zu %s, %s, compression %s\n", m.files.size(),
+            source.kind() == SourceKind::kUniversal ? "universal file(s)" : "rank files",
+            FormatBytes(bytes).c_str(), comp.c_str());
+  }
+  Appendf(out, "parameters     %lld unique\n", static_cast<long long>(m.UniqueParamCount()));
+  Appendf(out, "  %-36s %-18s %-6s %12s  %s\n", "NAME", "SHAPE", "DTYPE", "NUMEL", "NOTE");
+  for (const auto& p : m.params) {
+    std::string note = p.frozen ? "frozen" : "";
+    if (!p.tied_to.empty()) note = "tied to " + p.tied_to;
+    if (p.trainable() && !p.ranges.empty())
+      note = std::to_string(p.ranges.size()) + " owner range(s)";
+    Appendf(out, "  %-36s %-18s %-6s %12lld  %s\n", p.name.c_str(), ShapeText(p.shape).c_str(),
+            std::string(DTypeName(p.dtype)).c_str(), static_cast<long long>(p.numel),
+            note.c_str());
+  }
+  if (!m.client_state.empty())
+    Appendf(out, "client_state   %s\n", m.client_state.dump().c_str());
+  return out;
+}
+
+Result<SourceCheck> CheckSource(const std::string& path, const std::string& tag, bool deep,
+                                Env* env, bool progress) {
+  if (!env) env = Env::Default();
+  SourceCheck c;
+  c.deep = deep;
+  if (std::string ds = DeepSpeedTagDir(path, tag, env); !ds.empty()) {
+    c.kind = SourceKind::kDeepSpeed;
+    c.dir = ds;
+    CKPT_ASSIGN_OR_RETURN(c.problems, CheckDeepSpeed(path, tag, env), "");
+    return c;
+  }
+  auto dir = ResolveTagDir(path, tag, env);
+  if (!dir.ok()) {
+    if (dir.status().code() != StatusCode::kDataLoss) return dir.status();
+    c.problems.push_back({std::string(kLatestFile), "", dir.status().message()});
+    return c;
+  }
+  c.dir = *dir;
+  if (IsUniversal(*dir, "", env)) {
+    c.kind = SourceKind::kUniversal;
+    c.problems = CheckUniversal(*dir, deep, env, progress);
+    return c;
+  }
+  CKPT_ASSIGN_OR_RETURN(c.problems, CheckCheckpoint(*dir, deep, env, progress), "");
+  return c;
+}
+
+nlohmann::json SourceCheckToJson(const SourceCheck& c) {
+  nlohmann::json j = CheckReportToJson(c.problems, c.dir, c.deep);
+  if (c.kind == SourceKind::kDeepSpeed) {
+    j["kind"] = std::string(SourceKindName(c.kind));
+    j["checksums"] = false;
+    j["note"] = kDeepSpeedNote;
+  }
+  return j;
+}
+
+std::string SourceCheckToText(const SourceCheck& c) {
+  std::string out;
+  if (c.problems.empty()) {
+    const char* what = c.kind == SourceKind::kDeepSpeed
+                           ? kDeepSpeedNote
+                           : c.deep ? "structure, sizes and every checksum"
+                                    : "structure and sizes; --deep for checksums";
+    Appendf(out, "ok: %s (%s)\n", c.dir.c_str(), what);
+    return out;
+  }
+  Appendf(out, "CORRUPT: %zu problem(s)\n", c.problems.size());
+  const char* sep = c.kind == SourceKind::kDeepSpeed ? " parameter " : " /";
+  for (const auto& p : c.problems)
+    Appendf(out, "  %s%s%s: %s\n", p.file.c_str(), p.dataset.empty() ? "" : sep,
+            p.dataset.c_str(), p.what.c_str());
+  return out;
+}
+
+}  // namespace ckpt

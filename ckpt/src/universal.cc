@@ -1,0 +1,232 @@
+// The universal layout's reader (ckpt/universal.h; docs/convert.md, "Universal layout"). The
+// writer is convert's (convert/src/universal.cc).
+#include "ckpt/universal.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "ckpt/h5.h"
+#include "ckpt/hash.h"
+#include "ckpt/root.h"
+
+namespace ckpt {
+namespace {
+
+constexpr int64_t kVerifyChunkBytes = 8 << 20;
+
+int64_t Numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+}  // namespace
+
+std::string UniversalParamGroup(std::string_view param) {
+  std::string out = "params/";
+  for (char c : param) {
+    if (c == '%')
+      out += "%25";
+    else if (c == '/')
+      out += "%2F";
+    else
+      out += c;
+  }
+  return out;
+}
+
+std::string UniversalSourceGroup(int rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "source/rank_%05d", rank);
+  return buf;
+}
+
+bool IsUniversal(const std::string& path, const std::string& tag, Env* env) {
+  if (!env) env = Env::Default();
+  auto dir = ResolveTagDir(path, tag, env);
+  if (!dir.ok()) return false;
+  auto text = env->ReadFileToString(*dir + "/" + std::string(kManifestFile));
+  if (!text.ok()) return false;
+  auto j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  return j.is_object() && j.value("kind", std::string()) == "universal";
+}
+
+// ---- reader -------------------------------------------------------------------------------
+
+struct UniversalReader::Impl {
+  Env* env = nullptr;
+  std::string dir;
+  std::string file_path;
+  Manifest manifest;
+  h5::Handle file;
+  std::map<std::string, h5::Handle> datasets;
+  uint64_t bytes_read = 0;
+
+  std::string Label() const { return file_path; }
+
+  Result<hid_t> Open(const std::string& name) {
+    auto it = datasets.find(name);
+    if (it != datasets.end()) return it->second.get();
+    h5::Init();
+    if (H5Lexists(file.get(), name.c_str(), H5P_DEFAULT) <= 0) {
+      // H5Lexists fails on a missing intermediate group; either way it is absent.
+      H5Eclear2(H5E_DEFAULT);
+      return DataLoss(Label() + ": dataset /" + name + " is missing");
+    }
+    h5::Handle d = h5::Dataset(H5Dopen2(file.get(), name.c_str(), H5P_DEFAULT));
+    if (!d.valid()) return DataLoss(Label() + ": dataset /" + name + ": " + h5::ErrorText());
+    hid_t id = d.get();
+    datasets.emplace(name, std::move(d));
+    return id;
+  }
+
+  // Reads flat elements [begin, end) of dataset `name` (shape, element type dtype) as raw
+  // stored bytes into out.
+  Status ReadRange(const std::string& name, const std::vector<int64_t>& shape, DType dtype,
+                   int64_t begin, int64_t end, void* out) {
+    if (end <= begin) return Status::Ok();
+    CKPT_ASSIGN_OR_RETURN(hid_t d, Open(name), "");
+    h5::Handle fspace = h5::Space(H5Dget_space(d));
+    const int nd = H5Sget_simple_extent_ndims(fspace.get());
+    std::vector<hsize_t> dims(static_cast<size_t>(std::max(nd, 0)));
+    if (nd < 0 || H5Sget_simple_extent_dims(fspace.get(), dims.data(), nullptr) < 0)
+      return DataLoss(Label() + ": dataset /" + name + ": " + h5::ErrorText());
+    if (std::vector<int64_t>(dims.begin(), dims.end()) != shape)
+      return DataLoss(Label() + ": dataset /" + name + " has another shape than the manifest");
+    h5::Handle ftype = h5::Type(H5Dget_type(d));
+    if (H5Tget_size(ftype.get()) != DTypeSize(dtype))
+      return DataLoss(Label() + ": dataset /" + name + " has another element size than its dtype " +
+                      std::string(DTypeName(dtype)));
+    CKPT_RETURN_IF_ERROR(h5::SelectFlatRange(fspace.get(), shape, begin, end),
+                         Label() + ": /" + name);
+    const hsize_t n = static_cast<hsize_t>(end - begin);
+    h5::Handle mspace = h5::Space(H5Screate_simple(1, &n, nullptr));
+    if (H5Dread(d, h5::MemType(dtype), mspace.get(), fspace.get(), H5P_DEFAULT, out) < 0)
+      return DataLoss(Label() + ": read /" + name + ": " + h5::ErrorText());
+    bytes_read += n * DTypeSize(dtype);
+    return Status::Ok();
+  }
+
+  Result<const DatasetRecord*> Record(std::string_view name) const {
+    const DatasetRecord* rec = manifest.FindDataset(0, name);
+    if (!rec) return NotFound(dir + ": the manifest lists no dataset '" + std::string(name) + "'");
+    return rec;
+  }
+};
+
+UniversalReader::UniversalReader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+UniversalReader::UniversalReader(UniversalReader&&) noexcept = default;
+UniversalReader& UniversalReader::operator=(UniversalReader&&) noexcept = default;
+UniversalReader::~UniversalReader() = default;
+
+Result<UniversalReader> UniversalReader::Open(const std::string& dir_arg, Env* env) {
+  auto impl = std::make_unique<Impl>();
+  impl->env = env ? env : Env::Default();
+  impl->dir = TrimSlashes(dir_arg);
+  const std::string mpath = impl->dir + "/" + std::string(kManifestFile);
+  auto text = impl->env->ReadFileToString(mpath);
+  if (!text.ok()) {
+    if (text.status().code() == StatusCode::kNotFound)
+      return NotFound(mpath + " is missing (not a checkpoint)");
+    return text.status();
+  }
+  CKPT_ASSIGN_OR_RETURN(impl->manifest, ParseManifest(*text, mpath), "");
+  const Manifest& m = impl->manifest;
+  if (m.kind != "universal")
+    return FailedPrecondition(impl->dir + " is a " + m.kind + " checkpoint, not universal");
+  if (m.files.size() != 1 || m.files[0].path != kUniversalFile)
+    return DataLoss(mpath + ": a universal manifest lists exactly one file, " +
+                    std::string(kUniversalFile));
+  impl->file_path = impl->dir + "/" + std::string(kUniversalFile);
+  if (!impl->env->Exists(impl->file_path))
+    return DataLoss(impl->file_path + " is missing (manifest lists it)");
+  CKPT_ASSIGN_OR_RETURN(uint64_t size, impl->env->FileSize(impl->file_path), impl->file_path);
+  if (m.files[0].bytes != 0 && size != m.files[0].bytes)
+    return DataLoss(impl->file_path + " has " + std::to_string(size) +
+                    " bytes, the manifest records " + std::to_string(m.files[0].bytes) +
+                    " (truncated or replaced)");
+  h5::Init();
+  impl->file = h5::File(H5Fopen(impl->file_path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  if (!impl->file.valid())
+    return DataLoss(impl->file_path + ": not a readable HDF5 file: " + h5::ErrorText());
+  auto format = h5::ReadStringAttr(impl->file.get(), "format");
+  if (!format.ok() || *format != kUniversalFormat)
+    return DataLoss(impl->file_path + ": root attribute format is not '" +
+                    std::string(kUniversalFormat) + "'");
+  CKPT_ASSIGN_OR_RETURN(std::string version, h5::ReadStringAttr(impl->file.get(), "format_version"),
+                        impl->file_path);
+  int major = 0, minor = 0;
+  if (std::sscanf(version.c_str(), "%d.%d", &major, &minor) != 2)
+    return DataLoss(impl->file_path + ": bad format_version '" + version + "'");
+  if (major > kUniversalMajor)
+    return Unimplemented(impl->file_path + ": written by universal layout " + version +
+                         ", this reader supports " + std::to_string(kUniversalMajor) + ".x");
+  return UniversalReader(std::move(impl));
+}
+
+const Manifest& UniversalReader::manifest() const { return impl_->manifest; }
+const std::string& UniversalReader::dir() const { return impl_->dir; }
+int UniversalReader::source_ranks() const { return impl_->manifest.topology.dp_world_size; }
+uint64_t UniversalReader::bytes_read() const { return impl_->bytes_read; }
+
+Status UniversalReader::ReadParamRange(std::string_view param, std::string_view state,
+                                       int64_t begin, int64_t end, float* out) const {
+  const Manifest& m = impl_->manifest;
+  const ParamEntry* p = m.FindParam(param);
+  if (!p) return NotFound(impl_->dir + ": no parameter '" + std::string(param) + "'");
+  if (!p->tied_to.empty()) p = m.FindParam(p->tied_to);
+  if (!p)
+    return DataLoss(impl_->dir + ": '" + std::string(param) + "' is tied to a missing parameter");
+  if (state != kMaster && state != kExpAvg && state != kExpAvgSq)
+    return InvalidArgument("unknown state '" + std::string(state) + "'");
+  if (p->frozen && state != kMaster)
+    return InvalidArgument("frozen parameter '" + p->name + "' has no " + std::string(state));
+  if (begin < 0 || end > p->numel || begin > end)
+    return InvalidArgument("range [" + std::to_string(begin) + ", " + std::to_string(end) +
+                           ") outside parameter '" + p->name + "'");
+  const std::string name = UniversalParamGroup(p->name) + "/" + std::string(state);
+  const DType stored = p->frozen ? p->dtype : DType::kF32;
+  if (stored == DType::kF32) return impl_->ReadRange(name, p->shape, stored, begin, end, out);
+  std::vector<uint8_t> raw(static_cast<size_t>(end - begin) * DTypeSize(stored));
+  CKPT_RETURN_IF_ERROR(impl_->ReadRange(name, p->shape, stored, begin, end, raw.data()), "");
+  if (!FloatsToF32(stored, raw.data(), raw.size() / DTypeSize(stored), out))
+    return InvalidArgument("parameter '" + p->name + "' is not floating point");
+  return Status::Ok();
+}
+
+Result<std::vector<uint8_t>> UniversalReader::ReadDatasetBytes(std::string_view name) const {
+  CKPT_ASSIGN_OR_RETURN(const DatasetRecord* rec, impl_->Record(name), "");
+  const int64_t n = Numel(rec->shape);
+  if (static_cast<uint64_t>(n) * DTypeSize(rec->dtype) != rec->bytes)
+    return DataLoss(impl_->dir + ": manifest record of /" + rec->name + " is inconsistent");
+  std::vector<uint8_t> out(rec->bytes);
+  CKPT_RETURN_IF_ERROR(impl_->ReadRange(rec->name, rec->shape, rec->dtype, 0, n, out.data()), "");
+  const std::string got = DigestHex(Xxh3(out.data(), out.size()));
+  if (!rec->xxh3.empty() && got != rec->xxh3)
+    return DataLoss(impl_->Label() + ": dataset /" + rec->name + ": checksum mismatch (manifest " +
+                    rec->xxh3 + ", data " + got + ")");
+  return out;
+}
+
+Status UniversalReader::VerifyDataset(std::string_view name) const {
+  CKPT_ASSIGN_OR_RETURN(const DatasetRecord* rec, impl_->Record(name), "");
+  const int64_t n = Numel(rec->shape);
+  const size_t es = DTypeSize(rec->dtype);
+  const int64_t step = std::max<int64_t>(1, kVerifyChunkBytes / static_cast<int64_t>(es));
+  std::vector<uint8_t> buf;
+  Xxh3Stream h;
+  for (int64_t b = 0; b < n; b += step) {
+    const int64_t e = std::min(n, b + step);
+    buf.resize(static_cast<size_t>(e - b) * es);
+    CKPT_RETURN_IF_ERROR(impl_->ReadRange(rec->name, rec->shape, rec->dtype, b, e, buf.data()), "");
+    h.Update(buf.data(), buf.size());
+  }
+  if (!rec->xxh3.empty() && h.HexDigest() != rec->xxh3)
+    return DataLoss(impl_->Label() + ": dataset /" + rec->name + ": checksum mismatch (manifest " +
+                    rec->xxh3 + ", data " + h.HexDigest() + ")");
+  return Status::Ok();
+}
+
+}  // namespace ckpt

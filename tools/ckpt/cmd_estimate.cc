@@ -7,10 +7,10 @@
 #include <string>
 
 #include "ckpt/dtype.h"
-#include "ckpt/units.h"
 #include "command.h"
 #include "estimate/checkpoint_size.h"
 #include "estimate/param_count.h"
+#include "estimate/param_source.h"
 #include "estimate/transformer_memory.h"
 #include "estimate/zero_memory.h"
 
@@ -21,17 +21,7 @@ namespace est = ckpt::estimate;
 
 constexpr std::string_view kCommand = "estimate";
 
-// Flags shared by the sub-commands that take a model size.
-struct SizeFlags {
-  std::string params;
-  std::string largest_layer;
-  std::string from_checkpoint;
-  std::string tag;
-  std::string from_safetensors;
-  std::string param_table;
-};
-
-void AddSizeFlags(CLI::App* app, SizeFlags& f, bool largest_layer) {
+void AddSizeFlags(CLI::App* app, est::ParamSource& f, bool largest_layer) {
   app->add_option("--params,-p", f.params,
                   "total parameters: 2851e6, 2.851B, 7B, 350M, 1000");
   if (largest_layer) {
@@ -49,73 +39,8 @@ void AddSizeFlags(CLI::App* app, SizeFlags& f, bool largest_layer) {
                   "\"tied_to\"}] or a manifest.json");
 }
 
-Result<int64_t> ParseCountFlag(const std::string& text, const char* flag) {
-  auto r = ParseCount(text);
-  if (!r.ok()) return r.status().WithContext(std::string(flag) + " '" + text + "'");
-  return *r;
-}
-
-Result<std::optional<est::ParamTable>> LoadTable(const SizeFlags& f) {
-  if (!f.from_checkpoint.empty() + !f.from_safetensors.empty() + !f.param_table.empty() > 1) {
-    return InvalidArgument("give one of --from-checkpoint, --from-safetensors, --param-table");
-  }
-  if (!f.param_table.empty()) {
-    CKPT_ASSIGN_OR_RETURN(est::ParamTable t, est::ParamTableFromJsonFile(f.param_table),
-                          "--param-table");
-    return std::optional<est::ParamTable>(std::move(t));
-  }
-  if (!f.from_checkpoint.empty()) {
-    CKPT_ASSIGN_OR_RETURN(est::ParamTable t,
-                          est::ParamTableFromCheckpoint(f.from_checkpoint, f.tag),
-                          "--from-checkpoint");
-    return std::optional<est::ParamTable>(std::move(t));
-  }
-  if (!f.from_safetensors.empty()) {
-    CKPT_ASSIGN_OR_RETURN(est::ParamTable t, est::ParamTableFromSafetensors(f.from_safetensors),
-                          "--from-safetensors");
-    return std::optional<est::ParamTable>(std::move(t));
-  }
-  return std::optional<est::ParamTable>();
-}
-
-// Total and largest-layer counts, from flags or from files; mixing the two is refused so a
-// report never silently combines sources.
-struct Sizes {
-  int64_t total = 0;
-  std::optional<int64_t> largest;
-  std::string source;  // empty: flags
-};
-
-Result<Sizes> ResolveSizes(const SizeFlags& f, bool need_largest) {
-  CKPT_ASSIGN_OR_RETURN(std::optional<est::ParamTable> table, LoadTable(f), "");
-  Sizes s;
-  if (table) {
-    if (!f.params.empty() || !f.largest_layer.empty()) {
-      return InvalidArgument("--params/--largest-layer-params cannot be combined with a live "
-                             "count (--from-checkpoint, --from-safetensors, --param-table)");
-    }
-    est::ParamCounts c = est::CountParams(*table);
-    s.total = c.total_params;
-    s.largest = c.largest_layer_params;
-    s.source = table->source;
-    return s;
-  }
-  if (f.params.empty()) {
-    return InvalidArgument("--params is required (or --from-checkpoint / --from-safetensors)");
-  }
-  CKPT_ASSIGN_OR_RETURN(s.total, ParseCountFlag(f.params, "--params"), "");
-  if (!f.largest_layer.empty()) {
-    CKPT_ASSIGN_OR_RETURN(int64_t l, ParseCountFlag(f.largest_layer, "--largest-layer-params"),
-                          "");
-    s.largest = l;
-  } else if (need_largest) {
-    return InvalidArgument("zero3 needs --largest-layer-params (or a live count)");
-  }
-  return s;
-}
-
 struct ZeroFlags {
-  SizeFlags size;
+  est::ParamSource size;
   int64_t gpus_per_node = 1;
   int64_t nodes = 1;
   double buffer_factor = 1.5;
@@ -123,7 +48,7 @@ struct ZeroFlags {
 };
 
 int RunZero(int stage, const ZeroFlags& f, bool json) {
-  auto sizes = ResolveSizes(f.size, stage == 3);
+  auto sizes = est::ResolveModelSize(f.size, stage == 3);
   if (!sizes.ok()) return ReportError(kCommand, sizes.status(), json);
   auto formula = est::ParseZeroFormula(f.formula);
   if (!formula.ok()) return ReportError(kCommand, formula.status(), json);
@@ -155,7 +80,7 @@ int RunZero(int stage, const ZeroFlags& f, bool json) {
 }
 
 struct StatesFlags {
-  SizeFlags size;
+  est::ParamSource size;
   int64_t ranks = 0;
   int64_t param_bytes = 2;
   int64_t grad_bytes = 2;
@@ -163,7 +88,7 @@ struct StatesFlags {
 };
 
 int RunStates(const StatesFlags& f, bool json) {
-  auto sizes = ResolveSizes(f.size, false);
+  auto sizes = est::ResolveModelSize(f.size, false);
   if (!sizes.ok()) return ReportError(kCommand, sizes.status(), json);
   auto t = est::EstimateStates(sizes->total, f.ranks, f.param_bytes, f.grad_bytes,
                                f.optim_bytes);
@@ -202,14 +127,8 @@ void AddShapeFlags(CLI::App* app, ShapeFlags& f) {
 
 Result<std::optional<int64_t>> OptionalCount(const std::string& text, const char* flag) {
   if (text.empty()) return std::optional<int64_t>();
-  CKPT_ASSIGN_OR_RETURN(int64_t v, ParseCountFlag(text, flag), "");
+  CKPT_ASSIGN_OR_RETURN(int64_t v, est::ParseCountFlag(text, flag));
   return std::optional<int64_t>(v);
-}
-
-Result<DType> ParseDTypeFlag(const std::string& text, const char* flag) {
-  auto d = DTypeFromName(text);
-  if (!d) return InvalidArgument(std::string(flag) + ": unknown dtype '" + text + "'");
-  return *d;
 }
 
 struct TrainFlags {
@@ -232,7 +151,7 @@ int RunTrain(const TrainFlags& f, bool json) {
   if (!c.params && f.shape.vocab < 1) {
     return ReportError(kCommand, InvalidArgument("train needs --vocab or --params"), json);
   }
-  auto dtype = ParseDTypeFlag(f.shape.dtype, "--dtype");
+  auto dtype = est::ParseDTypeFlag(f.shape.dtype, "--dtype");
   if (!dtype.ok()) return ReportError(kCommand, dtype.status(), json);
   c.dtype = *dtype;
   c.micro_batch = f.micro_batch;
@@ -283,11 +202,11 @@ int RunInfer(const InferFlags& f, bool json) {
   if (!c.params && f.shape.vocab < 1) {
     return ReportError(kCommand, InvalidArgument("infer needs --vocab or --params"), json);
   }
-  auto dtype = ParseDTypeFlag(f.shape.dtype, "--dtype");
+  auto dtype = est::ParseDTypeFlag(f.shape.dtype, "--dtype");
   if (!dtype.ok()) return ReportError(kCommand, dtype.status(), json);
   c.dtype = *dtype;
   if (!f.kv_dtype.empty()) {
-    auto kv = ParseDTypeFlag(f.kv_dtype, "--kv-dtype");
+    auto kv = est::ParseDTypeFlag(f.kv_dtype, "--kv-dtype");
     if (!kv.ok()) return ReportError(kCommand, kv.status(), json);
     c.kv_dtype = *kv;
   }
@@ -310,87 +229,10 @@ int RunInfer(const InferFlags& f, bool json) {
   return 0;
 }
 
-struct CheckpointFlags {
-  SizeFlags size;
-  int64_t ranks = 0;  // 0: the checkpoint's (with --from-checkpoint)
-  int zero = -1;      // -1: the checkpoint's
-  std::string model_dtype = "fp32";
-  std::string compute_dtype;
-  int64_t alignment = kDefaultAlignment;
-  std::string chunk_bytes = "4MiB";
-};
-
-int RunCheckpoint(const CheckpointFlags& f, bool json) {
-  est::CheckpointConfig c;
-  const bool from_ckpt = !f.size.from_checkpoint.empty();
-  if (!f.size.params.empty() &&
-      (from_ckpt || !f.size.from_safetensors.empty() || !f.size.param_table.empty())) {
-    return ReportError(kCommand,
-                       InvalidArgument("--params cannot be combined with a parameter table "
-                                       "(--from-checkpoint, --from-safetensors)"),
-                       json);
-  }
-  if (from_ckpt + !f.size.from_safetensors.empty() + !f.size.param_table.empty() > 1) {
-    return ReportError(
-        kCommand,
-        InvalidArgument("give one of --from-checkpoint, --from-safetensors, --param-table"),
-        json);
-  }
-  if (from_ckpt) {
-    // The checkpoint's own layout, aux datasets and tag: flags below change what they name.
-    auto cc = est::CheckpointConfigFromCheckpoint(f.size.from_checkpoint, f.size.tag);
-    if (!cc.ok()) return ReportError(kCommand, cc.status().WithContext("--from-checkpoint"), json);
-    c = std::move(*cc);
-  } else if (!f.size.from_safetensors.empty() || !f.size.param_table.empty()) {
-    auto t = LoadTable(f.size);
-    if (!t.ok()) return ReportError(kCommand, t.status(), json);
-    c.table = std::move(**t);
-  } else {
-    if (f.size.params.empty()) {
-      return ReportError(
-          kCommand,
-          InvalidArgument("--params is required (or --from-checkpoint / --from-safetensors)"),
-          json);
-    }
-    auto p = ParseCountFlag(f.size.params, "--params");
-    if (!p.ok()) return ReportError(kCommand, p.status(), json);
-    if (*p < 1) return ReportError(kCommand, InvalidArgument("--params must be at least 1"), json);
-    auto dt = ParseDTypeFlag(f.model_dtype, "--model-dtype");
-    if (!dt.ok()) return ReportError(kCommand, dt.status(), json);
-    c.table = est::SingleTensorTable(*p, *dt);
-  }
-  if (f.ranks != 0 || !from_ckpt) {
-    if (f.ranks < 1) {
-      return ReportError(kCommand,
-                         InvalidArgument("--ranks must be at least 1 (got " +
-                                         std::to_string(f.ranks) + ")"),
-                         json);
-    }
-    // Another world size: every rank gets rank 0's auxiliary datasets.
-    if (from_ckpt && f.ranks != c.world) c.aux_by_rank.clear();
-    c.world = f.ranks;
-  }
-  if (f.zero != -1 || !from_ckpt) {
-    if (f.zero < 0 || f.zero > 3) {
-      return ReportError(kCommand,
-                         InvalidArgument("--zero: unknown ZeRO stage " + std::to_string(f.zero) +
-                                         " (expected 0, 1, 2 or 3)"),
-                         json);
-    }
-    c.zero_stage = f.zero;
-  }
-  if (!from_ckpt || f.alignment != kDefaultAlignment) c.alignment = f.alignment;
-  if (!f.compute_dtype.empty()) {
-    auto dt = ParseDTypeFlag(f.compute_dtype, "--compute-dtype");
-    if (!dt.ok()) return ReportError(kCommand, dt.status(), json);
-    c.compute_dtype = *dt;
-  }
-  auto chunk = ParseByteSize(f.chunk_bytes);
-  if (!chunk.ok()) {
-    return ReportError(kCommand, chunk.status().WithContext("--chunk-bytes"), json);
-  }
-  c.chunk_bytes = *chunk;
-  auto e = est::EstimateCheckpoint(c);
+int RunCheckpoint(const est::CheckpointRequest& f, bool json) {
+  auto c = est::ResolveCheckpointConfig(f);
+  if (!c.ok()) return ReportError(kCommand, c.status(), json);
+  auto e = est::EstimateCheckpoint(*c);
   if (!e.ok()) return ReportError(kCommand, e.status(), json);
   if (json) {
     PrintJson(est::CheckpointEstimateToJson(*e));
@@ -465,7 +307,7 @@ std::function<int()> Setup(CLI::App& sub) {
   in->add_option("--kv-dtype", infer->kv_dtype, "KV cache dtype (default: --dtype)");
   in->add_flag("--json", *json, "print JSON instead of the table");
 
-  auto ckpt_flags = std::make_shared<CheckpointFlags>();
+  auto ckpt_flags = std::make_shared<est::CheckpointRequest>();
   CLI::App* ck = sub.add_subcommand(
       "checkpoint", "bytes of an uncompressed ckpt checkpoint per rank file and in total, the "
                     "fp32 export and universal sizes, and the RAM of export-fp32 and reshard");

@@ -27,7 +27,8 @@ struct ExportArgs {
 
 std::function<int()> SetupExport(CLI::App& sub) {
   auto a = std::make_shared<ExportArgs>();
-  sub.add_option("ROOT", a->src, "checkpoint root, tag directory or universal directory")
+  sub.add_option("ROOT", a->src,
+                 "checkpoint root, tag directory, universal directory or DeepSpeed checkpoint")
       ->required();
   sub.add_option("OUT", a->out, "output directory (must not exist or be empty)")->required();
   sub.add_option("--tag", a->tag, "tag inside ROOT (default: latest)");
@@ -104,7 +105,9 @@ struct UniversalArgs {
 
 std::function<int()> SetupToUniversal(CLI::App& sub) {
   auto a = std::make_shared<UniversalArgs>();
-  sub.add_option("ROOT", a->src, "checkpoint root or tag directory")->required();
+  sub.add_option("ROOT", a->src,
+                 "checkpoint root, tag directory, universal directory or DeepSpeed checkpoint")
+      ->required();
   sub.add_option("OUT", a->out, "output directory (must not exist or be empty)")->required();
   sub.add_option("--tag", a->tag, "tag inside ROOT (default: latest)");
   sub.add_flag("--json", a->json, "machine-readable output");
@@ -145,7 +148,8 @@ struct ReshardArgs {
 
 std::function<int()> SetupReshard(CLI::App& sub) {
   auto a = std::make_shared<ReshardArgs>();
-  sub.add_option("SRC", a->src, "sharded checkpoint (root or tag directory) or universal directory")
+  sub.add_option("SRC", a->src,
+                 "checkpoint root, tag directory, universal directory or DeepSpeed checkpoint")
       ->required();
   sub.add_option("OUT", a->out, "new checkpoint root (must not exist or be empty)")->required();
   sub.add_option("--dp", a->dp, "new data-parallel world size (>= 1)")->required();

@@ -20,6 +20,7 @@
 #include <optional>
 #include <set>
 
+#include "ckpt/shape.h"
 #include "torch_archive.h"
 
 namespace ckpt {
@@ -91,12 +92,6 @@ bool HasModelStates(Env* env, const std::string& dir) {
   for (const auto& e : *list)
     if (!e.is_dir && IsModelStates(e.name)) return true;
   return false;
-}
-
-int64_t Numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
 }
 
 // A shape from torch.Size (a tuple of ints) or a list.

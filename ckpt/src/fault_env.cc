@@ -44,86 +44,76 @@ struct FaultInjectionEnv::Impl {
   }
 };
 
-class FaultWritableFile final : public WritableFile {
+// What every fault-injecting file holds: the env's step counter, its path and the real file.
+// `File` is the Env interface it implements.
+template <typename File>
+class FaultFile : public File {
  public:
-  FaultWritableFile(FaultInjectionEnv::Impl* impl, std::string path,
-                    std::unique_ptr<WritableFile> base)
+  FaultFile(FaultInjectionEnv::Impl* impl, std::string path, std::unique_ptr<File> base)
       : impl_(impl), path_(std::move(path)), base_(std::move(base)) {}
-  Status Append(std::string_view data) override {
-    CKPT_RETURN_IF_ERROR(impl_->Step(FaultInjectionEnv::Op::kWrite, "write " + path_), "");
-    return base_->Append(data);
-  }
-  Status Sync() override {
-    CKPT_RETURN_IF_ERROR(impl_->Step(FaultInjectionEnv::Op::kSync, "fsync " + path_), "");
-    CKPT_RETURN_IF_ERROR(base_->Sync(), "");
-    std::lock_guard<std::mutex> lock(impl_->mu);
-    impl_->unsynced.erase(path_);
-    return Status::Ok();
-  }
-  Status Close() override { return base_->Close(); }
 
- private:
-  FaultInjectionEnv::Impl* impl_;
-  std::string path_;
-  std::unique_ptr<WritableFile> base_;
-};
-
-// Offset reads of a file opened through the fault env: each one is a kRead step.
-class FaultRandomAccessFile final : public RandomAccessFile {
- public:
-  FaultRandomAccessFile(FaultInjectionEnv::Impl* impl, std::string path,
-                        std::unique_ptr<RandomAccessFile> base)
-      : impl_(impl), path_(std::move(path)), base_(std::move(base)) {}
-  Status Read(uint64_t offset, size_t n, void* out) const override {
-    CKPT_RETURN_IF_ERROR(impl_->Step(FaultInjectionEnv::Op::kRead,
-                                     "read " + path_ + " at " + std::to_string(offset)));
-    return base_->Read(offset, n, out);
-  }
-  uint64_t size() const override { return base_->size(); }
-
- private:
-  FaultInjectionEnv::Impl* impl_;
-  std::string path_;
-  std::unique_ptr<RandomAccessFile> base_;
-};
-
-// Offset writes into a rank file: each write and the reservation are kWrite steps; the file
-// stays unsynced until SyncFile(path) or Sync().
-class FaultRandomWriteFile final : public RandomWriteFile {
- public:
-  FaultRandomWriteFile(FaultInjectionEnv::Impl* impl, std::string path,
-                       std::unique_ptr<RandomWriteFile> base)
-      : impl_(impl), path_(std::move(path)), base_(std::move(base)) {}
-  Status Write(uint64_t offset, std::string_view data) override {
-    CKPT_RETURN_IF_ERROR(impl_->Step(FaultInjectionEnv::Op::kWrite,
-                                     "write " + path_ + " at " + std::to_string(offset)));
-    return base_->Write(offset, data);
-  }
-  Status Read(uint64_t offset, size_t n, void* out) override {
-    CKPT_RETURN_IF_ERROR(impl_->Step(FaultInjectionEnv::Op::kRead,
-                                     "read " + path_ + " at " + std::to_string(offset)));
-    return base_->Read(offset, n, out);
-  }
-  Result<uint64_t> Size() override { return base_->Size(); }
-  Status Reserve(uint64_t size) override {
-    CKPT_RETURN_IF_ERROR(impl_->Step(FaultInjectionEnv::Op::kWrite,
-                                     "reserve " + std::to_string(size) + " bytes for " + path_));
-    return base_->Reserve(size);
-  }
-  void StartWriteback(uint64_t offset, uint64_t n) override { base_->StartWriteback(offset, n); }
-  Status Sync() override {
-    CKPT_RETURN_IF_ERROR(impl_->Step(FaultInjectionEnv::Op::kSync, "fsync " + path_));
+ protected:
+  using Op = FaultInjectionEnv::Op;
+  Status Step(Op op, const std::string& what) const { return impl_->Step(op, what); }
+  std::string At(uint64_t offset) const { return path_ + " at " + std::to_string(offset); }
+  // fsync as a kSync step; once it succeeds the file's data survives a simulated power loss.
+  Status SyncStep() {
+    CKPT_RETURN_IF_ERROR(Step(Op::kSync, "fsync " + path_));
     CKPT_RETURN_IF_ERROR(base_->Sync());
     std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->unsynced.erase(path_);
     return Status::Ok();
   }
-  Status Close() override { return base_->Close(); }
 
- private:
   FaultInjectionEnv::Impl* impl_;
   std::string path_;
-  std::unique_ptr<RandomWriteFile> base_;
+  std::unique_ptr<File> base_;
+};
+
+class FaultWritableFile final : public FaultFile<WritableFile> {
+ public:
+  using FaultFile::FaultFile;
+  Status Append(std::string_view data) override {
+    CKPT_RETURN_IF_ERROR(Step(Op::kWrite, "write " + path_));
+    return base_->Append(data);
+  }
+  Status Sync() override { return SyncStep(); }
+  Status Close() override { return base_->Close(); }
+};
+
+// Offset reads of a file opened through the fault env: each one is a kRead step.
+class FaultRandomAccessFile final : public FaultFile<RandomAccessFile> {
+ public:
+  using FaultFile::FaultFile;
+  Status Read(uint64_t offset, size_t n, void* out) const override {
+    CKPT_RETURN_IF_ERROR(Step(Op::kRead, "read " + At(offset)));
+    return base_->Read(offset, n, out);
+  }
+  uint64_t size() const override { return base_->size(); }
+};
+
+// Offset writes into a rank file: each write and the reservation are kWrite steps; the file
+// stays unsynced until SyncFile(path) or Sync().
+class FaultRandomWriteFile final : public FaultFile<RandomWriteFile> {
+ public:
+  using FaultFile::FaultFile;
+  Status Write(uint64_t offset, std::string_view data) override {
+    CKPT_RETURN_IF_ERROR(Step(Op::kWrite, "write " + At(offset)));
+    return base_->Write(offset, data);
+  }
+  Status Read(uint64_t offset, size_t n, void* out) override {
+    CKPT_RETURN_IF_ERROR(Step(Op::kRead, "read " + At(offset)));
+    return base_->Read(offset, n, out);
+  }
+  Result<uint64_t> Size() override { return base_->Size(); }
+  Status Reserve(uint64_t size) override {
+    CKPT_RETURN_IF_ERROR(
+        Step(Op::kWrite, "reserve " + std::to_string(size) + " bytes for " + path_));
+    return base_->Reserve(size);
+  }
+  void StartWriteback(uint64_t offset, uint64_t n) override { base_->StartWriteback(offset, n); }
+  Status Sync() override { return SyncStep(); }
+  Status Close() override { return base_->Close(); }
 };
 
 FaultInjectionEnv::FaultInjectionEnv(Env* base)

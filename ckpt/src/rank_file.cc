@@ -15,6 +15,7 @@
 #include "ckpt/env.h"
 #include "ckpt/hash.h"
 #include "ckpt/h5.h"
+#include "ckpt/shape.h"
 
 namespace ckpt::internal {
 
@@ -54,12 +55,6 @@ void ByteShuffle(const uint8_t* in, uint8_t* out, size_t nbytes, size_t elem) {
     }
   }
   std::memcpy(out + n * elem, in + n * elem, nbytes - n * elem);  // leftover bytes, as HDF5
-}
-
-int64_t Numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
 }
 
 // Writes one chunked tensor with zstd through direct chunk writes: chunks are shuffled and

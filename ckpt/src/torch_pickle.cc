@@ -11,6 +11,8 @@
 #include <set>
 #include <unordered_map>
 
+#include "ckpt/shape.h"
+
 namespace ckpt {
 namespace {
 
@@ -449,12 +451,6 @@ class PickleParser {
     v->tensor = static_cast<int>(doc_.tensors_.size());
     doc_.tensors_.push_back(std::move(t));
     return v;
-  }
-
-  static std::string ShapeText(const std::vector<int64_t>& s) {
-    std::string out = "[";
-    for (size_t k = 0; k < s.size(); ++k) out += (k ? ", " : "") + std::to_string(s[k]);
-    return out + "]";
   }
 
   Result<PyValue*> PersistentStorage(const PyValue* pid) {

@@ -34,6 +34,7 @@
 #include "ckpt/h5.h"
 #include "ckpt/hash.h"
 #include "ckpt/root.h"
+#include "ckpt/utc_time.h"
 #include "rank_file.h"
 
 namespace ckpt {
@@ -126,17 +127,6 @@ std::string Nonce() {
   std::random_device rd;
   char buf[24];
   std::snprintf(buf, sizeof buf, "%08x%08x", rd(), rd());
-  return buf;
-}
-
-std::string UtcNow(int64_t* unix_seconds) {
-  const auto now = std::chrono::system_clock::now();
-  const std::time_t t = std::chrono::system_clock::to_time_t(now);
-  *unix_seconds = static_cast<int64_t>(t);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
   return buf;
 }
 

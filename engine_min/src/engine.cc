@@ -11,6 +11,8 @@
 #include "ckpt/dtype.h"
 #include "ckpt/env.h"
 #include "ckpt/hash.h"
+#include "ckpt/shape.h"
+#include "ckpt/utc_time.h"
 #include "engine_min/random.h"
 
 namespace engine_min {
@@ -41,22 +43,6 @@ std::string FormatDouble(double x) {
 
 std::string Digest(const std::vector<float>& v) {
   return ckpt::DigestHex(ckpt::Xxh3(v.data(), v.size() * sizeof(float)));
-}
-
-std::string UtcNow(int64_t* unix_seconds) {
-  const std::time_t now = std::time(nullptr);
-  *unix_seconds = static_cast<int64_t>(now);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
-std::string ShapeText(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
-  return s + "]";
 }
 
 // Forwards to the real Env and kills this process (SIGKILL, no clean-up of any kind) when the
@@ -761,7 +747,7 @@ ckpt::Status Engine::Save(const std::string& root, const nlohmann::json& client_
                           const KillInSave& kill) {
   ckpt::Manifest meta;
   meta.tag = TagForStep();
-  meta.created_utc = UtcNow(&meta.created_unix);
+  meta.created_utc = ckpt::UtcNow(&meta.created_unix);
   meta.counters = counters_;
   meta.topology.dp_world_size = world_;
   meta.topology.zero_stage = stage_;
@@ -859,8 +845,9 @@ ckpt::Status Engine::Restore(const ckpt::CheckpointReader& reader,
     const auto& b = params_[i];
     if (a.name != b.name || a.shape != b.shape || a.frozen != b.frozen || a.tied_to != b.tied_to) {
       return ckpt::FailedPrecondition("model shape differs: " + where + " has " + a.name + " " +
-                                      ShapeText(a.shape) + ", this run has " + b.name + " " +
-                                      ShapeText(b.shape) + reshard_hint);
+                                      ckpt::ShapeText(a.shape, ",") + ", this run has " +
+                                      b.name + " " + ckpt::ShapeText(b.shape, ",") +
+                                      reshard_hint);
     }
     if (b.trainable()) {
       bool same = a.ranges.size() == b.ranges.size();

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 
+#include "ckpt/shape.h"
 #include "convert/safetensors.h"
 #include "numeric.h"
 #include "ckpt/rank_file_size.h"
@@ -11,12 +12,6 @@ namespace ckpt::estimate {
 namespace {
 
 using internal::StrFormat;
-
-uint64_t Numel(const std::vector<int64_t>& shape) {
-  uint64_t n = 1;
-  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
-  return n;
-}
 
 // The manifest as the writer would serialise it, with placeholder digests and counters of
 // typical width: close to, not exactly, the real size.

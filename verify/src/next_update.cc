@@ -17,6 +17,7 @@
 #include "ckpt/manifest.h"
 #include "ckpt/root.h"
 #include "ckpt/state_source.h"
+#include "ckpt/shape.h"
 #include "convert/output_dir.h"
 #include "convert/safetensors.h"
 #include "next_update_split.h"
@@ -42,12 +43,6 @@ PathReport MakePathReport(const PassStats& s, const PathStats& p) {
 
 namespace {
 
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 // Checks the gradient file against the trainable parameters before anything is computed.
 Status CheckGradientFile(const Manifest& m, const std::string& path,
                          const convert::SafetensorsHeader& header) {
@@ -56,12 +51,12 @@ Status CheckGradientFile(const Manifest& m, const std::string& path,
     if (!p.trainable()) continue;
     const convert::SafetensorsTensor* t = header.Find(p.name);
     if (t == nullptr) {
-      problems.push_back("missing tensor '" + p.name + "' " + ShapeString(p.shape));
+      problems.push_back("missing tensor '" + p.name + "' " + ShapeText(p.shape, ","));
       continue;
     }
     if (t->shape != p.shape) {
-      problems.push_back("tensor '" + p.name + "' has shape " + ShapeString(t->shape) +
-                         ", the checkpoint's parameter is " + ShapeString(p.shape));
+      problems.push_back("tensor '" + p.name + "' has shape " + ShapeText(t->shape, ",") +
+                         ", the checkpoint's parameter is " + ShapeText(p.shape, ","));
     }
     if (t->dtype != DType::kF32 && t->dtype != DType::kF64 && t->dtype != DType::kBF16 &&
         t->dtype != DType::kF16) {

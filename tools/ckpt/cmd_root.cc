@@ -4,7 +4,6 @@
 
 #include "ckpt/root.h"
 #include "ckpt/state_source.h"
-#include "ckpt/shape.h"
 #include "ckpt/units.h"
 #include "command.h"
 #include "convert/check.h"

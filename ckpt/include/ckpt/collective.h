@@ -12,6 +12,16 @@
 namespace ckpt {
 
 // All calls are collective: every rank of the group calls them in the same order.
+//
+// Collectives and background saves: AsyncSaver (async_saver.h) calls the collective from its
+// own thread while the rank's main thread goes on training. An implementation used there must
+// (1) be callable from a thread other than the one that created it, and (2) not share its
+// message matching with traffic the main thread sends meanwhile. Give the saver its own
+// instance: with threads, a second ThreadGroup; with MPI, a communicator of its own
+// (MPI_Comm_dup) in a process initialised with MPI_THREAD_MULTIPLE (engine_min's
+// MpiCollective does both and falls back to synchronous saves when the MPI library provides a
+// lower thread level). Every rank's saver then issues its collectives in the same order, since
+// saves persist one at a time in call order.
 class Collective {
  public:
   virtual ~Collective() = default;

@@ -120,6 +120,9 @@ ckpt::Result<CommandLine> ParseCommandLine(int argc, char** argv) {
   train->add_option("--resume-tag", cl.resume_tag, "tag to resume from (default: latest)");
   train->add_option("--trainlog", cl.trainlog, "run log (default: <ckpt-dir>/trainlog.jsonl)");
   train->add_flag("--no-final-save", cl.no_final_save, "do not save at the end of the run");
+  train->add_flag("--async-save", cl.async_save,
+                  "copy the state and write the checkpoint in the background while training "
+                  "goes on (needs MPI_THREAD_MULTIPLE, else saves stay synchronous)");
   train->add_flag("--overwrite", cl.overwrite,
                   "without --resume: start a new run in a root that holds one (its tags, latest "
                   "and run log are removed first); with --resume: let saves move latest back");

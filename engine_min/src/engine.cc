@@ -769,7 +769,8 @@ ckpt::Status Engine::Save(const std::string& root, const nlohmann::json& client_
   meta.engine_config["corpus_xxh3"] = corpus_.digest();
   meta.engine_config["corpus_samples"] = corpus_.samples().size();
 
-  // This rank's contents. Every pointer stays valid until SaveCheckpoint returns.
+  // This rank's contents. Every pointer stays valid until SaveCheckpoint returns (or, async,
+  // until the saver has copied them).
   const int64_t ckpt_len = partition_.shard_numel[rank_];
   std::vector<float> padded_m, padded_v, padded_w;
   const float* w = master_.data();
@@ -820,12 +821,37 @@ ckpt::Status Engine::Save(const std::string& root, const nlohmann::json& client_
   CKPT_ASSIGN_OR_RETURN(options.compression, ckpt::Compression::Parse(config_.compress),
                         "--compress");
   options.keep_last = config_.keep_last;
-  KillingEnv killer(ckpt::Env::Default());
-  if (kill.rank == rank_ && kill.step == counters_.global_step) options.env = &killer;
+  if (kill.rank == rank_ && kill.step == counters_.global_step) {
+    if (!kill_env_) kill_env_ = std::make_unique<KillingEnv>(ckpt::Env::Default());
+    options.env = kill_env_.get();
+  }
+  if (saver_) {
+    return saver_->Save(root, meta, mine, *save_collective_, options)
+        .WithContext("save " + meta.tag);
+  }
   MpiCollective collective(mpi_);
   return ckpt::SaveCheckpoint(root, meta, mine, collective, options)
       .WithContext("save " + meta.tag);
 }
+
+ckpt::Status Engine::EnableAsyncSave() {
+  if (saver_) return ckpt::Status::Ok();
+  int level = MPI_THREAD_SINGLE;
+  CKPT_RETURN_IF_ERROR(MpiStatus(MPI_Query_thread(&level), "MPI_Query_thread"));
+  if (level < MPI_THREAD_MULTIPLE) {
+    const char* names[] = {"MPI_THREAD_SINGLE", "MPI_THREAD_FUNNELED", "MPI_THREAD_SERIALIZED"};
+    const bool known = level >= MPI_THREAD_SINGLE && level <= MPI_THREAD_SERIALIZED;
+    return ckpt::FailedPrecondition(
+        std::string("async save needs MPI_THREAD_MULTIPLE; the MPI library provides ") +
+        (known ? names[level - MPI_THREAD_SINGLE] : "an unknown level"));
+  }
+  CKPT_ASSIGN_OR_RETURN(save_comm_, MpiComm::Create(mpi_.comm()), "async save communicator");
+  save_collective_ = std::make_unique<MpiCollective>(*save_comm_);
+  saver_ = std::make_unique<ckpt::AsyncSaver>();
+  return ckpt::Status::Ok();
+}
+
+ckpt::Status Engine::WaitForSave() { return saver_ ? saver_->Wait() : ckpt::Status::Ok(); }
 
 ckpt::Status Engine::Restore(const ckpt::CheckpointReader& reader,
                              const std::set<std::string>& reset) {

@@ -32,8 +32,12 @@ ckpt::Status CheckCount(size_t count, std::string_view what) {
 }  // namespace
 
 ckpt::Result<MpiSession> MpiSession::Init(int* argc, char*** argv) {
-  int rc = MPI_Init(argc, argv);
-  if (rc != MPI_SUCCESS) return MpiStatus(rc, "MPI_Init");
+  // MPI_THREAD_MULTIPLE for --async-save, whose background thread commits over its own
+  // communicator while training goes on; the level provided is checked there
+  // (Engine::EnableAsyncSave), so a library without it still runs synchronous saves.
+  int provided = MPI_THREAD_SINGLE;
+  int rc = MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+  if (rc != MPI_SUCCESS) return MpiStatus(rc, "MPI_Init_thread");
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   return MpiSession();
 }

@@ -17,6 +17,7 @@
 
 namespace fs = std::filesystem;
 using ckpt::testing::BinDir;
+using ckpt::testing::CompareCheckpoints;
 using ckpt::testing::Engine;
 using ckpt::testing::Lines;
 using ckpt::testing::RunShell;
@@ -29,37 +30,6 @@ namespace {
 const std::string kModel = "--model tiny --d-model 32 --layers 2 --context 8 --sample-max 24";
 
 nlohmann::json J(const std::string& line) { return nlohmann::json::parse(line); }
-
-// Every dataset of every rank file, the counters and the optimizer record of the latest tags
-// of two roots, bitwise; returns the differences.
-std::vector<std::string> CompareCheckpoints(const std::string& a, const std::string& b) {
-  std::vector<std::string> diffs;
-  auto ra = ckpt::CheckpointReader::Open(a);
-  auto rb = ckpt::CheckpointReader::Open(b);
-  if (!ra.ok() || !rb.ok())
-    return {"cannot open: " + ra.status().ToString() + " / " + rb.status().ToString()};
-  const ckpt::Manifest& ma = ra->manifest();
-  const ckpt::Manifest& mb = rb->manifest();
-  if (ma.tag != mb.tag) diffs.push_back("tag " + ma.tag + " vs " + mb.tag);
-  if (ma.counters.global_step != mb.counters.global_step ||
-      ma.counters.micro_step != mb.counters.micro_step ||
-      ma.counters.samples_seen != mb.counters.samples_seen ||
-      ma.counters.tokens_seen != mb.counters.tokens_seen) {
-    diffs.push_back("counters");
-  }
-  if (ma.optimizer != mb.optimizer) diffs.push_back("optimizer");
-  if (ma.files.size() != mb.files.size()) return {"rank count"};
-  for (const auto& f : ma.files) {
-    for (const auto& d : f.datasets) {
-      auto x = ra->ReadDatasetBytes(f.rank, d.name);
-      auto y = rb->ReadDatasetBytes(f.rank, d.name);
-      if (!x.ok() || !y.ok() || *x != *y) {
-        diffs.push_back("rank " + std::to_string(f.rank) + " " + d.name);
-      }
-    }
-  }
-  return diffs;
-}
 
 bool HaveCkptCli() { return fs::exists(BinDir() + "/ckpt"); }
 

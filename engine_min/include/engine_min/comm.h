@@ -44,7 +44,8 @@ class DataParallelComm {
   virtual ckpt::Status AllReduceSumInt64(int64_t* data, size_t count) = 0;
 };
 
-// Owns MPI_Init/MPI_Finalize for the process (one per process).
+// Owns MPI_Init_thread/MPI_Finalize for the process (one per process). Asks for
+// MPI_THREAD_MULTIPLE (async saves); MPI_Query_thread tells what the library provided.
 class MpiSession {
  public:
   static ckpt::Result<MpiSession> Init(int* argc, char*** argv);
@@ -97,7 +98,9 @@ class MpiComm final : public DataParallelComm {
   std::vector<float> scratch_;
 };
 
-// ckpt::Collective over MPI, for ckpt::SaveCheckpoint.
+// ckpt::Collective over MPI, for ckpt::SaveCheckpoint. For a background save (AsyncSaver),
+// give it an MpiComm of its own (MpiComm::Create duplicates the communicator) in a process
+// with MPI_THREAD_MULTIPLE: collective.h, "Collectives and background saves".
 class MpiCollective final : public ckpt::Collective {
  public:
   explicit MpiCollective(MpiComm& comm) : comm_(comm) {}

@@ -61,6 +61,9 @@ struct CommandLine {
   std::string resume_tag;
   std::string trainlog;  // empty: <ckpt-dir>/trainlog.jsonl
   bool no_final_save = false;
+  // Saves snapshot the state and persist it in the background (Engine::EnableAsyncSave). Not
+  // part of engine_config: the checkpoints are the same bits either way.
+  bool async_save = false;
   // A fresh run into a root that holds one, or a resume whose saves move `latest` back
   // (main.cc, CheckNoRewind); a fresh run first removes the root's tags and run log.
   bool overwrite = false;

@@ -37,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/async_saver.h"
 #include "ckpt/manifest.h"
 #include "ckpt/reader.h"
 #include "ckpt/status.h"
@@ -116,9 +117,20 @@ class Engine {
   // Advances nothing that is saved; the engine must not be used for training afterwards.
   ckpt::Result<std::vector<std::vector<float>>> NextGradient(double* grad_norm = nullptr);
 
-  // Collective save of the current state as tag "global_step<N>" under `root`.
+  // Collective save of the current state as tag "global_step<N>" under `root`. With async
+  // saves enabled it returns once the state is copied (or with the previous background save's
+  // error, starting nothing); the write and commit go on in the background.
   ckpt::Status Save(const std::string& root, const nlohmann::json& client_state,
                     const KillInSave& kill = {});
+  // --async-save (collective): later saves go through a ckpt::AsyncSaver whose background
+  // thread commits over a communicator of its own (MPI_Comm_dup of `mpi`). Needs the MPI
+  // library to provide MPI_THREAD_MULTIPLE; otherwise FailedPrecondition naming the level it
+  // provides, on every rank, and saves stay synchronous.
+  ckpt::Status EnableAsyncSave();
+  // Waits for the background save, if any, and returns its status (OK when saves are
+  // synchronous). Call before exiting: the destructor also waits, but drops the result.
+  ckpt::Status WaitForSave();
+  bool async_save() const { return saver_ != nullptr; }
 
   std::string TagForStep() const { return "global_step" + std::to_string(counters_.global_step); }
   const ckpt::Counters& counters() const { return counters_; }
@@ -201,6 +213,13 @@ class Engine {
   double window_loss_sum_ = 0;
   ExactSum window_loss_exact_;       // invariant mode
   int64_t window_out_of_range_ = 0;  // invariant mode: terms outside the fixed-point range
+
+  // Async saves (EnableAsyncSave). Declared last so the saver, which uses the others until its
+  // save in flight finishes, is destroyed first.
+  std::unique_ptr<ckpt::Env> kill_env_;  // the test hook's Env; a background save uses it
+  std::unique_ptr<MpiComm> save_comm_;
+  std::unique_ptr<MpiCollective> save_collective_;
+  std::unique_ptr<ckpt::AsyncSaver> saver_;
 };
 
 }  // namespace engine_min

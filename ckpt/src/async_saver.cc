@@ -61,7 +61,9 @@ size_t AlignUp(size_t offset, size_t bytes) {
 
 AsyncSaver::AsyncSaver()
     : host_(std::make_unique<internal::StagingBuffer>(internal::StagingBuffer::Kind::kHost)),
-      pinned_(std::make_unique<internal::StagingBuffer>(internal::StagingBuffer::Kind::kPinned)) {}
+      pinned_(std::make_unique<internal::StagingBuffer>(internal::StagingBuffer::Kind::kPinned)) {
+  internal::ProbeDevices();  // here rather than inside the first save's stall
+}
 
 AsyncSaver::~AsyncSaver() {
   {

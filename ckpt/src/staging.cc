@@ -70,6 +70,8 @@ bool CudaUsable() {
 }
 }  // namespace
 
+void ProbeDevices() { (void)CudaUsable(); }
+
 bool IsDeviceMemory(const void* p) {
   if (p == nullptr || !CudaUsable()) return false;
   cudaPointerAttributes a{};
@@ -85,6 +87,8 @@ Status CopyFromDevice(void* dst, const void* src, size_t n) {
 }
 
 #else
+
+void ProbeDevices() {}
 
 bool IsDeviceMemory(const void*) { return false; }
 

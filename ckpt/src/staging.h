@@ -36,6 +36,10 @@ class StagingBuffer {
   int64_t allocations_ = 0;
 };
 
+// Initialises what IsDeviceMemory needs (CUDA's device query, done once per process) so that
+// the first save does not pay for it; a no-op without CUDA.
+void ProbeDevices();
+
 // True when p points into CUDA device (or managed) memory. Always false without CUDA, and on a
 // machine with no usable GPU.
 bool IsDeviceMemory(const void* p);

@@ -61,6 +61,8 @@ struct AsyncSaverStats {
 // the save finishes (Wait() returns).
 class AsyncSaver {
  public:
+  // In a CUDA build, asks CUDA once per process whether a GPU is usable (so the first save's
+  // stall does not include it). Allocates nothing; no thread yet.
   AsyncSaver();
   // Waits for the save in flight, if any (its result is dropped), then stops the thread.
   ~AsyncSaver();

@@ -134,6 +134,8 @@ def parse(argv):
     p.add_argument("--resume-tag", default=None)
     p.add_argument("--trainlog", default=None, help="default: CKPT_DIR/trainlog.jsonl")
     p.add_argument("--no-final-save", action="store_true")
+    p.add_argument("--async-save", action="store_true",
+                   help="persist checkpoints in the background (ckpt.torch.save(async_=True))")
     p.add_argument("--reset-on-resume", default="", help="comma list of " + ",".join(RESETTABLE))
     p.add_argument("--out", default=None, help="grad: the safetensors file to write")
     for k in CONFIG_KEYS:
@@ -302,10 +304,14 @@ def main(argv):
     tokens = cfg["micro_batch"] * cfg["grad_accum"] * world * cfg["context"]
     ran = False
 
+    pending = []
+
     def save():
-        ckpt.torch.save(args.ckpt_dir, state["step"], model, opt, scheduler=sched,
-                        data_state=data.state(), client_state={"train_config": cfg_saved},
-                        keep_last=cfg["keep_last"])
+        p = ckpt.torch.save(args.ckpt_dir, state["step"], model, opt, scheduler=sched,
+                            data_state=data.state(), client_state={"train_config": cfg_saved},
+                            keep_last=cfg["keep_last"], async_=args.async_save)
+        if args.async_save:
+            pending[:] = [p]
 
     while state["step"] < cfg["total_steps"]:
         opt.zero_grad(set_to_none=True)
@@ -326,6 +332,8 @@ def main(argv):
     final_saved = cfg["save_every"] > 0 and state["step"] % cfg["save_every"] == 0
     if ran and not args.no_final_save and not final_saved:
         save()
+    for p in pending:
+        p.wait()  # the background save commits before the process group goes away
     dist.barrier()
     dist.destroy_process_group()
     return 0

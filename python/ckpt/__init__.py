@@ -6,6 +6,7 @@ itself. ``ckpt.torch`` saves and resumes a torch.distributed run.
 Low level, mirroring the C++ API:
   plan(params, world, zero_stage=None, owners=None)  -> {"partition", "params" with ranges}
   save_shard(root, manifest, datasets, collective)   -> collective atomic save of one rank's shard
+  AsyncSaver().save(root, manifest, datasets, ...)   -> the same, persisted in the background
   Reader(path, tag="")                                -> read a committed checkpoint
   ls(root), inspect(path, tag=""), check(path, tag="", deep=False) -> dicts as the CLI's --json
   xxh3(array), Xxh3()                                 -> the digests the format and run logs use
@@ -35,7 +36,7 @@ from ._ckpt import (  # noqa: F401  (re-exported)
 from . import _ckpt
 
 __all__ = [
-    "Error", "CorruptionError", "Reader", "Dataset", "plan", "save_shard", "ls", "inspect",
+    "Error", "CorruptionError", "Reader", "Dataset", "plan", "save_shard", "AsyncSaver", "ls", "inspect",
     "check", "xxh3", "Xxh3", "write_safetensors", "read_safetensors", "SingleCollective",
 ]
 
@@ -106,6 +107,35 @@ def save_shard(root, manifest, datasets, collective=None, *, compression="none",
     items = [d._tuple() if isinstance(d, Dataset) else tuple(d) for d in datasets]
     _ckpt.save_shard(root, manifest, items, collective or SingleCollective(),
                      compression, keep_last)
+
+
+class AsyncSaver:
+    """save_shard in the background (docs/async.md): save() copies the datasets into memory the
+    saver owns and returns; a background thread writes, fsyncs and commits exactly as save_shard
+    does. One per rank; saves persist one at a time in call order (save() first waits for the
+    previous one). A background failure is raised, once, by the next wait() or save() (then
+    prefixed "previous async save:", and that save starts nothing). done() tells without
+    blocking whether no save is persisting.
+
+    The collective is called from the background thread (with the GIL taken) while the caller
+    goes on: give the saver a group of its own that nothing else uses meanwhile (ckpt.torch
+    makes a separate gloo group). Call wait() before the interpreter exits.
+    """
+
+    def __init__(self):
+        self._s = _ckpt.AsyncShardSaver()
+
+    def save(self, root, manifest, datasets, collective=None, *, compression="none",
+             keep_last=0):
+        items = [d._tuple() if isinstance(d, Dataset) else tuple(d) for d in datasets]
+        self._s.save(root, manifest, items, collective or SingleCollective(), compression,
+                     keep_last)
+
+    def wait(self):
+        self._s.wait()
+
+    def done(self):
+        return self._s.done()
 
 
 class Reader:

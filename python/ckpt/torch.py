@@ -1,6 +1,7 @@
 """ckpt.torch: save and resume a torch.distributed run through ckpt (docs/python.md).
 
     ckpt.torch.save(root, step, model, optimizer, scheduler=..., data_state=..., client_state=...)
+    pending = ckpt.torch.save(..., async_=True)  # persists in the background; pending.wait()
     info = ckpt.torch.load(root, model, optimizer, scheduler=...)   # info.step, info.data_state
 
 Both are called on every rank of the default process group (or without one: a single process).
@@ -15,8 +16,10 @@ states (torch CPU, CUDA when initialised, numpy, python `random`) and the data p
 every rank the scheduler state; client_state in the manifest.
 """
 
+import atexit
 import json
 import random
+import sys
 import zlib
 
 import numpy as np
@@ -25,8 +28,8 @@ import torch.distributed as dist
 
 import ckpt
 
-__all__ = ["save", "load", "load_export", "LoadInfo", "TorchCollective", "param_table", "trainable_parameters",
-           "owner_ranks"]
+__all__ = ["save", "load", "load_export", "LoadInfo", "TorchCollective", "AsyncSave", "param_table",
+           "trainable_parameters", "owner_ranks"]
 
 _RNG_TORCH = "rng/torch_cpu"
 _RNG_NUMPY = "rng/numpy"
@@ -74,6 +77,45 @@ def _collective(group):
     if group not in _COLLECTIVES:
         _COLLECTIVES[group] = TorchCollective(group)
     return _COLLECTIVES[group]
+
+
+class AsyncSave:
+    """What save(..., async_=True) returns: ``tag``, persisting in the background. wait() blocks
+    until it is committed and returns the tag, or raises ckpt.Error (on every rank) when the
+    background save failed; done() tells without blocking. The next save waits for this one
+    first and raises its error instead, if wait() did not."""
+
+    def __init__(self, tag, saver):
+        self.tag, self._saver = tag, saver
+
+    def wait(self):
+        self._saver.wait()
+        return self.tag
+
+    def done(self):
+        return self._saver.done()
+
+
+_ASYNC = {}
+
+
+def _async_saver(group, world):
+    """One ckpt.AsyncSaver per process group, committing over a gloo group of its own (the
+    background thread's collectives must not interleave with the training's)."""
+    if group not in _ASYNC:
+        collective = TorchCollective(dist.new_group(backend="gloo")) if world > 1 else None
+        _ASYNC[group] = (ckpt.AsyncSaver(), collective)
+    return _ASYNC[group]
+
+
+@atexit.register
+def _finish_async_saves():
+    # A save still in flight at exit is finished (never left half done); its error is printed.
+    for saver, _ in _ASYNC.values():
+        try:
+            saver.wait()
+        except ckpt.Error as e:
+            print(f"ckpt.torch: background save failed: {e}", file=sys.stderr)
 
 
 def _world():
@@ -205,12 +247,18 @@ def _hyper(group):
 
 
 def save(root, step, model, optimizer, *, scheduler=None, data_state=None, client_state=None,
-         keep_last=None, compression="none", tokens_seen=0, samples_seen=0, group=None):
+         keep_last=None, compression="none", tokens_seen=0, samples_seen=0, group=None,
+         async_=False):
     """Collective: every rank calls it after the same optimizer step. Writes ROOT/global_step<step>
-    atomically (ckpt's commit protocol, rank 0 committing) and moves ROOT/latest to it.
+    atomically (ckpt's commit protocol, rank 0 committing) and moves ROOT/latest to it; returns
+    the tag.
 
     data_state: this rank's data position (JSON); client_state: JSON kept in the manifest.
     Raises ckpt.Error on every rank when the save fails; the previous checkpoint stays intact.
+
+    async_=True: returns an AsyncSave once the state is copied; the write and the commit run in
+    the background (docs/async.md) while training goes on, and the checkpoint holds the state at
+    the call. Call .wait() on the last one before destroying the process group.
     """
     rank, world = _world()
     layout = _Layout(model, optimizer)
@@ -275,6 +323,11 @@ def save(root, step, model, optimizer, *, scheduler=None, data_state=None, clien
         "params": planned["params"],
         "client_state": client_state if client_state is not None else {},
     }
+    if async_:
+        saver, collective = _async_saver(group, world)
+        saver.save(root, manifest, datasets, collective, compression=compression,
+                   keep_last=keep_last or 0)
+        return AsyncSave(manifest["tag"], saver)
     collective = _collective(group) if world > 1 else None
     ckpt.save_shard(root, manifest, datasets, collective, compression=compression,
                     keep_last=keep_last or 0)

@@ -14,11 +14,13 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "ckpt/async_saver.h"
 #include "ckpt/collective.h"
 #include "ckpt/dtype.h"
 #include "ckpt/hash.h"
@@ -295,46 +297,110 @@ Manifest ManifestDraft(const json& j) {
   return m;
 }
 
-// save_shard(root, manifest, datasets, collective, compression, keep_last): datasets is a
-// list of (name, kind, value, extra): kind "tensor" (value an array, extra a dtype override or
-// ""), "blob" (value bytes, extra its blob_kind) or "json" (value the JSON text).
-void SaveShard(const std::string& root, py::handle manifest, py::list datasets,
-               py::object collective, const std::string& compression, int keep_last) {
-  Manifest meta = ManifestDraft(FromPython(manifest, "manifest"));
+// One rank's save request from Python: datasets is a list of (name, kind, value, extra): kind
+// "tensor" (value an array, extra a dtype override or ""), "blob" (value bytes, extra its
+// blob_kind) or "json" (value the JSON text). The specs point into arrays and texts.
+struct ShardRequest {
+  Manifest meta;
   SaveOptions options;
-  options.compression = ValueOrThrow(Compression::Parse(compression));
-  options.keep_last = keep_last;
+  RankContents mine;
   std::vector<RawArray> arrays;
   std::vector<std::string> texts;
-  arrays.reserve(datasets.size());
-  texts.reserve(datasets.size());
-  RankContents mine;
+};
+
+std::unique_ptr<ShardRequest> ParseShard(py::handle manifest, py::list datasets,
+                                         const std::string& compression, int keep_last) {
+  auto req = std::make_unique<ShardRequest>();
+  req->meta = ManifestDraft(FromPython(manifest, "manifest"));
+  req->options.compression = ValueOrThrow(Compression::Parse(compression));
+  req->options.keep_last = keep_last;
+  req->arrays.reserve(datasets.size());
+  req->texts.reserve(datasets.size());
   for (auto item : datasets) {
     auto t = item.cast<py::tuple>();
     const std::string name = t[0].cast<std::string>();
     const std::string kind = t[1].cast<std::string>();
     if (kind == "tensor") {
-      arrays.push_back(ToRaw(t[2], "dataset " + name, false, t[3].cast<std::string>()));
-      const RawArray& a = arrays.back();
-      mine.datasets.push_back(DatasetSpec::Tensor(name, a.dtype, a.shape, a.data));
+      req->arrays.push_back(ToRaw(t[2], "dataset " + name, false, t[3].cast<std::string>()));
+      const RawArray& a = req->arrays.back();
+      req->mine.datasets.push_back(DatasetSpec::Tensor(name, a.dtype, a.shape, a.data));
     } else if (kind == "blob") {
-      texts.push_back(t[2].cast<std::string>());
-      mine.datasets.push_back(DatasetSpec::Blob(name, t[3].cast<std::string>(), texts.back()));
+      req->texts.push_back(t[2].cast<std::string>());
+      req->mine.datasets.push_back(
+          DatasetSpec::Blob(name, t[3].cast<std::string>(), req->texts.back()));
     } else if (kind == "json") {
-      texts.push_back(t[2].cast<std::string>());
-      mine.datasets.push_back(DatasetSpec::Json(name, texts.back()));
+      req->texts.push_back(t[2].cast<std::string>());
+      req->mine.datasets.push_back(DatasetSpec::Json(name, req->texts.back()));
     } else {
       throw StatusError{InvalidArgument("dataset " + name + ": unknown kind '" + kind + "'")};
     }
   }
+  return req;
+}
+
+// save_shard(root, manifest, datasets, collective, compression, keep_last).
+void SaveShard(const std::string& root, py::handle manifest, py::list datasets,
+               py::object collective, const std::string& compression, int keep_last) {
+  auto req = ParseShard(manifest, datasets, compression, keep_last);
   PyCollective comm(std::move(collective));
   Status s;
   {
     py::gil_scoped_release nogil;
-    s = SaveCheckpoint(root, meta, mine, comm, options);
+    s = SaveCheckpoint(root, req->meta, req->mine, comm, req->options);
   }
   ThrowIfError(s);
 }
+
+// ckpt::AsyncSaver for Python. The background thread calls the collective object with the GIL
+// taken (PyCollective), so everything here that waits for it releases the GIL first. The
+// collective stays referenced until its save has finished.
+class AsyncShardSaver {
+ public:
+  AsyncShardSaver() : saver_(std::make_unique<AsyncSaver>()) {}
+  ~AsyncShardSaver() {
+    {
+      py::gil_scoped_release nogil;
+      saver_.reset();  // finishes the save in flight
+    }
+  }
+
+  void Save(const std::string& root, py::handle manifest, py::list datasets,
+            py::object collective, const std::string& compression, int keep_last) {
+    auto req = ParseShard(manifest, datasets, compression, keep_last);
+    ThrowIfError(Finish().WithContext("previous async save"));
+    comm_ = std::make_unique<PyCollective>(std::move(collective));
+    Status s;
+    {
+      py::gil_scoped_release nogil;
+      s = saver_->Save(root, req->meta, req->mine, *comm_, req->options);
+    }
+    ThrowIfError(s);
+  }
+  // Raises the finished save's error, once.
+  void Wait() { ThrowIfError(Finish()); }
+  // Whether no save is persisting (a finished save's error is kept for wait()).
+  bool Done() {
+    if (finished_) return true;
+    finished_ = saver_->Poll();
+    return finished_.has_value();
+  }
+
+ private:
+  Status Finish() {
+    Status s;
+    if (finished_) {
+      s = *finished_;
+    } else {
+      py::gil_scoped_release nogil;
+      s = saver_->Wait();
+    }
+    finished_.reset();
+    return s;
+  }
+  std::unique_ptr<PyCollective> comm_;
+  std::unique_ptr<AsyncSaver> saver_;  // after comm_: destroyed first
+  std::optional<Status> finished_;
+};
 
 // A CheckpointReader shared by Python threads: one call at a time, without the GIL.
 class Reader {
@@ -529,6 +595,13 @@ PYBIND11_MODULE(_ckpt, m) {
         py::arg("owners") = py::none(), py::arg("alignment") = ckpt::kDefaultAlignment);
   m.def("save_shard", &SaveShard, py::arg("root"), py::arg("manifest"), py::arg("datasets"),
         py::arg("collective"), py::arg("compression") = "none", py::arg("keep_last") = 0);
+  py::class_<AsyncShardSaver>(m, "AsyncShardSaver")
+      .def(py::init<>())
+      .def("save", &AsyncShardSaver::Save, py::arg("root"), py::arg("manifest"),
+           py::arg("datasets"), py::arg("collective"), py::arg("compression") = "none",
+           py::arg("keep_last") = 0)
+      .def("wait", &AsyncShardSaver::Wait)
+      .def("done", &AsyncShardSaver::Done);
   py::class_<Reader>(m, "Reader")
       .def(py::init<const std::string&, const std::string&, bool>(), py::arg("path"),
            py::arg("tag") = "", py::arg("verify_checksums") = true)

@@ -36,7 +36,13 @@ helper() {
 }
 helper "$BIN/raw_io" tools/bench/raw_io.cc -lpthread
 HDF5_LIBS="$(pkg-config --libs hdf5-serial 2>/dev/null || pkg-config --libs hdf5)"
+# A CUDA build's libckpt.a stages device tensors for async saves through the CUDA runtime.
+CUDA_LIBS=""
+cudart="$(sed -n 's/^CUDA_cudart_static_LIBRARY:FILEPATH=//p' build-bench/CMakeCache.txt)"
+if [ -n "$cudart" ] && [ "$(nm build-bench/lib/libckpt.a 2>/dev/null | grep -c ' U cudaHostAlloc')" -gt 0 ]; then
+  CUDA_LIBS="$cudart -ldl -lrt"
+fi
 helper "$BIN/ckpt_io" tools/bench/ckpt_io.cc -Ickpt/include build-bench/lib/libckpt.a \
-  $HDF5_LIBS -lzstd -lxxhash -lzip -lpthread
+  $HDF5_LIBS -lzstd -lxxhash -lzip -lpthread $CUDA_LIBS
 
 exec /usr/bin/python3 tools/bench/bench.py "$@"

@@ -2,7 +2,7 @@
 # Crash soak: start a save, SIGKILL a random process at a random moment, then check the root.
 #
 #   tools/crash-soak.sh [--trials N] [--seed S] [--bin DIR] [--work DIR] [--engine-every K]
-#                       [--keep] [--verbose]
+#                       [--async] [--keep] [--verbose]
 #
 # Each trial is one of
 #   synth   `ckpt synth SUB --tags 40 --keep-last 3` into a fresh sub-root, killed after a random
@@ -11,6 +11,8 @@
 #           (resuming from `latest` after the first trial), one rank killed after a random delay;
 #           mpirun then tears the job down. Every K-th trial is an engine trial (default 4; 0: none,
 #           also when mpirun or engine_min is missing).
+# --async: every trial is an engine trial, with --async-save: the kill lands while training runs
+#          and a background thread writes or commits the previous step's save (docs/async.md).
 # After each kill:
 #   1. `ckpt ls --json ROOT` succeeds, lists no tag whose name starts with "." and no
 #      unreadable tag;
@@ -18,8 +20,9 @@
 #      dataset checksum), and for engine trials the next trial resumes from it;
 #   3. `ckpt gc ROOT` exits 0 and afterwards `ckpt ls --json` reports no temporary directory.
 # Prints one line per failure and a summary; exit 0 when no trial failed, 1 otherwise, 2 when
-# it cannot run. The default is 50 trials; CI runs 40 (ctest reliability_crash_soak); the long run is
-# `tools/crash-soak.sh --trials 1000`.
+# it cannot run. The default is 50 trials; CI runs 40 (ctest reliability_crash_soak) and 6 with
+# --async (reliability_crash_soak_async); the long runs are `tools/crash-soak.sh --trials 1000`
+# and `tools/crash-soak.sh --async --trials 500`.
 set -uo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -29,6 +32,7 @@ seed=$$
 bin="${CKPT_BIN_DIR:-$repo/build/bin}"
 work=""
 engine_every=4
+async=0
 keep=0
 verbose=0
 
@@ -40,6 +44,7 @@ while [ $# -gt 0 ]; do
     --bin) bin="$2"; shift 2 ;;
     --work) work="$2"; shift 2 ;;
     --engine-every) engine_every="$2"; shift 2 ;;
+    --async) async=1; shift ;;
     --keep) keep=1; shift ;;
     -v|--verbose) verbose=1; shift ;;
     -h|--help) usage ;;
@@ -57,6 +62,15 @@ fi
 if ! command -v python3 >/dev/null; then
   echo "crash-soak: python3 is needed to read ckpt ls --json" >&2
   exit 2
+fi
+engine_flags=()
+if [ "$async" = 1 ]; then
+  if [ ! -x "$engine" ] || ! command -v mpirun >/dev/null; then
+    echo "crash-soak: --async needs $engine and mpirun" >&2
+    exit 2
+  fi
+  engine_every=1
+  engine_flags=(--async-save)
 fi
 if [ "$engine_every" -gt 0 ] && { [ ! -x "$engine" ] || ! command -v mpirun >/dev/null; }; then
   echo "crash-soak: engine_min or mpirun missing, synth trials only"
@@ -170,7 +184,8 @@ for trial in $(seq 1 "$trials"); do
     [ -e "$root/latest" ] && resume=(--resume)
     setsid mpirun --allow-run-as-root --oversubscribe -n 2 "$engine" train --model tiny \
       --zero "$engine_zero" --steps 100000 --save-every 1 --keep-last 3 \
-      --ckpt-dir "$root" --trainlog "$work/trainlog.jsonl" "${resume[@]}" >"$log" 2>&1 &
+      --ckpt-dir "$root" --trainlog "$work/trainlog.jsonl" "${resume[@]}" "${engine_flags[@]}" \
+      >"$log" 2>&1 &
     job_pid=$!
     disown "$job_pid"
     victim="engine rank"
@@ -205,7 +220,7 @@ for trial in $(seq 1 "$trials"); do
 done
 secs=$(( $(date +%s) - start ))
 
-echo "crash-soak: $trials trials ($synth_trials ckpt synth, $engine_trials engine_min under mpirun)," \
+echo "crash-soak: $trials trials ($synth_trials ckpt synth, $engine_trials engine_min under mpirun$([ "$async" = 1 ] && echo ", --async-save"))," \
   "$with_latest with a committed latest, $temporaries temporary dirs left by kills" \
   "(all removed by gc), $early killed before creating the root, $hangs hangs, $failures failures, ${secs}s, seed $seed"
 [ "$failures" = 0 ]

@@ -142,8 +142,12 @@ def main():
     ap.add_argument("--compress", default="zstd:1+shuffle", help="compression for the zstd save phase")
     ap.add_argument("--engine-model", default="tiny", help="engine_min preset for the zstd study")
     ap.add_argument("--engine-steps", type=int, default=200, help="training steps for the zstd study")
+    ap.add_argument("--async-model", default="small",
+                    help="engine_min preset for the async-save throughput rows (default small)")
+    ap.add_argument("--async-steps", type=int, default=4,
+                    help="engine_min steps (each saved) per async-save throughput run")
     ap.add_argument("--skip", default="", help="comma list of phases to skip: torch,scaling,zstd,"
-                    "variants,reshard,export,deepspeed,nextupdate")
+                    "variants,reshard,export,deepspeed,nextupdate,async,async_engine")
     ap.add_argument("--bin", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     root_dir = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -482,6 +486,46 @@ def main():
                     "compress": comp})
         shutil.rmtree(zs_root, ignore_errors=True)
 
+    # --- async save: the training stall against a memcpy, the persist against a sync save --
+    if "async" not in skip:
+        j, _, rss = R.json([ckpt_io, "async", os.path.join(work, "async"), "--ranks", str(a.ranks),
+                            "--params", str(params), "--reps", str(max(4, a.reps + 1))])
+        steady = j["reps"][1:]  # repetition 0 allocates and first touches the staging memory
+        ph["async_save"] = {
+            "bytes": j["logical_bytes"], "maxrss_kib": rss, "ranks": a.ranks,
+            "memcpy_seconds": stats([r["memcpy_seconds"] for r in steady]),
+            "stall_seconds": stats([r["stall_seconds"] for r in steady]),
+            "stall_ratio": stats([r["stall_seconds"] / r["memcpy_seconds"] for r in steady]),
+            "persist_seconds": stats([r["persist_seconds"] for r in steady]),
+            "sync_seconds": stats([r["sync_seconds"] for r in steady]),
+            "persist_ratio": stats([r["persist_seconds"] / r["sync_seconds"] for r in steady]),
+            "first_stall_seconds": j["reps"][0]["stall_seconds"],
+            "staging_bytes_rank0": j["staging_bytes_rank0"],
+            "staging_allocations_rank0": j["staging_allocations_rank0"]}
+        log("async save: stall %.3f s vs memcpy %.3f s (%.2fx); persist %.2f s vs sync %.2f s" % (
+            ph["async_save"]["stall_seconds"]["median"], ph["async_save"]["memcpy_seconds"]["median"],
+            ph["async_save"]["stall_ratio"]["median"], ph["async_save"]["persist_seconds"]["median"],
+            ph["async_save"]["sync_seconds"]["median"]))
+    if "async_engine" not in skip:
+        rows = []
+        for mode in ["sync", "async"]:
+            d = os.path.join(work, "async-engine-" + mode)
+            cmd = [os.path.join(bin_dir, "engine_min"), "train", "--model", a.async_model,
+                   "--steps", str(a.async_steps), "--save-every", "1", "--warmup", "2",
+                   "--keep-last", "2", "--ckpt-dir", d]
+            o, _, secs, rss, _ = R.run(cmd + (["--async-save"] if mode == "async" else []))
+            rate = re.search(r"(\d+) tokens in ([\d.]+) s: ([\d.]+) tokens/s", o)
+            stall = re.search(r"(\d+) saves \((\w+)\) in the loop: ([\d.]+) s inside Save", o)
+            rows.append({"mode": mode, "tokens": int(rate.group(1)), "seconds": float(rate.group(2)),
+                         "tokens_per_s": float(rate.group(3)), "saves": int(stall.group(1)),
+                         "saved_as": stall.group(2), "inside_save_seconds": float(stall.group(3)),
+                         "maxrss_kib": rss})
+            shutil.rmtree(d, ignore_errors=True)
+        ph["async_engine"] = {"model": a.async_model, "steps": a.async_steps, "rows": rows,
+                              "speedup": rows[1]["tokens_per_s"] / rows[0]["tokens_per_s"]}
+        log("engine_min --model %s --save-every 1: %.1f tokens/s sync, %.1f async" % (
+            a.async_model, rows[0]["tokens_per_s"], rows[1]["tokens_per_s"]))
+
     # --- targets -------------------------------------------------------------------------
     T = res["targets"]
 
@@ -504,6 +548,9 @@ def main():
                "<=", 1.05)
     if "next_update_cpu" in ph:
         target("CPU next-update >= 0.5x memcpy", ph["next_update_cpu"]["ratio"]["median"], ">=", 0.5)
+    if "async_save" in ph:
+        target("async save stall <= 1.2x memcpy of the same bytes (median)",
+               ph["async_save"]["stall_ratio"]["median"], "<=", 1.2)
     res["elapsed_seconds"] = time.perf_counter() - t_start
     res["machine"]["loadavg_at_end"] = os.getloadavg()
     print_table(res)
@@ -612,6 +659,23 @@ def print_table(res):
                         "%s [%.0f MiB]" % (state, d["bytes"] / MiB), r["level"],
                         "yes" if r["shuffle"] else "no", r["ratio"], r["compress_mib_per_s"],
                         r["decompress_mib_per_s"]))
+    if "async_save" in ph:
+        x = ph["async_save"]
+        print()
+        print("async save, %.2f GiB over %d ranks (steady state; first save's stall %.3f s):" % (
+            x["bytes"] / GiB, x["ranks"], x["first_stall_seconds"]))
+        print("  stall in Save %s s, memcpy %s s, ratio %s" % (
+            fmt_range(x["stall_seconds"], digits=3), fmt_range(x["memcpy_seconds"], digits=3),
+            fmt_range(x["stall_ratio"])))
+        print("  Save to committed %s s, synchronous save %s s, ratio %s" % (
+            fmt_range(x["persist_seconds"]), fmt_range(x["sync_seconds"]),
+            fmt_range(x["persist_ratio"])))
+    if "async_engine" in ph:
+        e = ph["async_engine"]
+        print("engine_min --model %s, %d steps, --save-every 1:" % (e["model"], e["steps"]))
+        for r in e["rows"]:
+            print("  %-5s %8.1f tokens/s (%d tokens in %.1f s), %.2f s inside Save" % (
+                r["mode"], r["tokens_per_s"], r["tokens"], r["seconds"], r["inside_save_seconds"]))
     print()
     print("targets:")
     for t in res["targets"]:
@@ -717,6 +781,31 @@ def markdown(res):
                         state, d["bytes"] / MiB, r["level"], "yes" if r["shuffle"] else "no",
                         r["ratio"], r["compress_mib_per_s"], r["decompress_mib_per_s"]))
             L.append("")
+    if "async_save" in ph:
+        x = ph["async_save"]
+        L.append("Async save, %.2f GiB over %d ranks (repetitions after the first; the first "
+                 "save's stall, which allocates the staging memory, was %.3f s):" % (
+                     x["bytes"] / GiB, x["ranks"], x["first_stall_seconds"]))
+        L.append("")
+        L.append("| measure | seconds, median (min-max) | ratio |")
+        L.append("|---|---:|---:|")
+        L.append("| training stall (time inside `AsyncSaver::Save`) | %s | %s × memcpy |" % (
+            fmt_range(x["stall_seconds"], digits=3), fmt_range(x["stall_ratio"])))
+        L.append("| memcpy of the same bytes, same run | %s | |" % fmt_range(
+            x["memcpy_seconds"], digits=3))
+        L.append("| async: `Save` to committed | %s | %s × sync |" % (
+            fmt_range(x["persist_seconds"]), fmt_range(x["persist_ratio"])))
+        L.append("| synchronous `SaveCheckpoint` | %s | |" % fmt_range(x["sync_seconds"]))
+        L.append("")
+    if "async_engine" in ph:
+        e = ph["async_engine"]
+        L.append("| `engine_min --model %s --save-every 1`, %d steps | tokens/s | seconds | "
+                 "inside `Save` |" % (e["model"], e["steps"]))
+        L.append("|---|---:|---:|---:|")
+        for r in e["rows"]:
+            L.append("| %s | %.1f | %.1f | %.2f s |" % (r["mode"], r["tokens_per_s"], r["seconds"],
+                                                    r["inside_save_seconds"]))
+        L.append("")
     L.append("| target | measured | goal | status |")
     L.append("|---|---:|---|---|")
     for t in res["targets"]:

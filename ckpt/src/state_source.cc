@@ -1,5 +1,6 @@
 // The three sources behind ckpt::StateSource (ckpt/state_source.h) and the one place that
 // decides what a path is.
+#include "ckpt/shape.h"
 #include "ckpt/state_source.h"
 
 #include <algorithm>
@@ -15,12 +16,6 @@ namespace ckpt {
 namespace {
 
 constexpr int64_t kGapChunk = 1 << 20;  // elements per read of padding / tails
-
-int64_t Numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
 
 struct HashStream {
   Xxh3Stream hash;

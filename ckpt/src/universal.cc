@@ -1,5 +1,6 @@
 // The universal layout's reader (ckpt/universal.h; docs/convert.md, "Universal layout"). The
 // writer is convert's (convert/src/universal.cc).
+#include "ckpt/shape.h"
 #include "ckpt/universal.h"
 
 #include <algorithm>
@@ -15,12 +16,6 @@ namespace ckpt {
 namespace {
 
 constexpr int64_t kVerifyChunkBytes = 8 << 20;
-
-int64_t Numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
 
 }  // namespace
 

@@ -18,6 +18,7 @@
 #include <ctime>
 #include <map>
 
+#include "ckpt/shape.h"
 #include "ckpt/h5.h"
 #include "ckpt/hash.h"
 #include "ckpt/progress.h"
@@ -30,12 +31,6 @@ namespace ckpt::convert {
 namespace {
 
 constexpr int64_t kChunkElements = 1 << 22;
-
-int64_t Numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
 
 std::string UtcNow(int64_t* unix_out) {
   std::time_t t = std::time(nullptr);

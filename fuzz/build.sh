@@ -3,7 +3,7 @@
 #
 #   fuzz/build.sh [--out DIR] [--clean]
 #
-# The ckpt sources (and convert/src/safetensors.cc) are compiled directly with clang++-14 and
+# The ckpt and safetensors sources are compiled directly with clang++-14 and
 # -fsanitize=fuzzer-no-link,address,undefined; the main CMake build (g++) does not know about
 # this. HDF5, zstd and xxhash are the system libraries (not instrumented). Objects are rebuilt
 # when their source is newer; --clean rebuilds everything (after header changes).
@@ -29,11 +29,12 @@ mkdir -p "$out/obj" "$out/bin"
 hdf5_inc=/usr/include/hdf5/serial
 hdf5_lib=/usr/lib/x86_64-linux-gnu/hdf5/serial
 flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined
-       -fno-sanitize-recover=undefined -I"$repo/ckpt/include" -I"$repo/convert/include"
+       -fno-sanitize-recover=undefined -I"$repo/ckpt/include" -I"$repo/safetensors/include"
+       -I"$repo/convert/include"
        -isystem "$hdf5_inc")
 libs=(-L"$hdf5_lib" -Wl,-rpath,"$hdf5_lib" -lhdf5 -lzstd -lxxhash -lzip -lpthread)
 
-sources=("$repo"/ckpt/src/*.cc "$repo/convert/src/safetensors.cc")
+sources=("$repo"/ckpt/src/*.cc "$repo"/safetensors/src/*.cc)
 objects=()
 stale=()
 for src in "${sources[@]}"; do

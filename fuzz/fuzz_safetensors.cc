@@ -1,4 +1,4 @@
-// libFuzzer target: convert::ReadSafetensorsHeader on arbitrary file contents, then every
+// libFuzzer target: safetensors::ReadSafetensorsHeader on arbitrary file contents, then every
 // tensor read through ReadSafetensorsTensor / ReadSafetensorsTensorF32 and the whole data
 // section through VerifySafetensorsData. Properties: an accepted header's tensors lie inside the
 // file; a tensor read fails only as DataLoss on a recorded digest that does not match, and
@@ -12,7 +12,7 @@
 #include <set>
 #include <string>
 
-#include "convert/safetensors.h"
+#include "safetensors/safetensors.h"
 
 namespace {
 
@@ -35,23 +35,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
     out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
   }
-  auto header = ckpt::convert::ReadSafetensorsHeader(path);
+  auto header = ckpt::safetensors::ReadSafetensorsHeader(path);
   if (!header.ok()) return 0;
   if (header->data_start > size || header->file_size != size) __builtin_trap();
-  auto mismatches = ckpt::convert::VerifySafetensorsData(path, *header);
+  auto mismatches = ckpt::safetensors::VerifySafetensorsData(path, *header);
   if (!mismatches.ok()) __builtin_trap();  // the header said the bytes are there
   std::set<std::string> bad;
   for (const auto& m : *mismatches) bad.insert(m.tensor);
   for (const auto& t : header->tensors) {
     if (t.end < t.begin || header->data_start + t.end > size) __builtin_trap();
     if (header->checksummed != t.xxh3.has_value()) __builtin_trap();
-    auto raw = ckpt::convert::ReadSafetensorsTensor(path, *header, t.name);
+    auto raw = ckpt::safetensors::ReadSafetensorsTensor(path, *header, t.name);
     if (bad.count(t.name)) {
       if (raw.ok() || raw.status().code() != ckpt::StatusCode::kDataLoss) __builtin_trap();
       continue;
     }
     if (!raw.ok() || raw->size() != t.end - t.begin) __builtin_trap();
-    auto f32 = ckpt::convert::ReadSafetensorsTensorF32(path, *header, t.name);
+    auto f32 = ckpt::safetensors::ReadSafetensorsTensorF32(path, *header, t.name);
     (void)f32;  // integer dtypes are refused: an error value, not a crash
   }
   return 0;

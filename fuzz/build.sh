@@ -53,7 +53,9 @@ if [ "${#stale[@]}" -gt 0 ]; then
     'src="${1%%:*}"; obj="${1#*:}"; $CXX $flags_str -fsanitize=fuzzer-no-link -c "$src" -o "$obj"' _ {}
 fi
 
-for target in manifest rank_file safetensors units torch_pickle; do
+# fuzz_rank_file seals its inputs as the seeds' writer did (h5::SealFile).
+harness_flags=(-DCKPT_FUZZ_SEED_DIR="\"$repo/tests/fuzz/corpus/rank_file\"")
+for target in manifest rank_file safetensors units torch_pickle json; do
   src="$repo/fuzz/fuzz_$target.cc"
   exe="$out/bin/fuzz_$target"
   newest=1
@@ -63,7 +65,8 @@ for target in manifest rank_file safetensors units torch_pickle; do
   fi
   if [ "$newest" = 1 ]; then
     echo "fuzz/build.sh: linking fuzz_$target"
-    "$CXX" "${flags[@]}" -fsanitize=fuzzer "$src" "${objects[@]}" "${libs[@]}" -o "$exe"
+    "$CXX" "${flags[@]}" "${harness_flags[@]}" -fsanitize=fuzzer "$src" "${objects[@]}" \
+      "${libs[@]}" -o "$exe"
   fi
 done
 echo "fuzz/build.sh: targets in $out/bin"

@@ -1,34 +1,62 @@
 // libFuzzer target: the rank-file reader. A one-rank synthetic checkpoint is written once at
-// start-up; each input replaces its rank_00000.h5 (the manifest is patched to the input's size
-// with the file checksum left empty, so the reader gets past the size check and into HDF5),
-// then the checkpoint is checked (ckpt::CheckCheckpoint, deep) and read the way a resume does
-// (every dataset whole, with its XXH3; every parameter). Any outcome but a crash or a
-// sanitizer report is fine: corrupt input must come back as an error value.
+// start-up; each input replaces its rank_00000.h5 and the manifest is rewritten to match the way
+// a writer would have recorded it (SerializeManifest, so `manifest_xxh3` is recomputed and the
+// input gets past the manifest): the input's size, no whole-file checksum, and the metadata
+// seal (docs/format.md) of the committed seed file of the same size, as the seeds'
+// writer recorded it. Inputs that change a seed's HDF5 metadata are therefore refused by the
+// seal before libhdf5 parses them, as in a real checkpoint; inputs that change only raw data
+// (contiguous regions, compressed chunks) reach HDF5, the zstd filter and our readers. Then the
+// checkpoint is checked (ckpt::CheckCheckpoint, deep) and read the way a resume does (every
+// dataset whole, with its XXH3; every parameter). Any outcome but a crash or a sanitizer
+// report is fine: corrupt input must come back as an error value.
+//
+// The harness asserts that it reaches the reader: the seeds themselves must load completely
+// (checked at start-up), and it prints, at every power of two, how many inputs got past the
+// manifest and past the seal ("fuzz_rank_file: N inputs, M past the manifest, K past the
+// metadata seal"), which tools/fuzz.sh requires to be non-zero.
 //
 // CKPT_FUZZ_WRITE_SEEDS=DIR writes the fixture's rank file (uncompressed and zstd) into DIR
 // and exits: how tests/fuzz/corpus/rank_file/none.h5 and zstd.h5 were made
 // (`CKPT_FUZZ_WRITE_SEEDS=tests/fuzz/corpus/rank_file build-fuzz/bin/fuzz_rank_file`).
 // none_chunked_legacy.h5 is an uncompressed file from before the contiguous layout (chunked
-// tensors), which readers still accept.
+// tensors), which readers still accept. crash-*.h5 are inputs that crashed an earlier reader.
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <string>
+#include <vector>
 
-#include <nlohmann/json.hpp>
-
+#include "ckpt/env.h"
+#include "ckpt/h5.h"  // h5::SealFile: the seeds' seals, as their writer records them
+#include "ckpt/manifest.h"
 #include "ckpt/reader.h"
 #include "ckpt/synth.h"
 
+#ifndef CKPT_FUZZ_SEED_DIR
+#error "fuzz/build.sh defines CKPT_FUZZ_SEED_DIR (tests/fuzz/corpus/rank_file)"
+#endif
+
 namespace {
 
-struct Fixture {
-  std::string dir;            // the tag directory
-  nlohmann::json manifest;    // as written, for patching
+struct Seal {
+  ckpt::h5::Extents extents;
+  std::string xxh3;
 };
+
+struct Fixture {
+  std::string dir;                    // the tag directory
+  ckpt::Manifest manifest;            // as written, for patching
+  std::map<uint64_t, Seal> seals;     // seed file size -> its seal
+};
+
+struct Counts {
+  uint64_t inputs = 0, past_manifest = 0, past_seal = 0;
+} counts;
 
 std::string WriteRoot(const std::string& root, const char* compression) {
   ckpt::SynthOptions o;
@@ -50,10 +78,73 @@ const Fixture& GetFixture() {
     Fixture fx;
     fx.dir = WriteRoot(std::string(base) + "/root", "none");
     std::ifstream in(fx.dir + "/manifest.json");
-    fx.manifest = nlohmann::json::parse(in);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto m = ckpt::ParseManifest(text, "fixture");
+    if (!m.ok()) std::abort();
+    fx.manifest = *m;
+    for (const auto& e : std::filesystem::directory_iterator(CKPT_FUZZ_SEED_DIR)) {
+      if (e.path().extension() != ".h5" || e.path().filename().string().rfind("crash-", 0) == 0)
+        continue;
+      const uint64_t size = std::filesystem::file_size(e.path());
+      Seal seal;
+      if (!ckpt::h5::SealFile(ckpt::Env::Default(), e.path().string(), size, &seal.extents,
+                              &seal.xxh3)
+               .ok())
+        std::abort();
+      fx.seals[size] = seal;
+    }
+    if (fx.seals.empty()) std::abort();
     return fx;
   }();
   return f;
+}
+
+// Installs `data` as rank 0's file with a manifest recording it; reads everything.
+// Returns true when every read succeeded.
+bool RunOne(const uint8_t* data, size_t size) {
+  const Fixture& fx = GetFixture();
+  {
+    std::ofstream out(fx.dir + "/rank_00000.h5", std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
+  }
+  ckpt::Manifest m = fx.manifest;
+  ckpt::FileRecord& f = m.files[0];
+  f.bytes = size;
+  f.xxh3 = "";
+  auto seal = fx.seals.find(size);
+  f.data_extents = seal != fx.seals.end() ? seal->second.extents : ckpt::h5::Extents{};
+  f.metadata_xxh3 = seal != fx.seals.end() ? seal->second.xxh3 : "0000000000000000";
+  std::ofstream(fx.dir + "/manifest.json", std::ios::trunc) << ckpt::SerializeManifest(m);
+
+  ++counts.inputs;
+  auto problems = ckpt::CheckCheckpoint(fx.dir, /*deep=*/true);
+  bool all_ok = problems.ok() && problems->empty();
+  auto reader = ckpt::CheckpointReader::Open(fx.dir);
+  if (reader.ok()) {
+    ++counts.past_manifest;
+    bool past_seal = false;
+    for (const auto& file : reader->manifest().files) {
+      for (const auto& d : file.datasets) {
+        auto bytes = reader->ReadDatasetBytes(file.rank, d.name);
+        all_ok = all_ok && bytes.ok();
+        if (bytes.ok() || bytes.status().message().find("not opened") == std::string::npos)
+          past_seal = true;
+      }
+    }
+    if (past_seal) ++counts.past_seal;
+    for (const auto& p : reader->manifest().params)
+      all_ok = reader->ReadParamFull(p.name).ok() && all_ok;
+  } else {
+    all_ok = false;
+  }
+  if ((counts.inputs & (counts.inputs - 1)) == 0)
+    std::fprintf(stderr, "fuzz_rank_file: %llu inputs, %llu past the manifest, %llu past the "
+                 "metadata seal\n", static_cast<unsigned long long>(counts.inputs),
+                 static_cast<unsigned long long>(counts.past_manifest),
+                 static_cast<unsigned long long>(counts.past_seal));
+  // A harness that stops reaching the reader is broken, not lucky.
+  if (counts.inputs == 4096 && counts.past_seal == 0) __builtin_trap();
+  return all_ok;
 }
 
 }  // namespace
@@ -74,26 +165,24 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     std::exit(0);
   }
   GetFixture();
+  // Every seed must load completely through the patched manifest: proof that inputs reach the
+  // rank-file reader and HDF5.
+  for (const auto& e : std::filesystem::directory_iterator(CKPT_FUZZ_SEED_DIR)) {
+    if (e.path().extension() != ".h5" || e.path().filename().string().rfind("crash-", 0) == 0)
+      continue;
+    std::ifstream in(e.path(), std::ios::binary);
+    const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
+                                     std::istreambuf_iterator<char>());
+    if (!RunOne(bytes.data(), bytes.size())) {
+      std::fprintf(stderr, "fuzz_rank_file: seed %s does not load through the harness\n",
+                   e.path().c_str());
+      std::abort();
+    }
+  }
   return 0;
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const Fixture& fx = GetFixture();
-  {
-    std::ofstream out(fx.dir + "/rank_00000.h5", std::ios::binary | std::ios::trunc);
-    out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
-  }
-  nlohmann::json m = fx.manifest;
-  m["files"][0]["bytes"] = size;
-  m["files"][0]["xxh3"] = "";
-  std::ofstream(fx.dir + "/manifest.json", std::ios::trunc) << m.dump();
-
-  auto problems = ckpt::CheckCheckpoint(fx.dir, /*deep=*/true);
-  (void)problems;
-  auto reader = ckpt::CheckpointReader::Open(fx.dir);
-  if (!reader.ok()) return 0;
-  for (const auto& f : reader->manifest().files)
-    for (const auto& d : f.datasets) (void)reader->ReadDatasetBytes(f.rank, d.name);
-  for (const auto& p : reader->manifest().params) (void)reader->ReadParamFull(p.name);
+  RunOne(data, size);
   return 0;
 }

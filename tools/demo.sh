@@ -63,7 +63,7 @@ note "ckpt check --deep (latest)" "ok"
 ckpt_log "4. what corruption looks like: one flipped byte in a copy of rank 2's file"
 BAD="$DEMO/corrupted"
 mkdir -p "$BAD"
-TAG=$(cat "$RUN/latest")
+TAG=$(head -n 1 "$RUN/latest")  # line 1 of latest is the tag (docs/format.md)
 cp -r "$RUN/$TAG" "$BAD/"
 echo "$TAG" > "$BAD/latest"
 /usr/bin/python3 - "$BAD/$TAG/rank_00002.h5" <<'PY'

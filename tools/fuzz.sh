@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every libFuzzer target for N seconds on the seed corpus (tests/fuzz/corpus/<target>/).
 #
-#   tools/fuzz.sh [--seconds N] [--targets "manifest rank_file safetensors units torch_pickle"]
+#   tools/fuzz.sh [--seconds N] [--targets "manifest rank_file safetensors units torch_pickle json"]
 #                 [--out DIR]
 #
 # Builds the targets first (fuzz/build.sh, clang 14, ASan + UBSan). Inputs found during the
@@ -13,7 +13,7 @@
 set -uo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 seconds=20
-targets="manifest rank_file safetensors units torch_pickle"
+targets="manifest rank_file safetensors units torch_pickle json"
 out="$repo/build-fuzz"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -54,6 +54,16 @@ for t in $targets; do
   execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)
   cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | grep -o '[0-9]*')
   line="fuzz_$t: ${seconds}s, ${execs:-?} executions, coverage ${cov:-?} edges, corpus $(ls "$corpus" | wc -l) inputs"
+  # The rank-file harness must reach the reader (fuzz/fuzz_rank_file.cc prints its counts).
+  if [ "$t" = rank_file ] && [ "$rc" = 0 ]; then
+    reach=$(grep -o 'fuzz_rank_file: [0-9]* inputs, [0-9]* past the manifest, [0-9]* past the metadata seal' "$log" | tail -1)
+    line="$line; ${reach#fuzz_rank_file: }"
+    past=$(echo "$reach" | sed -n 's/.*, \([0-9]*\) past the metadata seal/\1/p')
+    if [ -z "$reach" ] || [ "${past:-0}" = 0 ]; then
+      rc=1
+      line="$line (no input reached HDF5: the harness is broken)"
+    fi
+  fi
   if [ "$rc" != 0 ]; then
     failed=1
     line="$line, FAILED (exit $rc, see $log and $artifacts)"

@@ -8,6 +8,7 @@ CKPT_PACKAGES=(
   libopenmpi-dev openmpi-bin jq
   python3 python3-h5py python3-hdf5plugin python3-numpy python3-torch python3-zstandard
   python3-dev pybind11-dev python3-pybind11
+  strace
 )
 
 ckpt_log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }

@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 
+#include "ckpt/json.h"
 #include "ckpt/progress.h"
 #include "ckpt/state_source.h"
 
@@ -156,9 +157,15 @@ Status Compare(const DiffOptions& o, Sources& s, DiffReport& report) {
     CKPT_ASSIGN_OR_RETURN(std::vector<uint8_t> xa, s.a->ReadRankExtra(rank, ia->second), "A");
     CKPT_ASSIGN_OR_RETURN(std::vector<uint8_t> xb, s.b->ReadRankExtra(rank, ib->second), "B");
     if (ia->second.record.kind == "json") {
-      auto ja = json::parse(xa.begin(), xa.end(), nullptr, false);
-      auto jb = json::parse(xb.begin(), xb.end(), nullptr, false);
-      if (ja != jb) note(what + ": " + ja.dump() + " vs " + jb.dump());
+      auto ja = ParseJson(
+          std::string_view(reinterpret_cast<const char*>(xa.data()), xa.size()), "A");
+      auto jb = ParseJson(
+          std::string_view(reinterpret_cast<const char*>(xb.data()), xb.size()), "B");
+      if (!ja.ok() || !jb.ok()) {
+        note(what + ": " + (ja.ok() ? jb.status() : ja.status()).message());
+      } else if (*ja != *jb) {
+        note(what + ": " + ja->dump() + " vs " + jb->dump());
+      }
     } else if (xa != xb) {
       note(what + ": bytes differ");
     }

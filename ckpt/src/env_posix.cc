@@ -257,6 +257,21 @@ class PosixEnv final : public Env {
     return std::unique_ptr<RandomAccessFile>(
         new PosixRandomAccessFile(path, std::move(fd), size));
   }
+  Result<std::unique_ptr<RandomAccessFile>> NewCheckpointFile(const std::string& path) override {
+    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
+    if (!fd.valid()) {
+      if (errno == ENOENT) return NotFound(path + ": no such file");
+      if (errno == ELOOP)
+        return DataLoss(path + " is a symbolic link; files inside a checkpoint are never "
+                               "followed through links");
+      return PosixError("open " + path, errno);
+    }
+    struct stat st{};
+    if (::fstat(fd.get(), &st) != 0) return PosixError("stat " + path, errno);
+    if (!S_ISREG(st.st_mode)) return DataLoss(path + " is not a regular file");
+    return std::unique_ptr<RandomAccessFile>(new PosixRandomAccessFile(
+        path, std::move(fd), static_cast<uint64_t>(st.st_size)));
+  }
   Result<std::unique_ptr<RandomWriteFile>> OpenRandomWriteFile(const std::string& path) override {
     UniqueFd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC));
     if (!fd.valid()) return PosixError("open " + path, errno);

@@ -241,6 +241,13 @@ Result<std::unique_ptr<RandomAccessFile>> FaultInjectionEnv::NewRandomAccessFile
   return std::unique_ptr<RandomAccessFile>(
       new FaultRandomAccessFile(impl_.get(), path, std::move(base)));
 }
+Result<std::unique_ptr<RandomAccessFile>> FaultInjectionEnv::NewCheckpointFile(
+    const std::string& path) {
+  CKPT_RETURN_IF_ERROR(impl_->Step(Op::kRead, "open " + path));
+  CKPT_ASSIGN_OR_RETURN(auto base, impl_->base->NewCheckpointFile(path));
+  return std::unique_ptr<RandomAccessFile>(
+      new FaultRandomAccessFile(impl_.get(), path, std::move(base)));
+}
 Result<std::unique_ptr<RandomWriteFile>> FaultInjectionEnv::OpenRandomWriteFile(
     const std::string& path) {
   CKPT_RETURN_IF_ERROR(impl_->Step(Op::kWrite, "open for writing " + path));

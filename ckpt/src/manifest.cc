@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 
+#include "ckpt/json.h"
 #include "ckpt/hash.h"
 
 namespace ckpt {
@@ -60,9 +61,16 @@ json FileRecordToJson(const FileRecord& f) {
     if (!d.blob_kind.empty()) dj["blob_kind"] = d.blob_kind;
     ds.push_back(dj);
   }
-  return {{"rank", f.rank},     {"path", f.path},
-          {"bytes", f.bytes},   {"xxh3", f.xxh3},
-          {"compression", f.compression}, {"datasets", ds}};
+  json out = {{"rank", f.rank},     {"path", f.path},
+              {"bytes", f.bytes},   {"xxh3", f.xxh3},
+              {"compression", f.compression}, {"datasets", ds}};
+  if (!f.metadata_xxh3.empty()) {
+    out["metadata_xxh3"] = f.metadata_xxh3;
+    json extents = json::array();
+    for (const auto& [offset, bytes] : f.data_extents) extents.push_back({offset, bytes});
+    out["data_extents"] = extents;
+  }
+  return out;
 }
 
 json ManifestToJson(const Manifest& m) {
@@ -110,6 +118,7 @@ json ManifestToJson(const Manifest& m) {
   j["files"] = files;
   j["client_state"] = m.client_state;
   j["engine_config"] = m.engine_config;
+  if (!m.sets_latest) j["sets_latest"] = false;
   // Self-checksum (format 1.1): XXH3 of the text with this value's 16 characters read as '0',
   // so an edit or a bit flip that still parses is caught.
   j["manifest_xxh3"] = std::string(kDigestPlaceholder);
@@ -249,6 +258,18 @@ FileRecord ParseFileRecord(const json& fj, const std::string& where) {
     d.xxh3 = Str(dj, "xxh3", dw);
     f.datasets.push_back(std::move(d));
   }
+  if (fj.contains("metadata_xxh3")) {
+    f.metadata_xxh3 = Str(fj, "metadata_xxh3", where);
+    if (f.metadata_xxh3.empty()) throw SchemaError{where + ".metadata_xxh3 is empty"};
+    const json& ex = Field(fj, "data_extents", where);
+    if (!ex.is_array()) throw SchemaError{where + ".data_extents is not an array"};
+    for (const auto& e : ex) {
+      if (!e.is_array() || e.size() != 2 || !e[0].is_number_unsigned() ||
+          !e[1].is_number_unsigned())
+        throw SchemaError{where + ".data_extents: each entry is [offset, bytes]"};
+      f.data_extents.emplace_back(e[0].get<uint64_t>(), e[1].get<uint64_t>());
+    }
+  }
   return f;
 }
 
@@ -289,6 +310,9 @@ Result<Manifest> ManifestFromJson(const json& j, std::string_view source) {
       if (want != got)
         return DataLoss(src + ": manifest checksum mismatch (recorded " + want + ", content " + got +
                         "): the manifest was edited or corrupted");
+    } else if (!j.contains("manifest_xxh3") && minor >= 2) {
+      return DataLoss(src + ": no manifest_xxh3 (every manifest of format 1.2 and later has one): "
+                      "the manifest was edited or corrupted");
     }
     m.writer = Str(j, "writer", "manifest");
     m.kind = Str(j, "kind", "manifest");
@@ -344,6 +368,7 @@ Result<Manifest> ManifestFromJson(const json& j, std::string_view source) {
       m.files.push_back(ParseFileRecord(files[i], "files[" + std::to_string(i) + "]"));
     m.client_state = ObjectOr(j, "client_state");
     m.engine_config = ObjectOr(j, "engine_config");
+    if (j.contains("sets_latest")) m.sets_latest = Bool(j, "sets_latest", "manifest");
   } catch (const SchemaError& e) {
     return DataLoss(src + ": " + e.what);
   } catch (const json::exception& e) {
@@ -369,8 +394,7 @@ Result<FileRecord> FileRecordFromJson(const json& j, std::string_view source) {
 }
 
 Result<Manifest> ParseManifest(std::string_view text, std::string_view source) {
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return DataLoss(std::string(source) + ": not valid JSON");
+  CKPT_ASSIGN_OR_RETURN(json j, ParseJson(text, source));
   // Format 1.1 and later minors of this major: the checksum over the bytes, before the schema
   // checks, so an edited or corrupted manifest is reported as such. (A newer major, or 1.0,
   // is ManifestFromJson's: refused, or verified under 1.0's rule.)
@@ -503,6 +527,17 @@ Status ValidateManifest(const Manifest& m) {
         return InvalidArgument("rank " + std::to_string(r) +
                                ": two parameters share shard elements at offset " +
                                std::to_string(iv[i].first));
+    }
+  }
+  // The metadata seal's extents: sorted, disjoint, inside the file.
+  for (const auto& f : m.files) {
+    uint64_t end = 0;
+    for (const auto& [offset, bytes] : f.data_extents) {
+      uint64_t e;
+      if (offset < end || bytes == 0 || __builtin_add_overflow(offset, bytes, &e) || e > f.bytes)
+        return InvalidArgument(f.path + ": data_extents are not sorted, disjoint extents inside "
+                               "the file's " + std::to_string(f.bytes) + " bytes");
+      end = e;
     }
   }
   // Files and datasets (absent while a writer is still building the manifest).

@@ -11,11 +11,11 @@
 #include <thread>
 #include <utility>
 
-
 #include "ckpt/env.h"
 #include "ckpt/hash.h"
 #include "ckpt/h5.h"
 #include "ckpt/shape.h"
+#include "zstd_filter.h"
 
 namespace ckpt::internal {
 
@@ -301,6 +301,7 @@ Result<RankFileWritten> WriteRankFile(const std::string& path, const RankFileHea
   }
   if (file_digest) out.file_xxh3 = file_digest->HexDigest();
   out.bytes = size;
+  CKPT_RETURN_IF_ERROR(h5::SealFile(env, path, size, &out.data_extents, &out.metadata_xxh3));
   return out;
 }
 
@@ -335,6 +336,7 @@ struct RankFile::Impl {
   uint64_t file_bytes = 0;
   std::map<std::string, std::optional<uint64_t>> direct;  // name -> file offset, if direct
   std::set<std::string> shape_ok;  // datasets whose stored shape and type match their record
+  std::map<std::string, size_t> chunk_bytes;  // chunked datasets: bytes of one chunk
   Result<hid_t> Dataset(const DatasetRecord& rec, bool whole = false);
   // The file offset of the dataset's bytes when they can be read as they are: contiguous, no
   // filter, the record's little-endian type, allocated to exactly rec.bytes inside the file.
@@ -344,18 +346,19 @@ struct RankFile::Impl {
 RankFile::~RankFile() = default;
 
 Result<std::unique_ptr<RankFile>> RankFile::Open(const std::string& path, std::string label,
-                                                 Env* env) {
+                                                 const FileRecord& record, Env* env) {
   if (!env) env = Env::Default();
   h5::Init();
   std::unique_ptr<RankFile> rf(new RankFile());
   rf->impl_ = std::make_unique<Impl>();
   rf->impl_->label = std::move(label);
-  // Open fails cleanly on a truncated or foreign file; HDF5 checks its own superblock.
-  hid_t fid = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-  if (fid < 0) {
-    return DataLoss(rf->impl_->label + ": cannot open as HDF5 (" + h5::ErrorText() + ")");
-  }
-  rf->impl_->file = h5::File(fid);
+  // The same file serves the seal check and the direct (outside HDF5) reads.
+  CKPT_ASSIGN_OR_RETURN(rf->impl_->data, env->NewCheckpointFile(path));
+  rf->impl_->file_bytes = rf->impl_->data->size();
+  CKPT_ASSIGN_OR_RETURN(rf->impl_->file,
+                        h5::OpenVerified(*rf->impl_->data, path, rf->impl_->label, record.bytes,
+                                         record.data_extents, record.metadata_xxh3, record.xxh3));
+  const hid_t fid = rf->impl_->file.get();
   // The file says what it is: refuse foreign files and newer major versions before reading.
   const Result<std::string> format = h5::ReadStringAttr(fid, "format");
   if (!format.ok() || *format != kFormatName) {
@@ -373,14 +376,12 @@ Result<std::unique_ptr<RankFile>> RankFile::Open(const std::string& path, std::s
                          ", this reader supports " + std::to_string(kFormatMajor) +
                          ".x; upgrade ckpt to read it");
   }
-  CKPT_ASSIGN_OR_RETURN(rf->impl_->data, env->NewRandomAccessFile(path));
-  rf->impl_->file_bytes = rf->impl_->data->size();
-  rf->impl_->dapl = h5::Plist(H5Pcreate(H5P_DATASET_ACCESS));
+  rf->impl_->dapl = h5::NoExternalLinks();
   // A chunk cache that holds one default (4 MiB) chunk; fully read chunks are evicted first.
   H5Pset_chunk_cache(rf->impl_->dapl.get(), 521, (4u << 20) + (64u << 10), 1.0);
   // Whole-dataset reads bypass the cache: HDF5 then reads (and decompresses) each chunk
   // directly into the caller's buffer instead of staging it in the cache and copying.
-  rf->impl_->dapl_whole = h5::Plist(H5Pcreate(H5P_DATASET_ACCESS));
+  rf->impl_->dapl_whole = h5::NoExternalLinks();
   H5Pset_chunk_cache(rf->impl_->dapl_whole.get(), 0, 0, 1.0);
   return rf;
 }
@@ -389,14 +390,30 @@ Result<hid_t> RankFile::Impl::Dataset(const DatasetRecord& rec, bool whole) {
   auto& handles = whole ? open_whole : open;
   auto it = handles.find(rec.name);
   if (it != handles.end()) return it->second.get();
-  if (H5Lexists(file.get(), rec.name.c_str(), H5P_DEFAULT) <= 0) {
+  if (H5Lexists(file.get(), rec.name.c_str(), dapl.get()) <= 0) {
     H5Eclear2(H5E_DEFAULT);  // a missing intermediate group is an error, not just "false"
     return DataLoss(label + ": dataset /" + rec.name + " is missing");
   }
   hid_t d = H5Dopen2(file.get(), rec.name.c_str(), whole ? dapl_whole.get() : dapl.get());
   if (d < 0) return DataLoss(label + ": dataset /" + rec.name + ": " + h5::ErrorText());
+  h5::Handle handle = h5::Dataset(d);
+  if (!chunk_bytes.count(rec.name)) {
+    h5::Handle dcpl = h5::Plist(H5Dget_create_plist(d));
+    h5::Handle type = h5::Type(H5Dget_type(d));
+    size_t n = H5Tget_size(type.get());
+    if (H5Pget_layout(dcpl.get()) == H5D_CHUNKED) {
+      hsize_t dims[H5S_MAX_RANK] = {0};
+      const int nd = H5Pget_chunk(dcpl.get(), H5S_MAX_RANK, dims);
+      if (nd < 0) return DataLoss(label + ": dataset /" + rec.name + ": bad chunk dimensions");
+      for (int i = 0; i < nd; ++i)
+        if (__builtin_mul_overflow(n, static_cast<size_t>(dims[i]), &n))
+          return DataLoss(label + ": dataset /" + rec.name + ": chunk size overflows");
+    }
+    H5Eclear2(H5E_DEFAULT);
+    chunk_bytes[rec.name] = n;
+  }
   if (!whole) handles.clear();
-  handles.emplace(rec.name, h5::Dataset(d));
+  handles.emplace(rec.name, std::move(handle));
   return d;
 }
 
@@ -412,8 +429,10 @@ Status RankFile::CheckShape(const DatasetRecord& rec) const {
   if (got != rec.shape)
     return DataLoss(impl_->label + ": dataset /" + rec.name + ": stored shape differs from manifest");
   h5::Handle type = h5::Type(H5Dget_type(d));
-  if (H5Tequal(type.get(), h5::FileType(rec.dtype)) <= 0 &&
-      H5Tget_size(type.get()) != DTypeSize(rec.dtype))
+  const H5T_class_t cls = H5Tget_class(type.get());
+  if ((cls != H5T_INTEGER && cls != H5T_FLOAT) ||
+      (H5Tequal(type.get(), h5::FileType(rec.dtype)) <= 0 &&
+       H5Tget_size(type.get()) != DTypeSize(rec.dtype)))
     return DataLoss(impl_->label + ": dataset /" + rec.name + ": stored type differs from manifest");
   impl_->shape_ok.insert(rec.name);
   return Status::Ok();
@@ -458,6 +477,7 @@ Status RankFile::ReadAll(const DatasetRecord& rec, void* out, Xxh3Stream* digest
     return Status::Ok();
   }
   CKPT_ASSIGN_OR_RETURN(hid_t d, impl_->Dataset(rec, /*whole=*/true), "");
+  h5::ExpectChunkBytes expect(impl_->chunk_bytes[rec.name]);
   if (H5Dread(d, h5::MemType(rec.dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0)
     return DataLoss(impl_->label + ": dataset /" + rec.name + ": read failed (" +
                     h5::ErrorText() + ")");
@@ -487,6 +507,7 @@ Status RankFile::ReadSlice(const DatasetRecord& rec, int64_t offset, int64_t cou
   hsize_t start = static_cast<hsize_t>(offset), cnt = static_cast<hsize_t>(count);
   H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, &start, nullptr, &cnt, nullptr);
   h5::Handle mspace = h5::Space(H5Screate_simple(1, &cnt, nullptr));
+  h5::ExpectChunkBytes expect(impl_->chunk_bytes[rec.name]);
   if (H5Dread(d, h5::MemType(rec.dtype), mspace.get(), fspace.get(), H5P_DEFAULT, out) < 0)
     return DataLoss(impl_->label + ": dataset /" + rec.name + ": read failed (" +
                     h5::ErrorText() + ")");

@@ -26,6 +26,9 @@ struct RankFileWritten {
   std::vector<DatasetRecord> datasets;  // sizes and XXH3 of the logical bytes
   std::string file_xxh3;                // XXH3 of the whole file; empty without file_checksum
   uint64_t bytes = 0;                   // the file's size
+  // The metadata seal (h5::SealFile): raw-data extents and the XXH3 of everything else.
+  std::vector<std::pair<uint64_t, uint64_t>> data_extents;
+  std::string metadata_xxh3;
 };
 
 // Creates `path` and writes every dataset in two phases: HDF5 writes the structure (uncompressed
@@ -46,9 +49,13 @@ Status WriteRankFileStructure(const std::string& path, const RankFileHeader& hea
 // A rank file opened read-only. Errors name the file (`label`) and the dataset.
 class RankFile {
  public:
+  // Opens through Env::NewCheckpointFile and h5::OpenVerified with the manifest's record of the
+  // file (size, seal or whole-file digest): corrupt HDF5 metadata, symbolic links and links
+  // other than hard links are refused (DataLoss) before HDF5 reads them, and so are datasets
+  // h5::CheckStorage refuses (external storage, virtual or compact layouts, unknown filters).
   // Offset reads go through env (nullptr: Env::Default()); HDF5 reads through its own driver.
   static Result<std::unique_ptr<RankFile>> Open(const std::string& path, std::string label,
-                                                Env* env = nullptr);
+                                                const FileRecord& record, Env* env = nullptr);
   ~RankFile();
   // Checks the stored dtype and shape against the record (DataLoss when they differ).
   Status CheckShape(const DatasetRecord& rec) const;

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <optional>
 
+#include "ckpt/json.h"
 #include "ckpt/hash.h"
 #include "ckpt/progress.h"
 #include "ckpt/root.h"
@@ -54,7 +55,7 @@ struct CheckpointReader::Impl {
       const FileRecord* f = manifest.FileForRank(rank);
       CKPT_RETURN_IF_ERROR(CheckFile(*f), "");
       const std::string path = dir + "/" + f->path;
-      CKPT_ASSIGN_OR_RETURN(slot, internal::RankFile::Open(path, f->path, env), "");
+      CKPT_ASSIGN_OR_RETURN(slot, internal::RankFile::Open(path, f->path, *f, env));
     }
     return slot.get();
   }
@@ -131,10 +132,7 @@ Result<std::string> CheckpointReader::ReadBlob(int rank, std::string_view name) 
 
 Result<nlohmann::json> CheckpointReader::ReadJson(int rank, std::string_view name) const {
   CKPT_ASSIGN_OR_RETURN(std::string text, ReadBlob(rank, name), "");
-  auto j = nlohmann::json::parse(text, nullptr, false);
-  if (j.is_discarded())
-    return DataLoss(impl_->Label(rank) + ": dataset /" + std::string(name) + " is not valid JSON");
-  return j;
+  return ParseJson(text, impl_->Label(rank) + ": dataset /" + std::string(name));
 }
 
 Status CheckpointReader::ReadSlice(int rank, std::string_view name, int64_t offset, int64_t count,
@@ -249,6 +247,13 @@ Result<std::vector<Problem>> CheckCheckpoint(const std::string& tag_dir, bool de
     return problems;
   }
   const Manifest& m = reader->manifest();
+  std::string dir_name = reader->dir();
+  while (dir_name.size() > 1 && dir_name.back() == '/') dir_name.pop_back();
+  dir_name = std::filesystem::path(dir_name).filename().string();
+  if (dir_name != m.tag)
+    problems.push_back({std::string(kManifestFile), "",
+                        "the manifest names tag '" + m.tag + "', not its directory's name '" +
+                            dir_name + "' (a copied or renamed tag directory)"});
   uint64_t total = 0;
   for (const auto& f : m.files) {
     total += f.bytes;
@@ -280,7 +285,7 @@ Result<std::vector<Problem>> CheckCheckpoint(const std::string& tag_dir, bool de
       }
       bar.Add(f.bytes);
     }
-    auto rf = internal::RankFile::Open(path, f.path, env);
+    auto rf = internal::RankFile::Open(path, f.path, f, env);
     if (!rf.ok()) {
       problems.push_back({f.path, "", ProblemText(rf.status().message(), f.path, "")});
       continue;

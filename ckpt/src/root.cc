@@ -1,9 +1,15 @@
 #include "ckpt/root.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <ctime>
 #include <optional>
 #include <random>
+#include <string_view>
 
+#include <nlohmann/json.hpp>
+
+#include "ckpt/hash.h"
 #include "ckpt/manifest.h"
 
 namespace ckpt {
@@ -21,6 +27,29 @@ bool ValidTagName(const std::string& tag) {
   return !tag.empty() && tag.find('/') == std::string::npos && tag[0] != '.' && tag.size() < 256;
 }
 
+// At most `max` bytes of untrusted file content, printable ASCII kept and everything else
+// escaped, for an error message: a `latest` that is really /etc/passwd is never echoed whole.
+std::string Excerpt(std::string_view bytes, size_t max = 40) {
+  std::string out;
+  for (size_t i = 0; i < bytes.size() && i < max; ++i) {
+    const unsigned char c = static_cast<unsigned char>(bytes[i]);
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c >= 0x20 && c < 0x7f && c != '\\' && c != '\'') {
+      out += static_cast<char>(c);
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    }
+  }
+  if (bytes.size() > max) out += "... (" + std::to_string(bytes.size()) + " bytes)";
+  return out;
+}
+
+// The largest `latest` file readers look at: a tag name (< 256) and two short lines.
+constexpr size_t kMaxLatestBytes = 512;
+
 // Committed tags (readable or not) and temporaries of `root`, tags oldest global_step first.
 Status ListTags(const std::string& root, Env* env, RootListing* out) {
   CKPT_ASSIGN_OR_RETURN(std::vector<DirEntry> entries, env->ListDir(root), "");
@@ -31,6 +60,7 @@ Status ListTags(const std::string& root, Env* env, RootListing* out) {
       out->temporary.push_back(path);
       continue;
     }
+    if (e.name[0] == '.') continue;  // never a tag (e.g. .rolled-back-*: ckpt rollback)
     const std::string mpath = path + "/" + std::string(kManifestFile);
     if (!env->Exists(mpath)) continue;  // not ours
     TagInfo info;
@@ -38,10 +68,15 @@ Status ListTags(const std::string& root, Env* env, RootListing* out) {
     info.path = path;
     auto text = env->ReadFileToString(mpath);
     auto m = text.ok() ? ParseManifest(*text, mpath) : Result<Manifest>(text.status());
-    if (m.ok()) {
+    if (m.ok() && m->tag != e.name) {
+      // A tag directory copied or renamed by hand: never taken for the tag it claims to be.
+      info.error = mpath + ": the manifest names tag '" + Excerpt(m->tag) +
+                   "', not its directory's name";
+    } else if (m.ok()) {
       info.global_step = m->counters.global_step;
       info.ranks = m->topology.dp_world_size;
       info.created_unix = m->created_unix;
+      info.sets_latest = m->sets_latest;
       for (const auto& f : m->files) info.bytes += f.bytes;
     } else {
       info.error = m.status().message();
@@ -57,15 +92,20 @@ Status ListTags(const std::string& root, Env* env, RootListing* out) {
   return Status::Ok();
 }
 
-// The newest readable committed tag, or "" when there is none.
-std::string NewestTag(const RootListing& listing) {
+// The newest readable committed tag whose save meant to become `latest`, or nullptr.
+const TagInfo* NewestTag(const RootListing& listing) {
   for (auto it = listing.tags.rbegin(); it != listing.tags.rend(); ++it)
-    if (it->error.empty()) return it->tag;
-  return "";
+    if (it->error.empty() && it->sets_latest) return &*it;
+  return nullptr;
 }
 
-// The tag the `latest` file names; NotFound when there is no file.
-Result<std::string> ReadLatestFile(const std::string& root, Env* env) {
+struct LatestPointer {
+  std::string tag;
+  int64_t global_step = -1;  // -1: a pre-1.2 file (the tag name alone)
+};
+
+// Parses and verifies the `latest` file; NotFound when there is none.
+Result<LatestPointer> ReadLatestFile(const std::string& root, Env* env) {
   const std::string path = root + "/" + std::string(kLatestFile);
   auto text = env->ReadFileToString(path);
   if (!text.ok()) {
@@ -73,35 +113,92 @@ Result<std::string> ReadLatestFile(const std::string& root, Env* env) {
       return NotFound(root + " has no `latest` pointer (no committed checkpoint)");
     return text.status();
   }
-  const std::string tag = Trim(*text);
-  if (!ValidTagName(tag)) return DataLoss(path + ": does not name a tag ('" + tag + "')");
-  if (!env->Exists(root + "/" + tag + "/" + std::string(kManifestFile)))
-    return DataLoss(path + " names '" + tag + "', which is not a committed tag in " + root);
-  return tag;
+  if (text->size() > kMaxLatestBytes)
+    return DataLoss(path + ": " + std::to_string(text->size()) +
+                    " bytes, not a `latest` pointer ('" + Excerpt(*text) + "')");
+  LatestPointer p;
+  const size_t first = text->find('\n');
+  if (first == std::string::npos || first + 1 == text->size()) {
+    p.tag = Trim(*text);  // format 1.0: the tag name alone
+  } else {
+    // Format 1.2: "<tag>\nstep <N>\nxxh3 <16 hex>\n".
+    const size_t second = text->find('\n', first + 1);
+    const std::string body = text->substr(0, second == std::string::npos ? 0 : second + 1);
+    const std::string digest_line = second == std::string::npos ? "" : Trim(text->substr(second + 1));
+    long long step = -1;
+    char tail = 0;
+    if (body.empty() || digest_line.size() != 21 || digest_line.rfind("xxh3 ", 0) != 0 ||
+        std::sscanf(body.c_str() + first + 1, "step %lld%c", &step, &tail) != 2 || tail != '\n' ||
+        step < 0)
+      return DataLoss(path + ": malformed `latest` pointer ('" + Excerpt(*text) + "')");
+    const std::string want = digest_line.substr(5);
+    const std::string got = DigestHex(Xxh3(body.data(), body.size()));
+    if (want != got)
+      return DataLoss(path + ": checksum mismatch (recorded " + Excerpt(want) + ", content " +
+                      got + "): the `latest` pointer is corrupt");
+    p.tag = text->substr(0, first);
+    p.global_step = step;
+  }
+  if (!ValidTagName(p.tag))
+    return DataLoss(path + ": does not name a tag ('" + Excerpt(p.tag) + "')");
+  if (!env->Exists(root + "/" + p.tag + "/" + std::string(kManifestFile)))
+    return DataLoss(path + " names '" + p.tag + "', which is not a committed tag in " + root);
+  return p;
 }
 
-// No `latest` file (`missing` says so): a save killed after committing its tag (the rename,
-// step 6 of the protocol) and before writing `latest` (step 7) leaves a complete, durable tag,
-// and the newest one is what `latest` would have named. Only the first save into a root can
-// leave this state.
-Result<std::string> InferLatest(const RootListing& listing, const Status& missing,
-                                bool* inferred) {
-  const std::string newest = NewestTag(listing);
-  if (newest.empty()) return missing;
-  if (inferred) *inferred = true;
-  return newest;
+// What `latest` resolves to, given the file (or its absence) and the committed tags:
+//  - no file: the newest committed tag (a first save killed between its commit, the rename of
+//    step 6, and writing `latest`, step 7), NotFound when there is none;
+//  - a file naming a tag at another global step than its manifest's: DataLoss;
+//  - a committed tag newer than the one the file names: that save was killed after its commit
+//    point and before step 7, so the newest tag is the latest (a deliberate rollback moves
+//    newer tags aside first: `ckpt rollback`);
+//  - otherwise the tag the file names.
+Result<std::string> ResolveLatest(const std::string& root, const RootListing& listing,
+                                  const Result<LatestPointer>& file, bool* inferred) {
+  if (inferred) *inferred = false;
+  if (!file.ok() && file.status().code() != StatusCode::kNotFound) return file.status();
+  const TagInfo* newest = NewestTag(listing);
+  if (!file.ok()) {
+    if (!newest) return file.status();
+    if (inferred) *inferred = true;
+    return newest->tag;
+  }
+  const TagInfo* named = nullptr;
+  for (const auto& t : listing.tags)
+    if (t.tag == file->tag) named = &t;
+  if (named && named->error.empty() && file->global_step >= 0 &&
+      named->global_step != file->global_step)
+    return DataLoss(root + "/" + std::string(kLatestFile) + " names '" + file->tag +
+                    "' at step " + std::to_string(file->global_step) +
+                    ", but its manifest records step " + std::to_string(named->global_step));
+  // (A named tag whose manifest is unreadable is returned as it is: opening it reports why.)
+  if (newest && named && named->error.empty() && newest->tag != file->tag &&
+      newest->global_step > named->global_step) {
+    if (inferred) *inferred = true;
+    return newest->tag;
+  }
+  return file->tag;
 }
 
 }  // namespace
 
+std::string LatestFileText(const std::string& tag, int64_t global_step) {
+  const std::string body = tag + "\nstep " + std::to_string(global_step) + "\n";
+  return body + "xxh3 " + DigestHex(Xxh3(body.data(), body.size())) + "\n";
+}
+
 Result<std::string> ReadLatest(const std::string& root, Env* env, bool* inferred) {
   if (!env) env = Env::Default();
   if (inferred) *inferred = false;
-  auto latest = ReadLatestFile(root, env);
-  if (latest.ok() || latest.status().code() != StatusCode::kNotFound) return latest;
+  auto file = ReadLatestFile(root, env);
+  if (!file.ok() && file.status().code() != StatusCode::kNotFound) return file.status();
   RootListing listing;
-  if (!env->Exists(root) || !ListTags(root, env, &listing).ok()) return latest.status();
-  return InferLatest(listing, latest.status(), inferred);
+  if (!env->Exists(root) || !ListTags(root, env, &listing).ok()) {
+    if (!file.ok()) return file.status();
+    return file->tag;
+  }
+  return ResolveLatest(root, listing, file, inferred);
 }
 
 Result<std::string> ResolveTagDir(const std::string& path, const std::string& tag, Env* env) {
@@ -126,9 +223,7 @@ Result<RootListing> ListRoot(const std::string& root, Env* env) {
   RootListing out;
   out.root = root;
   CKPT_RETURN_IF_ERROR(ListTags(root, env, &out), "");
-  auto latest = ReadLatestFile(root, env);
-  if (!latest.ok() && latest.status().code() == StatusCode::kNotFound)
-    latest = InferLatest(out, latest.status(), &out.latest_inferred);
+  auto latest = ResolveLatest(root, out, ReadLatestFile(root, env), &out.latest_inferred);
   if (latest.ok()) out.latest = *latest;
   for (auto& t : out.tags) t.latest = t.tag == out.latest;
   return out;
@@ -158,11 +253,15 @@ Result<std::vector<std::string>> ApplyRetention(const std::string& root, int kee
   std::vector<std::string> removed;
   if (keep_last <= 0) return removed;
   CKPT_ASSIGN_OR_RETURN(RootListing listing, ListRoot(root, env), "");
+  // Neither the tag `latest` resolves to nor the one the file names (older, when a newer
+  // committed tag overrides it): deleting the named one would leave the file dangling.
+  auto file = ReadLatestFile(root, env);
+  const std::string named = file.ok() ? file->tag : "";
   const int n = static_cast<int>(listing.tags.size());
   std::random_device rd;
   for (int i = 0; i < n - keep_last; ++i) {
     const TagInfo& t = listing.tags[static_cast<size_t>(i)];
-    if (t.latest) continue;
+    if (t.latest || t.tag == named) continue;
     if (dry_run) {
       removed.push_back(t.tag);
       continue;
@@ -201,17 +300,19 @@ Result<GcReport> CollectGarbage(const std::string& root, int keep_last, Env* env
     }
   }
   if (!report.removed_temporary.empty() && !dry_run) CKPT_RETURN_IF_ERROR(env->SyncDir(root), "gc");
-  // A save killed between committing its tag and writing `latest` (only possible for the
-  // first save into a root): write the pointer readers already infer.
-  bool inferred = false;
-  auto latest = ReadLatest(root, env, &inferred);
-  if (latest.ok() && inferred && dry_run) {
-    report.restored_latest = *latest;
-  } else if (latest.ok() && inferred) {
-    CKPT_RETURN_IF_ERROR(
-        WriteFileAtomic(env, root + "/" + std::string(kLatestFile), *latest + "\n"),
-        "gc: restore `latest`");
-    report.restored_latest = *latest;
+  // A save killed between committing its tag and writing `latest`: write the pointer readers
+  // already infer.
+  CKPT_ASSIGN_OR_RETURN(RootListing listing, ListRoot(root, env), "gc");
+  if (listing.latest_inferred) {
+    int64_t step = 0;
+    for (const auto& t : listing.tags)
+      if (t.tag == listing.latest) step = t.global_step;
+    if (!dry_run) {
+      CKPT_RETURN_IF_ERROR(WriteFileAtomic(env, root + "/" + std::string(kLatestFile),
+                                           LatestFileText(listing.latest, step)),
+                           "gc: restore `latest`");
+    }
+    report.restored_latest = listing.latest;
   }
   CKPT_ASSIGN_OR_RETURN(report.removed_tags, ApplyRetention(root, keep_last, env, dry_run), "gc");
   return report;
@@ -236,6 +337,53 @@ nlohmann::json RootListingToJson(const RootListing& listing) {
 std::string TrimSlashes(std::string path) {
   while (path.size() > 1 && path.back() == '/') path.pop_back();
   return path;
+}
+
+Result<RollbackReport> RollbackLatest(const std::string& root, const std::string& tag,
+                                      Env* env) {
+  if (!env) env = Env::Default();
+  if (!env->Exists(root)) return NotFound(root + ": no such directory");
+  CKPT_ASSIGN_OR_RETURN(RootLock lock, RootLock::TryAcquire(root, env), "rollback " + root);
+  CKPT_ASSIGN_OR_RETURN(RootListing listing, ListRoot(root, env), "rollback");
+  const TagInfo* target = nullptr;
+  for (const auto& t : listing.tags)
+    if (t.tag == tag) target = &t;
+  if (!target) return NotFound(root + " has no committed tag '" + Excerpt(tag) + "'");
+  if (!target->error.empty()) return DataLoss(target->error);
+  RollbackReport report;
+  report.tag = tag;
+  std::vector<const TagInfo*> newer;
+  for (auto it = listing.tags.rbegin(); it != listing.tags.rend() && &*it != target; ++it)
+    newer.push_back(&*it);
+  // 1. The record, first: a rollback is never silent, even one a crash interrupts.
+  const std::string log_path = root + "/rollback.log";
+  std::string log;
+  if (env->Exists(log_path)) {
+    CKPT_ASSIGN_OR_RETURN(log, env->ReadFileToString(log_path), "");
+  }
+  int64_t now = 0;
+  {
+    nlohmann::json moved = nlohmann::json::array();
+    for (const TagInfo* t : newer) moved.push_back(t->tag);
+    now = static_cast<int64_t>(::time(nullptr));
+    log += nlohmann::json{{"unix_time", now}, {"from", listing.latest}, {"to", tag},
+                          {"moved_aside", moved}}.dump() + "\n";
+  }
+  CKPT_RETURN_IF_ERROR(WriteFileAtomic(env, log_path, log), "rollback: record");
+  // 2. `latest`, then 3. the newer tags aside (a crash between leaves them committed, and
+  // readers resolve the newest again until the rollback is rerun).
+  CKPT_RETURN_IF_ERROR(WriteFileAtomic(env, root + "/" + std::string(kLatestFile),
+                                       LatestFileText(tag, target->global_step)),
+                       "rollback: write `latest`");
+  std::random_device rd;
+  for (const TagInfo* t : newer) {
+    const std::string aside = root + "/.rolled-back-" + t->tag + "-" + std::to_string(now) + "-" +
+                              std::to_string(rd());
+    CKPT_RETURN_IF_ERROR(env->RenameFile(t->path, aside), "rollback: move " + t->tag + " aside");
+    report.moved.push_back(aside);
+  }
+  if (!newer.empty()) CKPT_RETURN_IF_ERROR(env->SyncDir(root), "rollback");
+  return report;
 }
 
 }  // namespace ckpt

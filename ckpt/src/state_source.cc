@@ -8,6 +8,7 @@
 
 #include "ckpt/deepspeed.h"
 #include "ckpt/hash.h"
+#include "ckpt/json.h"
 #include "ckpt/reader.h"
 #include "ckpt/root.h"
 #include "ckpt/universal.h"
@@ -393,10 +394,11 @@ Result<AdamWHyper> StateSource::OptimizerHyper(std::string* source) {
     if (ex.name != kScheduler) continue;
     CKPT_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadRankExtra(0, ex),
                           "rank 0 scheduler state");
-    const auto sched = nlohmann::json::parse(bytes.begin(), bytes.end(), nullptr, false);
-    if (sched.is_discarded())
-      return DataLoss(dir() + ": rank 0 dataset /" + std::string(kScheduler) +
-                      " is not valid JSON");
+    auto parsed = ParseJson(
+        std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
+        dir() + ": rank 0 dataset /" + std::string(kScheduler));
+    if (!parsed.ok()) return parsed.status();
+    const nlohmann::json& sched = *parsed;
     for (const char* key : {"next_lr", "lr"}) {
       bool found = false;
       const double lr = JsonNumber(sched, key, 0, &found);

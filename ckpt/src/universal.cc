@@ -10,6 +10,7 @@
 
 #include "ckpt/h5.h"
 #include "ckpt/hash.h"
+#include "ckpt/json.h"
 #include "ckpt/root.h"
 
 namespace ckpt {
@@ -44,7 +45,9 @@ bool IsUniversal(const std::string& path, const std::string& tag, Env* env) {
   if (!dir.ok()) return false;
   auto text = env->ReadFileToString(*dir + "/" + std::string(kManifestFile));
   if (!text.ok()) return false;
-  auto j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  auto parsed = ParseJson(*text, "manifest");
+  if (!parsed.ok()) return false;
+  const nlohmann::json& j = *parsed;
   return j.is_object() && j.value("kind", std::string()) == "universal";
 }
 
@@ -65,12 +68,13 @@ struct UniversalReader::Impl {
     auto it = datasets.find(name);
     if (it != datasets.end()) return it->second.get();
     h5::Init();
-    if (H5Lexists(file.get(), name.c_str(), H5P_DEFAULT) <= 0) {
+    const h5::Handle dapl = h5::NoExternalLinks();
+    if (H5Lexists(file.get(), name.c_str(), dapl.get()) <= 0) {
       // H5Lexists fails on a missing intermediate group; either way it is absent.
       H5Eclear2(H5E_DEFAULT);
       return DataLoss(Label() + ": dataset /" + name + " is missing");
     }
-    h5::Handle d = h5::Dataset(H5Dopen2(file.get(), name.c_str(), H5P_DEFAULT));
+    h5::Handle d = h5::Dataset(H5Dopen2(file.get(), name.c_str(), dapl.get()));
     if (!d.valid()) return DataLoss(Label() + ": dataset /" + name + ": " + h5::ErrorText());
     hid_t id = d.get();
     datasets.emplace(name, std::move(d));
@@ -142,10 +146,12 @@ Result<UniversalReader> UniversalReader::Open(const std::string& dir_arg, Env* e
     return DataLoss(impl->file_path + " has " + std::to_string(size) +
                     " bytes, the manifest records " + std::to_string(m.files[0].bytes) +
                     " (truncated or replaced)");
-  h5::Init();
-  impl->file = h5::File(H5Fopen(impl->file_path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
-  if (!impl->file.valid())
-    return DataLoss(impl->file_path + ": not a readable HDF5 file: " + h5::ErrorText());
+  const FileRecord& rec = m.files[0];
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file,
+                        impl->env->NewCheckpointFile(impl->file_path));
+  CKPT_ASSIGN_OR_RETURN(impl->file,
+                        h5::OpenVerified(*file, impl->file_path, impl->file_path, size,
+                                         rec.data_extents, rec.metadata_xxh3, rec.xxh3));
   auto format = h5::ReadStringAttr(impl->file.get(), "format");
   if (!format.ok() || *format != kUniversalFormat)
     return DataLoss(impl->file_path + ": root attribute format is not '" +

@@ -150,6 +150,8 @@ Result<FileRecord> WriteMyFile(const std::string& tmp_dir, const Manifest& meta,
                     std::to_string(written.bytes));
   rec.datasets = std::move(written.datasets);
   rec.xxh3 = std::move(written.file_xxh3);
+  rec.data_extents = std::move(written.data_extents);
+  rec.metadata_xxh3 = std::move(written.metadata_xxh3);
   return rec;
 }
 
@@ -179,6 +181,7 @@ Status Commit(const std::string& root, const std::string& tmp_dir, Manifest meta
   meta.version_major = kFormatMajor;
   meta.version_minor = kFormatMinor;
   meta.writer = std::string(kWriterVersion);
+  meta.sets_latest = options.update_latest;
   CKPT_RETURN_IF_ERROR(ValidateManifest(meta), "manifest");
   const std::string text = SerializeManifest(meta, 1);
   CKPT_RETURN_IF_ERROR(WriteFileAtomic(env, tmp_dir + "/" + std::string(kManifestFile), text),
@@ -189,7 +192,8 @@ Status Commit(const std::string& root, const std::string& tmp_dir, Manifest meta
   CKPT_RETURN_IF_ERROR(env->SyncDir(root), "commit tag");
   if (options.update_latest) {
     CKPT_RETURN_IF_ERROR(
-        WriteFileAtomic(env, root + "/" + std::string(kLatestFile), meta.tag + "\n"),
+        WriteFileAtomic(env, root + "/" + std::string(kLatestFile),
+                        LatestFileText(meta.tag, meta.counters.global_step)),
         "tag '" + meta.tag + "' is committed but `latest` was not updated");
   }
   if (options.keep_last > 0) {

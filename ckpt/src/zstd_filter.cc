@@ -4,11 +4,21 @@
 
 namespace ckpt::h5 {
 
+namespace {
+thread_local size_t expected_chunk_bytes = 0;  // 0: no expectation (h5py through the plugin)
+}  // namespace
+
+ExpectChunkBytes::ExpectChunkBytes(size_t bytes) : previous_(expected_chunk_bytes) {
+  expected_chunk_bytes = bytes;
+}
+ExpectChunkBytes::~ExpectChunkBytes() { expected_chunk_bytes = previous_; }
+
 size_t ZstdFilterCallback(unsigned int flags, size_t cd_nelmts, const unsigned int cd_values[],
                           size_t nbytes, size_t* buf_size, void** buf) {
   if (flags & H5Z_FLAG_REVERSE) {
     const unsigned long long size = ZSTD_getFrameContentSize(*buf, nbytes);
     if (size == ZSTD_CONTENTSIZE_ERROR || size == ZSTD_CONTENTSIZE_UNKNOWN) return 0;
+    if (expected_chunk_bytes != 0 && size != expected_chunk_bytes) return 0;
     void* out = H5allocate_memory(static_cast<size_t>(size), false);
     if (!out) return 0;
     const size_t got = ZSTD_decompress(out, static_cast<size_t>(size), *buf, nbytes);

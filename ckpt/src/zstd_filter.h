@@ -12,4 +12,20 @@ namespace ckpt::h5 {
 size_t ZstdFilterCallback(unsigned int flags, size_t cd_nelmts, const unsigned int cd_values[],
                           size_t nbytes, size_t* buf_size, void** buf);
 
+// While one is alive, the calling thread's reads through the filter accept only frames that
+// decompress to exactly `bytes` (the dataset's chunk size; after shuffle too, which keeps the
+// size). HDF5 takes a filter's output length on trust and copies a whole chunk out of it, so a
+// corrupt frame announcing fewer bytes made H5Dread read past the buffer (the heap overflow
+// fuzz_rank_file found); a larger one is refused before it is allocated.
+class ExpectChunkBytes {
+ public:
+  explicit ExpectChunkBytes(size_t bytes);
+  ~ExpectChunkBytes();
+  ExpectChunkBytes(const ExpectChunkBytes&) = delete;
+  ExpectChunkBytes& operator=(const ExpectChunkBytes&) = delete;
+
+ private:
+  size_t previous_;
+};
+
 }  // namespace ckpt::h5

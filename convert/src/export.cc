@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "ckpt/json.h"
 #include "ckpt/progress.h"
 #include "ckpt/root.h"
 #include "ckpt/state_source.h"
@@ -309,7 +310,10 @@ Result<ExportCheck> CheckExport(const std::string& path, const CheckExportOption
     if (has_index) {
       auto text = Env::Default()->ReadFileToString(c.dir + "/" + kIndexFile);
       nlohmann::json j;
-      if (text.ok()) j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+      if (text.ok()) {
+        auto parsed = ParseJson(*text, kIndexFile);
+        j = parsed.ok() ? std::move(*parsed) : nlohmann::json(nlohmann::json::value_t::discarded);
+      }
       if (!text.ok()) {
         c.problems.push_back({kIndexFile, "", text.status().message()});
       } else if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") ||

@@ -254,6 +254,7 @@ Result<ToUniversalReport> ConvertToUniversal(const std::string& src_path, const 
   fr.path = std::string(kUniversalFile);
   CKPT_ASSIGN_OR_RETURN(fr.bytes, env->FileSize(path), path);
   CKPT_ASSIGN_OR_RETURN(fr.xxh3, Xxh3FileHex(path), path);
+  CKPT_RETURN_IF_ERROR(h5::SealFile(env, path, fr.bytes, &fr.data_extents, &fr.metadata_xxh3));
   fr.compression = "none";
   fr.datasets = std::move(records);
   m.files = {std::move(fr)};

@@ -14,6 +14,7 @@
 #include <random>
 #include <set>
 
+#include "ckpt/json.h"
 #include "ckpt/hash.h"
 #include "ckpt/manifest.h"
 
@@ -195,8 +196,10 @@ Result<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path) {
   std::string text(header_len, '\0');
   CKPT_RETURN_IF_ERROR(file->Read(8, header_len, text.data()), "safetensors");
 
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return DataLoss(path + ": header is not a JSON object");
+  auto parsed = ParseJson(text, path + ": header");
+  if (!parsed.ok()) return parsed.status();
+  const nlohmann::json& j = *parsed;
+  if (!j.is_object()) return DataLoss(path + ": header is not a JSON object");
 
   SafetensorsHeader h;
   h.data_start = 8 + header_len;

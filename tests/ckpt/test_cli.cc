@@ -60,7 +60,7 @@ TEST_CASE("synth, ls, inspect, check, diff and gc through the CLI", "[io]") {
 
   auto in = Json(Ckpt("inspect " + root + " --json"));
   CHECK(in["tag"] == "global_step200");
-  CHECK(in["format_version"] == "1.1");
+  CHECK(in["format_version"] == "1.2");
   CHECK(in["global_step"] == 200);
   CHECK(in["dp_world_size"] == 3);
   CHECK(in["zero_stage"] == 3);
@@ -160,7 +160,7 @@ TEST_CASE("a manifest sealed by Python's json verifies (format 1.1)", "[io]") {
   auto ok = Ckpt("check " + d.str() + " --deep --json");
   INFO(ok.out);
   CHECK(ok.rc == 0);
-  CHECK(Json(Ckpt("inspect " + d.str() + " --json"))["format_version"] == "1.1");
+  CHECK(Ckpt("inspect " + d.str()).out.find("ckpt 1.1,") != std::string::npos);
   std::string edited = text;
   const size_t at = edited.find("1000000000000000.0");
   edited[at] = '2';

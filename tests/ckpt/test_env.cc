@@ -36,6 +36,10 @@ class RecordingEnv final : public EnvWrapper {
     calls.insert("NewRandomAccessFile");
     return EnvWrapper::NewRandomAccessFile(p);
   }
+  Result<std::unique_ptr<RandomAccessFile>> NewCheckpointFile(const std::string& p) override {
+    calls.insert("NewCheckpointFile");
+    return EnvWrapper::NewCheckpointFile(p);
+  }
   Result<std::unique_ptr<RandomWriteFile>> OpenRandomWriteFile(const std::string& p) override {
     calls.insert("OpenRandomWriteFile");
     return EnvWrapper::OpenRandomWriteFile(p);
@@ -91,7 +95,7 @@ TEST_CASE("save, load, check and gc reach the Env for locks, offset I/O, hashing
   auto r = CheckpointReader::Open(root, "", ro);
   REQUIRE(r.ok());
   REQUIRE(r->ReadDatasetBytes(0, r->manifest().files[0].datasets[0].name).ok());
-  CHECK(env.calls.count("NewRandomAccessFile"));
+  CHECK(env.calls.count("NewCheckpointFile"));  // the rank file: its seal, then offset reads
   env.calls.clear();
   auto probs = CheckCheckpoint(root + "/global_step1", /*deep=*/true, &env);
   REQUIRE(probs.ok());

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "ckpt/hash.h"
 #include "ckpt/reader.h"
 #include "ckpt/root.h"
 #include "ckpt/synth.h"
@@ -241,8 +242,16 @@ TEST_CASE("manifest parsing refuses bad input with a clear message", "[unit]") {
     edited.replace(edited.find("\"global_step\": 12"), 17, "\"global_step\": 13");
     CHECK(ParseManifest(edited, "m.json").status().code() == StatusCode::kDataLoss);
   }
-  // The sections below edit fields on purpose, as a writer without the checksum would.
+  // The sections below edit fields on purpose, as a writer without the checksum would (1.0:
+  // since 1.1 the checksum is required).
+  SECTION("a 1.1 manifest without its checksum") {
+    j.erase("manifest_xxh3");
+    auto r = ManifestFromJson(j, "m.json");
+    CHECK(r.status().code() == StatusCode::kDataLoss);
+    CHECK_THAT(r.status().message(), Catch::Contains("no manifest_xxh3"));
+  }
   j.erase("manifest_xxh3");
+  j["format_version"] = "1.0";
   j["files"] = nlohmann::json::array();
   j["kind"] = "universal";  // files not required for this unit check
   REQUIRE(ManifestFromJson(j, "m.json").ok());
@@ -255,6 +264,8 @@ TEST_CASE("manifest parsing refuses bad input with a clear message", "[unit]") {
   }
   SECTION("newer minor version is fine") {
     j["format_version"] = "1.7";
+    const std::string text = j.dump();  // since 1.1 a manifest carries its checksum
+    j["manifest_xxh3"] = DigestHex(Xxh3(text.data(), text.size()));
     CHECK(ManifestFromJson(j, "m.json").ok());
   }
   SECTION("missing field") {
@@ -347,7 +358,8 @@ TEST_CASE("corruption is detected and named", "[io]") {
     j["files"][0]["datasets"][0]["xxh3"] = "0000000000000000";
     Spit(tag + "/manifest.json", j.dump());
     ExpectDetected(tag, "manifest.json");  // the manifest's own checksum
-    j.erase("manifest_xxh3");  // a writer without the self-checksum: the data check names it
+    j.erase("manifest_xxh3");  // a 1.0 writer without the self-checksum: the data check names it
+    j["format_version"] = "1.0";
     Spit(tag + "/manifest.json", j.dump());
     ExpectDetected(tag, "rank_00000.h5", j["files"][0]["datasets"][0]["name"]);
   }
@@ -364,7 +376,11 @@ TEST_CASE("corruption is detected and named", "[io]") {
     // Keep the manifest consistent with the rewritten file, as a newer writer would.
     auto j = nlohmann::json::parse(Slurp(tag + "/manifest.json"));
     j["files"][1]["bytes"] = fs::file_size(rank1);
+    j["files"][1]["xxh3"] = "";  // no digests at all: the file is opened unverified
+    j["files"][1].erase("metadata_xxh3");
+    j["files"][1].erase("data_extents");
     j.erase("manifest_xxh3");
+    j["format_version"] = "1.0";
     Spit(tag + "/manifest.json", j.dump());
     auto r = CheckpointReader::Open(tag);
     REQUIRE(r.ok());

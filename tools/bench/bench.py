@@ -567,7 +567,7 @@ def main():
 
 
 def save_tag(root):
-    return open(os.path.join(root, "latest")).read().strip()
+    return open(os.path.join(root, "latest")).read().split("\n")[0].strip()  # line 1: the tag
 
 
 def print_table(res):

@@ -52,7 +52,7 @@ std::function<int()> SetupLs(CLI::App& sub) {
       std::printf("%-24s %12lld %6d %12s %6s%s\n", t.tag.c_str(),
                   static_cast<long long>(t.global_step), t.ranks, FormatBytes(t.bytes).c_str(),
                   Age(t.created_unix).c_str(),
-                  !t.latest ? "" : listing->latest_inferred ? "  <- latest (inferred: no `latest` file; ckpt gc writes it)" : "  <- latest");
+                  !t.latest ? "" : listing->latest_inferred ? "  <- latest (inferred: a save committed it and did not write `latest`; ckpt gc writes it)" : "  <- latest");
     }
     if (listing->tags.empty()) std::printf("(no committed tags)\n");
     if (!listing->temporary.empty()) {

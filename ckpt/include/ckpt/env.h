@@ -99,6 +99,11 @@ class Env {
   // Opens path for reads at offsets.
   virtual Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(
       const std::string& path) = 0;
+  // As NewRandomAccessFile, for a file inside a checkpoint (a rank file): a symbolic link as the
+  // last path component is refused (O_NOFOLLOW) with DataLoss "<path> is a symbolic link ...",
+  // as is anything but a regular file, and the open never blocks (a FIFO planted in a root).
+  virtual Result<std::unique_ptr<RandomAccessFile>> NewCheckpointFile(
+      const std::string& path) = 0;
   // Opens the existing file path for writes at offsets (no truncation).
   virtual Result<std::unique_ptr<RandomWriteFile>> OpenRandomWriteFile(
       const std::string& path) = 0;
@@ -146,6 +151,9 @@ class EnvWrapper : public Env {
   Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(
       const std::string& path) override {
     return target_->NewRandomAccessFile(path);
+  }
+  Result<std::unique_ptr<RandomAccessFile>> NewCheckpointFile(const std::string& path) override {
+    return target_->NewCheckpointFile(path);
   }
   Result<std::unique_ptr<RandomWriteFile>> OpenRandomWriteFile(const std::string& path) override {
     return target_->OpenRandomWriteFile(path);
@@ -197,6 +205,7 @@ class FaultInjectionEnv : public EnvWrapper {
   Result<std::string> ReadFileToString(const std::string& path) override;
   Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(
       const std::string& path) override;
+  Result<std::unique_ptr<RandomAccessFile>> NewCheckpointFile(const std::string& path) override;
   Result<std::unique_ptr<RandomWriteFile>> OpenRandomWriteFile(const std::string& path) override;
   Result<std::unique_ptr<FileLock>> TryLockFile(const std::string& path) override;
 

@@ -10,10 +10,11 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
-#include <vector>
 #include <utility>
+#include <vector>
 
 #include "ckpt/dtype.h"
+#include "ckpt/env.h"
 #include "ckpt/status.h"
 
 namespace ckpt::h5 {
@@ -102,5 +103,40 @@ Handle SpaceFor(const std::vector<int64_t>& shape);
 // Selects the row-major flat elements [begin, end) of a dataset of `shape` in `space`, as a
 // union of at most 2 × rank hyperslabs (elements stay in flat order).
 Status SelectFlatRange(hid_t space, const std::vector<int64_t>& shape, int64_t begin, int64_t end);
+
+// ---- Untrusted files (docs/format.md, "Metadata seal") -------------------------------------
+// libhdf5 is not hardened against corrupt metadata (a flipped bit in an object header can
+// crash it), so no byte of a file's HDF5 structure reaches it unverified, and HDF5 features
+// that reach outside the file are refused before any data is read.
+
+using Extents = std::vector<std::pair<uint64_t, uint64_t>>;  // {offset, bytes}, sorted
+
+// The seal of an HDF5 file this process just wrote (trusted): its raw-data regions
+// (contiguous dataset storage and stored chunks), sorted and merged where adjacent, and the
+// XXH3-64 hex digest of every other byte of its `bytes` bytes, in file order (read via env).
+Status SealFile(Env* env, const std::string& path, uint64_t bytes, Extents* extents,
+                std::string* xxh3);
+
+// Opens the HDF5 file at `path` read-only for reading untrusted content, `label` naming it in
+// errors. `file` is the same file, already opened through Env::NewCheckpointFile (which refused
+// a symbolic link or anything but a regular file):
+//  1. its size must be `bytes`;
+//  2. verifies the seal (`metadata_xxh3` over everything outside `extents`) or, for files
+//     written before the seal, the whole-file XXH3 `file_xxh3` when there is one, before
+//     libhdf5 parses a byte (DataLoss "...: not opened" on mismatch);
+//  3. after H5Fopen, refuses every link that is not a hard link (soft, external, user-defined)
+//     and every dataset CheckStorage refuses, whether or not the caller will read it.
+// With neither digest (legacy files written without checksums) step 2 is skipped.
+Result<Handle> OpenVerified(const RandomAccessFile& file, const std::string& path,
+                            const std::string& label, uint64_t bytes, const Extents& extents,
+                            const std::string& metadata_xxh3, const std::string& file_xxh3);
+
+// Refuses, before its data is read, a dataset whose storage the format does not define:
+// external storage, a virtual or compact layout, a filter other than shuffle and zstd (an
+// unknown filter would make HDF5 search and load plugins). DataLoss naming `where`.
+Status CheckStorage(hid_t dset, const std::string& where);
+
+// A dataset-access (or link-access) property list on which external links never resolve.
+Handle NoExternalLinks(hid_t plist_class = H5P_DATASET_ACCESS);
 
 }  // namespace ckpt::h5

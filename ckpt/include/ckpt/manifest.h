@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -17,9 +18,11 @@ namespace ckpt {
 
 inline constexpr std::string_view kFormatName = "ckpt";
 inline constexpr int kFormatMajor = 1;
-// 1.1: the param_owner partition scheme, and manifest_xxh3 over the file's bytes with its own value replaced by 16 '0' (any JSON
-// writer can seal a manifest); 1.0 manifests keep verifying under 1.0's rule (docs/format.md).
-inline constexpr int kFormatMinor = 1;
+// 1.1: the param_owner partition scheme, and manifest_xxh3 over the file's bytes with its own
+// value replaced by 16 '0' (any JSON writer can seal a manifest); 1.0 manifests keep verifying
+// under 1.0's rule. 1.2: the HDF5 metadata seal of each rank file, `latest` with its global step
+// and a checksum, manifest_xxh3 required (docs/format.md). Older files keep reading.
+inline constexpr int kFormatMinor = 2;
 inline constexpr std::string_view kDigestPlaceholder = "0000000000000000";
 inline constexpr std::string_view kWriterVersion = "ckpt 0.1.0";
 inline constexpr std::string_view kManifestFile = "manifest.json";
@@ -111,6 +114,12 @@ struct FileRecord {
   std::string xxh3;       // of the whole file; empty when the writer skipped it
   std::string compression;  // "none", "zstd:3", "zstd:3+shuffle"
   std::vector<DatasetRecord> datasets;
+  // Since format 1.2, the HDF5 metadata seal (docs/format.md, "Metadata seal"): the file's
+  // raw-data regions (uncompressed dataset storage and compressed chunks) as sorted, disjoint
+  // {offset, bytes} pairs, and the XXH3-64 of every byte outside them, in file order. Readers
+  // verify it before HDF5 parses the file. Empty in files written before 1.2.
+  std::vector<std::pair<uint64_t, uint64_t>> data_extents;
+  std::string metadata_xxh3;
 };
 
 struct Manifest {
@@ -131,6 +140,9 @@ struct Manifest {
   std::vector<FileRecord> files;  // one per rank, in rank order
   nlohmann::json client_state = nlohmann::json::object();
   nlohmann::json engine_config = nlohmann::json::object();
+  // False when the save did not update `latest` (SaveOptions::update_latest); written only then
+  // ("sets_latest": false, since 1.2), so readers never take such a tag for a newer `latest`.
+  bool sets_latest = true;
 
   const ParamEntry* FindParam(std::string_view name) const;
   const FileRecord* FileForRank(int rank) const;

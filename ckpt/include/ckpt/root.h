@@ -21,13 +21,16 @@ struct TagInfo {
   uint64_t bytes = 0;
   int64_t created_unix = 0;
   bool latest = false;
-  std::string error;  // non-empty when its manifest could not be read
+  bool sets_latest = true;  // false: saved with SaveOptions::update_latest = false
+  std::string error;  // non-empty when its manifest could not be read or names another tag
 };
 
 struct RootListing {
   std::string root;
   std::string latest;                  // empty when there is no latest pointer
-  bool latest_inferred = false;        // no `latest` file: the newest committed tag (ReadLatest)
+  // `latest` resolved to the newest committed tag (ReadLatest): the file is missing, or it names
+  // an older tag than one committed since (a save killed after its commit point).
+  bool latest_inferred = false;
   std::vector<TagInfo> tags;           // committed tags, oldest global_step first
   std::vector<std::string> temporary;  // paths of leftover temporary directories
 };
@@ -37,11 +40,17 @@ Result<RootListing> ListRoot(const std::string& root, Env* env = nullptr);
 // "global_step", "ranks", "bytes", "latest", "path", "created_unix", "error" when unreadable}],
 // "temporary"}.
 nlohmann::json RootListingToJson(const RootListing& listing);
-// The tag `latest` names; DataLoss when it names a missing tag. When the file is absent but the
-// root holds committed tags (a first save killed between committing its tag and writing
-// `latest`), the newest readable committed tag, with *inferred set; NotFound when there is none.
+// The tag `latest` names. DataLoss when the file is corrupt (its checksum, since format 1.2),
+// names a missing tag, or names a tag whose manifest records another global step. A save is
+// committed when its tag directory is renamed into place (docs/format.md, "Commit point"), so
+// when a committed tag newer than the one `latest` names exists (a save killed between its
+// commit and the `latest` update), or the file is absent while committed tags exist, the
+// result is the newest readable committed tag, with *inferred set; NotFound when there is none.
 Result<std::string> ReadLatest(const std::string& root, Env* env = nullptr,
                                bool* inferred = nullptr);
+// The content of a `latest` file naming `tag` at `global_step` (format 1.2): three lines,
+// "<tag>", "step <global_step>", "xxh3 <XXH3-64 of the first two lines, newlines included>".
+std::string LatestFileText(const std::string& tag, int64_t global_step);
 // Resolves `path` (+ optional tag) to a tag directory: a directory with manifest.json is
 // itself; otherwise a root, at `tag` or at `latest`.
 Result<std::string> ResolveTagDir(const std::string& path, const std::string& tag = "",
@@ -72,14 +81,28 @@ struct GcReport {
 };
 
 // Deletes committed tags older than the newest `keep_last` (0: none), never the one `latest`
-// names. Caller must hold the root lock. With dry_run, only the tags it would delete.
+// resolves to nor the one the `latest` file names. Caller must hold the root lock. With dry_run, only the tags it would delete.
 Result<std::vector<std::string>> ApplyRetention(const std::string& root, int keep_last,
                                                 Env* env = nullptr, bool dry_run = false);
 // Takes the root lock (FailedPrecondition while a saver holds it), removes temporary
-// directories left by crashed saves, writes a missing `latest` (see ReadLatest) and applies
-// retention. With dry_run: the report of what it would do, without the lock and without
-// changing anything.
+// directories left by crashed saves, writes a missing or stale `latest` (see ReadLatest) and
+// applies retention. With dry_run: the report of what it would do, without the lock and
+// without changing anything.
 Result<GcReport> CollectGarbage(const std::string& root, int keep_last, Env* env = nullptr,
                                 bool dry_run = false);
+
+struct RollbackReport {
+  std::string tag;                 // what `latest` names now
+  std::vector<std::string> moved;  // newer tags, each moved to ROOT/.rolled-back-<tag>-<nonce>
+};
+
+// A deliberate rollback to committed tag `tag` (`ckpt rollback`): takes the root lock, appends
+// a JSON line recording it to ROOT/rollback.log, points `latest` at `tag`, then moves every
+// newer committed tag aside to ROOT/.rolled-back-<tag>-<nonce>/ (kept; not a tag; gc leaves
+// it), so the commit-point rule (ReadLatest) does not undo the rollback. A crash part-way is
+// repaired by running it again. NotFound for an unknown tag; FailedPrecondition while a saver
+// or gc holds the lock.
+Result<RollbackReport> RollbackLatest(const std::string& root, const std::string& tag,
+                                      Env* env = nullptr);
 
 }  // namespace ckpt

@@ -1,0 +1,214 @@
+// The metadata seal and the checks that keep untrusted HDF5 files inside their own bytes
+// (h5.h, "Untrusted files"; docs/format.md, "Metadata seal").
+#include <algorithm>
+#include <utility>
+
+#include "ckpt/h5.h"
+#include "ckpt/hash.h"
+
+namespace ckpt::h5 {
+
+namespace {
+
+constexpr size_t kPiece = 1u << 20;
+
+// XXH3 of the bytes of [0, size) outside `extents` (sorted, disjoint, inside the file).
+Result<std::string> HashOutside(const RandomAccessFile& file, uint64_t size,
+                                const Extents& extents, const std::string& label) {
+  Xxh3Stream h;
+  std::vector<uint8_t> buf;
+  uint64_t pos = 0;
+  auto hash_to = [&](uint64_t end) -> Status {
+    while (pos < end) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(end - pos, kPiece));
+      buf.resize(n);
+      CKPT_RETURN_IF_ERROR(file.Read(pos, n, buf.data()));
+      h.Update(buf.data(), n);
+      pos += n;
+    }
+    return Status::Ok();
+  };
+  for (const auto& [offset, bytes] : extents) {
+    if (offset < pos || bytes > size || offset > size - bytes)
+      return DataLoss(label + ": data_extents are not sorted, disjoint extents inside the file");
+    CKPT_RETURN_IF_ERROR(hash_to(offset));
+    pos = offset + bytes;
+  }
+  CKPT_RETURN_IF_ERROR(hash_to(size));
+  return h.HexDigest();
+}
+
+struct ExtentWalk {
+  Extents extents;
+  std::string error;
+};
+
+herr_t CollectExtents(hid_t obj, const char* name, const H5O_info_t* info, void* data) {
+  auto* walk = static_cast<ExtentWalk*>(data);
+  if (info->type != H5O_TYPE_DATASET) return 0;
+  Handle d = Dataset(H5Dopen2(obj, name, H5P_DEFAULT));
+  Handle dcpl = Plist(d.valid() ? H5Dget_create_plist(d.get()) : H5I_INVALID_HID);
+  if (!dcpl.valid()) {
+    walk->error = std::string("dataset /") + name + ": " + ErrorText();
+    return -1;
+  }
+  const H5D_layout_t layout = H5Pget_layout(dcpl.get());
+  if (layout == H5D_CONTIGUOUS) {
+    const haddr_t addr = H5Dget_offset(d.get());
+    const hsize_t size = H5Dget_storage_size(d.get());
+    if (addr != HADDR_UNDEF && size > 0) walk->extents.emplace_back(addr, size);
+  } else if (layout == H5D_CHUNKED) {
+    hsize_t n = 0;
+    Handle space = Space(H5Dget_space(d.get()));  // HDF5 1.10 takes no H5S_ALL here
+    if (H5Dget_num_chunks(d.get(), space.get(), &n) < 0) {
+      walk->error = std::string("dataset /") + name + ": " + ErrorText();
+      return -1;
+    }
+    for (hsize_t i = 0; i < n; ++i) {
+      hsize_t offset[H5S_MAX_RANK] = {0};
+      unsigned mask = 0;
+      haddr_t addr = HADDR_UNDEF;
+      hsize_t size = 0;
+      if (H5Dget_chunk_info(d.get(), space.get(), i, offset, &mask, &addr, &size) < 0) {
+        walk->error = std::string("dataset /") + name + ": " + ErrorText();
+        return -1;
+      }
+      if (addr != HADDR_UNDEF && size > 0) walk->extents.emplace_back(addr, size);
+    }
+  }
+  H5Eclear2(H5E_DEFAULT);
+  return 0;
+}
+
+herr_t CheckLink(hid_t, const char* name, const H5L_info_t* info, void* data) {
+  if (info->type == H5L_TYPE_HARD) return 0;
+  auto* error = static_cast<std::string*>(data);
+  const char* kind = info->type == H5L_TYPE_SOFT       ? "a soft link"
+                     : info->type == H5L_TYPE_EXTERNAL ? "an external link"
+                                                       : "a user-defined link";
+  *error = std::string("/") + name + " is " + kind + "; a ckpt file holds hard links only";
+  return 1;  // stop: refused
+}
+
+struct StorageWalk {
+  std::string label;
+  Status status;
+};
+
+herr_t CheckDatasetStorage(hid_t obj, const char* name, const H5O_info_t* info, void* data) {
+  if (info->type != H5O_TYPE_DATASET) return 0;
+  auto* walk = static_cast<StorageWalk*>(data);
+  const Handle dapl = NoExternalLinks();
+  Handle d = Dataset(H5Dopen2(obj, name, dapl.get()));
+  walk->status = d.valid() ? CheckStorage(d.get(), walk->label + ": dataset /" + name)
+                           : DataLoss(walk->label + ": dataset /" + name + ": " + ErrorText());
+  return walk->status.ok() ? 0 : 1;
+}
+
+herr_t DenyExternalLink(const char*, const char*, const char*, const char*, unsigned*, hid_t,
+                        void*) {
+  return -1;
+}
+
+}  // namespace
+
+Status SealFile(Env* env, const std::string& path, uint64_t bytes, Extents* extents,
+                std::string* xxh3) {
+  Init();
+  ExtentWalk walk;
+  {
+    Handle file = File(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+    if (!file.valid()) return IOError("seal " + path + ": " + ErrorText());
+    if (H5Ovisit2(file.get(), H5_INDEX_NAME, H5_ITER_INC, CollectExtents, &walk, H5O_INFO_BASIC) <
+        0)
+      return IOError("seal " + path + ": " + (walk.error.empty() ? ErrorText() : walk.error));
+    CKPT_RETURN_IF_ERROR(file.Close("close " + path), "seal");
+  }
+  std::sort(walk.extents.begin(), walk.extents.end());
+  extents->clear();
+  for (const auto& [offset, size] : walk.extents) {
+    if (!extents->empty() && offset <= extents->back().first + extents->back().second) {
+      auto& last = extents->back();
+      last.second = std::max(last.first + last.second, offset + size) - last.first;
+    } else {
+      extents->emplace_back(offset, size);
+    }
+  }
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file, env->NewRandomAccessFile(path),
+                        "seal");
+  CKPT_ASSIGN_OR_RETURN(*xxh3, HashOutside(*file, bytes, *extents, path), "seal");
+  return Status::Ok();
+}
+
+Result<Handle> OpenVerified(const RandomAccessFile& file, const std::string& path,
+                            const std::string& label, uint64_t bytes, const Extents& extents,
+                            const std::string& metadata_xxh3, const std::string& file_xxh3) {
+  Init();
+  if (file.size() != bytes)
+    return DataLoss(label + ": size " + std::to_string(file.size()) +
+                    " bytes, manifest records " + std::to_string(bytes) +
+                    " (truncated or replaced)");
+  if (!metadata_xxh3.empty()) {
+    CKPT_ASSIGN_OR_RETURN(std::string got, HashOutside(file, bytes, extents, label));
+    if (got != metadata_xxh3)
+      return DataLoss(label + ": HDF5 metadata checksum mismatch (manifest " + metadata_xxh3 +
+                      ", file " + got + "): the file's structure is corrupt; not opened");
+  } else if (!file_xxh3.empty()) {
+    CKPT_ASSIGN_OR_RETURN(std::string got, HashOutside(file, bytes, {}, label));
+    if (got != file_xxh3)
+      return DataLoss(label + ": file checksum mismatch (manifest " + file_xxh3 + ", file " +
+                      got + "); not opened");
+  }
+  hid_t fid = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  if (fid < 0) return DataLoss(label + ": cannot open as HDF5 (" + ErrorText() + ")");
+  Handle h5file = File(fid);
+  std::string refused;
+  if (H5Lvisit(fid, H5_INDEX_NAME, H5_ITER_INC, CheckLink, &refused) < 0 || !refused.empty())
+    return DataLoss(label + ": " + (refused.empty() ? ErrorText() : refused));
+  // Every dataset's storage, whether or not this reader will read it.
+  StorageWalk walk{label, Status::Ok()};
+  if (H5Ovisit2(fid, H5_INDEX_NAME, H5_ITER_INC, CheckDatasetStorage, &walk, H5O_INFO_BASIC) <
+          0 &&
+      walk.status.ok())
+    return DataLoss(label + ": " + ErrorText());
+  CKPT_RETURN_IF_ERROR(walk.status, "");
+  return h5file;
+}
+
+Status CheckStorage(hid_t dset, const std::string& where) {
+  Handle dcpl = Plist(H5Dget_create_plist(dset));
+  if (!dcpl.valid()) return DataLoss(where + ": " + ErrorText());
+  const H5D_layout_t layout = H5Pget_layout(dcpl.get());
+  if (layout != H5D_CONTIGUOUS && layout != H5D_CHUNKED) {
+    const char* name = layout == H5D_VIRTUAL ? "virtual" : layout == H5D_COMPACT ? "compact"
+                                                                                   : "unknown";
+    return DataLoss(where + ": " + name + " layout, which the format does not define; refused");
+  }
+  const int external = H5Pget_external_count(dcpl.get());
+  if (external != 0)
+    return DataLoss(where + ": stored in " +
+                    (external > 0 ? std::to_string(external) : std::string("unreadable")) +
+                    " external file(s), outside the checkpoint; refused");
+  const int nfilters = H5Pget_nfilters(dcpl.get());
+  if (nfilters < 0) return DataLoss(where + ": unreadable filter pipeline");
+  for (int i = 0; i < nfilters; ++i) {
+    unsigned flags = 0;
+    size_t nelmts = 0;
+    const H5Z_filter_t id =
+        H5Pget_filter2(dcpl.get(), static_cast<unsigned>(i), &flags, &nelmts, nullptr, 0,
+                       nullptr, nullptr);
+    if (id != H5Z_FILTER_SHUFFLE && id != kZstdFilterId)
+      return DataLoss(where + ": filter " + std::to_string(id) +
+                      ", which the format does not define; refused");
+  }
+  H5Eclear2(H5E_DEFAULT);
+  return Status::Ok();
+}
+
+Handle NoExternalLinks(hid_t plist_class) {
+  Handle p = Plist(H5Pcreate(plist_class));
+  H5Pset_elink_cb(p.get(), DenyExternalLink, nullptr);
+  return p;
+}
+
+}  // namespace ckpt::h5

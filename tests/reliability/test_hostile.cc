@@ -1,0 +1,414 @@
+// Hostile and corrupt files that used to crash the readers or make them read outside the
+// checkpoint (issue 20; docs/reliability.md, "Hostile files"):
+//  - every bit of a rank file's HDF5 metadata flipped in turn (the metadata seal refuses each
+//    one before libhdf5 parses it; before the seal 6 of 5,752 object-header flips crashed);
+//  - the issue's reproduction through the CLI (byte 1188 of a 2-rank file, exit 139 before);
+//  - HDF5 features that reach outside the file (external storage, external and soft links,
+//    virtual datasets) and layouts and filters the format does not define, in a rank file whose
+//    manifest was updated to match: refused before any data is read, and the canary file
+//    outside the root is never opened (strace);
+//  - symbolic links (rank file, `latest`) and a `latest` that is a large foreign file (never
+//    echoed beyond a short excerpt);
+//  - `latest` integrity (every bit of a 1.2 pointer flipped), a manifest without its checksum,
+//    a manifest naming another tag, a 100000-deep JSON array in a manifest.
+#include <hdf5.h>
+
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ckpt/hash.h"
+#include "ckpt/json.h"
+#include "ckpt/manifest.h"
+#include "ckpt/reader.h"
+#include "ckpt/root.h"
+#include "reliability_util.h"
+
+namespace fs = std::filesystem;
+using namespace ckpt;
+using namespace ckpt::reliability;
+
+namespace {
+
+Manifest LoadManifest(const std::string& tag_dir) {
+  auto m = ParseManifest(Slurp(tag_dir + "/manifest.json"), tag_dir);
+  REQUIRE(m.ok());
+  return *m;
+}
+
+void StoreManifest(const std::string& tag_dir, const Manifest& m) {
+  Spit(tag_dir + "/manifest.json", SerializeManifest(m));
+}
+
+// Reads everything a resume reads; true when all of it loads.
+bool LoadsCompletely(const std::string& path) {
+  auto r = CheckpointReader::Open(path);
+  if (!r.ok()) return false;
+  for (const auto& f : r->manifest().files)
+    for (const auto& d : f.datasets)
+      if (!r->ReadDatasetBytes(f.rank, d.name).ok()) return false;
+  return true;
+}
+
+bool HaveStrace() { return testing::RunShell("command -v strace >/dev/null 2>&1") == 0; }
+
+// Runs `ckpt ARGS` under strace -f; its exit code, and in *touched whether any system call of
+// it or its threads named `canary` (a file outside the checkpoint root).
+int RunCliTraced(const std::string& args, const std::string& canary, bool* touched,
+                 std::string* output) {
+  testing::ScratchDir tmp("ckpt-strace");
+  const std::string trace = tmp / "trace.txt";
+  const std::string out = tmp / "out.txt";
+  const std::string cmd = "ASAN_OPTIONS=\"${ASAN_OPTIONS:-}:detect_leaks=0\" timeout -s KILL 60 "
+                          "strace -f -qq -o " + trace + " " + testing::BinDir() + "/ckpt " +
+                          args + " >" + out + " 2>&1";
+  int rc = testing::RunShell(cmd);
+  *output = Slurp(out);
+  *touched = Slurp(trace).find(canary) != std::string::npos;
+  return rc >= 124 ? -1 : rc;
+}
+
+// The hostile edits below work on a copy of a pristine one-rank checkpoint through HDF5 and then
+// rewrite the manifest to match, as an attacker would: the file's size and whole-file XXH3, the
+// datasets' XXH3 over what the redirected storage holds, and no metadata seal (the legacy path:
+// files written before 1.2 have none, so the structure checks must hold on their own).
+struct Hostile {
+  testing::ScratchDir dir{"ckpt-hostile"};
+  std::string root = dir / "root";
+  std::string tag = root + "/global_step100";
+  std::string file = tag + "/rank_00000.h5";
+  std::string canary = dir / "outside-TOPSECRET.bin";
+
+  Hostile() {
+    WriteSmallRoot(root, 1, 2, "none", 1, 300);
+    // The canary holds exactly what `master` would: a readable fp32 vector.
+    const Manifest m = LoadManifest(tag);
+    std::string bytes(m.FindDataset(0, "master")->bytes, '\0');
+    const std::string secret = "TOPSECRET";
+    for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = secret[i % secret.size()];
+    Spit(canary, bytes);
+  }
+
+  // Reseals the manifest after the file was edited; `digests` maps dataset -> bytes it now reads.
+  void Reseal(const std::map<std::string, std::string>& digests = {}) {
+    Manifest m = LoadManifest(tag);
+    FileRecord& f = m.files[0];
+    f.bytes = fs::file_size(file);
+    f.xxh3 = *Xxh3FileHex(file);
+    f.data_extents.clear();
+    f.metadata_xxh3.clear();
+    for (auto& d : f.datasets) {
+      auto it = digests.find(d.name);
+      if (it != digests.end()) d.xxh3 = DigestHex(Xxh3(it->second.data(), it->second.size()));
+    }
+    StoreManifest(tag, m);
+  }
+
+  // Replaces dataset `name` (a 1-D fp32 or uint8 vector) by one created with `dcpl`.
+  void Recreate(const std::string& name, hid_t dcpl) {
+    const Manifest m = LoadManifest(tag);
+    const DatasetRecord* rec = m.FindDataset(0, name);
+    REQUIRE(rec);
+    hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    REQUIRE(f >= 0);
+    REQUIRE(H5Ldelete(f, name.c_str(), H5P_DEFAULT) >= 0);
+    hsize_t n = static_cast<hsize_t>(rec->shape[0]);
+    hid_t space = H5Screate_simple(1, &n, nullptr);
+    hid_t type = rec->dtype == DType::kF32 ? H5T_IEEE_F32LE : H5T_STD_U8LE;
+    hid_t d = H5Dcreate2(f, name.c_str(), type, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    REQUIRE(d >= 0);
+    H5Dclose(d);
+    H5Sclose(space);
+    H5Fclose(f);
+  }
+};
+
+// The readers a user runs on a checkpoint, each of which must refuse without touching `canary`.
+void ExpectRefusedEverywhere(Hostile& h, const std::string& what) {
+  std::string out;
+  bool touched = false;
+  for (const std::string& args :
+       {"check --deep " + h.root, "export-fp32 " + h.root + " " + h.dir / "e",
+        "to-universal " + h.root + " " + h.dir / "u", "reshard " + h.root + " " + h.dir / "r --dp 1"}) {
+    const int rc = HaveStrace() ? RunCliTraced(args, "TOPSECRET", &touched, &out)
+                                : RunCli(args, &out);
+    INFO(args << "\n" << out);
+    CHECK((rc == 1 || rc == 2));
+    CHECK(out.find(what) != std::string::npos);
+    CHECK(!touched);
+  }
+  for (const char* out_dir : {"e", "u", "r"}) CHECK(!fs::exists(h.dir / out_dir));
+  if (!HaveStrace()) WARN("strace not installed: the canary check ran without a trace");
+}
+
+}  // namespace
+
+TEST_CASE("every bit of a rank file's HDF5 metadata flipped: refused, never parsed", "[io]") {
+  testing::ScratchDir dir("ckpt-flip");
+  const std::string root = dir / "root";
+  WriteSmallRoot(root, 1, 2, "none", 1, 300);
+  const std::string tag = root + "/global_step100";
+  const std::string file = tag + "/rank_00000.h5";
+  const Manifest m = LoadManifest(tag);
+  const FileRecord& rec = m.files[0];
+  REQUIRE(!rec.metadata_xxh3.empty());
+  const std::string pristine = Slurp(file);
+  REQUIRE(pristine.size() == rec.bytes);
+  // The bytes outside the raw-data extents: HDF5's superblock, object headers, heaps, B-trees.
+  std::vector<uint64_t> meta;
+  uint64_t pos = 0;
+  for (const auto& [offset, bytes] : rec.data_extents) {
+    for (; pos < offset; ++pos) meta.push_back(pos);
+    pos = offset + bytes;
+  }
+  for (; pos < pristine.size(); ++pos) meta.push_back(pos);
+  REQUIRE(meta.size() > 1000);
+  int flips = 0, refused = 0;
+  std::string bytes = pristine;
+  for (uint64_t at : meta) {
+    for (int bit = 0; bit < 8; ++bit) {
+      bytes[at] = static_cast<char>(pristine[at] ^ (1 << bit));
+      Spit(file, bytes);
+      ++flips;
+      auto problems = CheckCheckpoint(tag, /*deep=*/false);
+      REQUIRE(problems.ok());
+      const bool detected = !problems->empty() && problems->front().file == "rank_00000.h5" &&
+                            problems->front().what.find("metadata checksum mismatch") !=
+                                std::string::npos;
+      const bool loads = LoadsCompletely(tag);
+      if (detected && !loads) ++refused;
+    }
+    bytes[at] = pristine[at];
+  }
+  Spit(file, pristine);
+  REQUIRE(LoadsCompletely(tag));
+  std::printf("metadata bit flips: %d of %d refused before HDF5 (%zu metadata bytes), 0 crashes\n",
+              refused, flips, meta.size());
+  CHECK(refused == flips);
+}
+
+TEST_CASE("the issue's object-header flip: every reader exits 1, none crashes", "[io]") {
+  testing::ScratchDir dir("ckpt-flip-cli");
+  const std::string root = dir / "R";
+  std::string out;
+  REQUIRE(RunCli("synth " + root + " --params 50k --ranks 2 --zero 2 --tags 3", &out) == 0);
+  const std::string file = root + "/global_step300/rank_00000.h5";
+  std::string bytes = Slurp(file);
+  REQUIRE(bytes.size() > 1188);
+  bytes[1188] = static_cast<char>(bytes[1188] ^ 0x02);
+  Spit(file, bytes);
+  for (const std::string& args :
+       {"check " + root, "check --deep " + root, "export-fp32 " + root + " " + dir / "e",
+        "to-universal " + root + " " + dir / "u", "reshard " + root + " " + dir / "r --dp 1",
+        "diff " + root + " " + root + " --tag-a global_step200 --tag-b global_step300"}) {
+    const int rc = RunCli(args, &out);
+    INFO(args << "\n" << out);
+    CHECK(rc >= 1);
+    CHECK(rc <= 2);
+    if (args.rfind("check", 0) == 0) {
+      CHECK(rc == 1);
+      CHECK(out.find("rank_00000.h5") != std::string::npos);
+    }
+  }
+  CHECK(!fs::exists(dir / "e"));
+  CHECK(!fs::exists(dir / "u"));
+  CHECK(!fs::exists(dir / "r"));
+}
+
+TEST_CASE("external storage, external and soft links, virtual datasets: refused", "[io]") {
+  SECTION("master stored in an external file outside the root") {
+    Hostile h;
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    REQUIRE(H5Pset_external(dcpl, h.canary.c_str(), 0, fs::file_size(h.canary)) >= 0);
+    h.Recreate("master", dcpl);
+    H5Pclose(dcpl);
+    h.Reseal({{"master", Slurp(h.canary)}});
+    ExpectRefusedEverywhere(h, "external file");
+  }
+  SECTION("a JSON dataset stored in an external file") {
+    Hostile h;
+    const Manifest m = LoadManifest(h.tag);
+    const uint64_t n = m.FindDataset(0, std::string(kDataPosition))->bytes;
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    REQUIRE(H5Pset_external(dcpl, h.canary.c_str(), 0, n) >= 0);
+    h.Recreate(std::string(kDataPosition), dcpl);
+    H5Pclose(dcpl);
+    h.Reseal({{std::string(kDataPosition), Slurp(h.canary).substr(0, n)}});
+    ExpectRefusedEverywhere(h, "external file");
+  }
+  SECTION("exp_avg an external link into an HDF5 file outside the root") {
+    Hostile h;
+    const std::string outside = h.dir / "outside-TOPSECRET.h5";
+    fs::copy_file(h.file, outside);
+    hid_t f = H5Fopen(h.file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    REQUIRE(H5Ldelete(f, "exp_avg", H5P_DEFAULT) >= 0);
+    REQUIRE(H5Lcreate_external(outside.c_str(), "/exp_avg", f, "exp_avg", H5P_DEFAULT,
+                               H5P_DEFAULT) >= 0);
+    H5Fclose(f);
+    h.Reseal();
+    ExpectRefusedEverywhere(h, "external link");
+  }
+  SECTION("scheduler a soft link") {
+    Hostile h;
+    hid_t f = H5Fopen(h.file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    REQUIRE(H5Ldelete(f, "scheduler", H5P_DEFAULT) >= 0);
+    REQUIRE(H5Lcreate_soft("/data_position", f, "scheduler", H5P_DEFAULT, H5P_DEFAULT) >= 0);
+    H5Fclose(f);
+    h.Reseal();
+    std::string out;
+    CHECK(RunCli("check --deep " + h.root, &out) == 1);
+    CHECK(out.find("soft link") != std::string::npos);
+  }
+  SECTION("master a virtual dataset mapping a file outside the root") {
+    Hostile h;
+    const std::string outside = h.dir / "outside-TOPSECRET.h5";
+    fs::copy_file(h.file, outside);
+    const Manifest m = LoadManifest(h.tag);
+    hsize_t n = static_cast<hsize_t>(m.FindDataset(0, "master")->shape[0]);
+    hid_t space = H5Screate_simple(1, &n, nullptr);
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    REQUIRE(H5Pset_virtual(dcpl, space, outside.c_str(), "/master", space) >= 0);
+    h.Recreate("master", dcpl);
+    H5Pclose(dcpl);
+    H5Sclose(space);
+    h.Reseal();
+    ExpectRefusedEverywhere(h, "virtual layout");
+  }
+  SECTION("a layout and a filter the format does not define") {
+    for (int variant = 0; variant < 2; ++variant) {
+      Hostile h;
+      hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+      const Manifest m = LoadManifest(h.tag);
+      hsize_t chunk = static_cast<hsize_t>(m.FindDataset(0, "master")->shape[0]);
+      if (variant == 0) {
+        REQUIRE(H5Pset_layout(dcpl, H5D_COMPACT) >= 0);
+      } else {
+        REQUIRE(H5Pset_chunk(dcpl, 1, &chunk) >= 0);
+        REQUIRE(H5Pset_deflate(dcpl, 1) >= 0);
+      }
+      h.Recreate("master", dcpl);
+      H5Pclose(dcpl);
+      h.Reseal({{"master", std::string(m.FindDataset(0, "master")->bytes, '\0')}});
+      std::string out;
+      CHECK(RunCli("check --deep " + h.root, &out) == 1);
+      INFO(out);
+      CHECK(out.find(variant == 0 ? "compact layout" : "filter 1,") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("symbolic links and foreign files are not followed or echoed", "[io]") {
+  testing::ScratchDir dir("ckpt-symlink");
+  const std::string root = dir / "root";
+  WriteSmallRoot(root, 1, 2, "none", 2, 300);
+  std::string out;
+  SECTION("a rank file that is a symlink to a copy outside the root") {
+    const std::string file = root + "/global_step200/rank_00000.h5";
+    fs::copy_file(file, dir / "outside.h5");
+    fs::remove(file);
+    fs::create_symlink(dir / "outside.h5", file);
+    CHECK(RunCli("check " + root, &out) == 1);
+    CHECK(out.find("symbolic link") != std::string::npos);
+    CHECK(RunCli("export-fp32 " + root + " " + dir / "e", &out) >= 1);
+    CHECK(!fs::exists(dir / "e"));
+  }
+  SECTION("latest a symlink to a large foreign file: refused, echoed at most 40 bytes") {
+    std::string secret;
+    for (int i = 0; i < 100; ++i) secret += "line" + std::to_string(i) + ":TOPSECRET:x:0:0\n";
+    Spit(dir / "passwd", secret);
+    fs::remove(root + "/latest");
+    fs::create_symlink(dir / "passwd", root + "/latest");
+    CHECK(RunCli("check " + root, &out) == 1);
+    INFO(out);
+    CHECK(out.find("line2:") == std::string::npos);
+    CHECK(out.size() < 1000);
+  }
+}
+
+TEST_CASE("latest: every bit flipped is corruption, never another tag", "[io]") {
+  testing::ScratchDir dir("ckpt-latest");
+  const std::string root = dir / "root";
+  WriteSmallRoot(root, 1, 2, "none", 3, 300);
+  const std::string latest = root + "/latest";
+  const std::string pristine = Slurp(latest);
+  REQUIRE(pristine == LatestFileText("global_step300", 300));
+  int flips = 0, corrupt = 0, same = 0;
+  for (size_t i = 0; i < pristine.size(); ++i) {
+    for (int bit = 0; bit < 8; ++bit) {
+      std::string bytes = pristine;
+      bytes[i] = static_cast<char>(bytes[i] ^ (1 << bit));
+      Spit(latest, bytes);
+      ++flips;
+      auto tag = ReadLatest(root);
+      if (!tag.ok() && tag.status().code() == StatusCode::kDataLoss) ++corrupt;
+      if (tag.ok() && *tag == "global_step300") ++same;
+    }
+  }
+  std::printf("latest bit flips: %d of %d reported as corruption, %d still resolve to "
+              "global_step300, 0 to another tag\n", corrupt, flips, same);
+  CHECK(corrupt + same == flips);
+  CHECK(corrupt > flips * 9 / 10);
+  // `check --deep` on the root reports it (exit 1).
+  std::string bytes = pristine;
+  bytes[13] = static_cast<char>(bytes[13] ^ 0x02);  // global_step300 -> global_step100
+  Spit(latest, bytes);
+  std::string out;
+  CHECK(RunCli("check --deep " + root, &out) == 1);
+  CHECK(out.find("latest") != std::string::npos);
+  // A pre-1.2 pointer (the tag name alone) still reads.
+  Spit(latest, "global_step200\n");
+  auto old = ReadLatest(root);
+  REQUIRE(old.ok());
+  // ...though a newer committed tag wins (the commit point is the tag rename).
+  CHECK(*old == "global_step300");
+  // A 1.2 pointer whose step differs from the manifest's.
+  Spit(latest, LatestFileText("global_step200", 300));
+  CHECK(ReadLatest(root).status().code() == StatusCode::kDataLoss);
+}
+
+TEST_CASE("manifests: missing checksum, another tag's name, 100000-deep JSON", "[io]") {
+  testing::ScratchDir dir("ckpt-manifest");
+  const std::string root = dir / "root";
+  WriteSmallRoot(root, 1, 2, "none", 2, 300);
+  const std::string tag = root + "/global_step200";
+  std::string out;
+  SECTION("no manifest_xxh3") {
+    auto j = nlohmann::json::parse(Slurp(tag + "/manifest.json"));
+    j.erase("manifest_xxh3");
+    Spit(tag + "/manifest.json", j.dump(1));
+    CHECK(RunCli("check " + root, &out) == 1);
+    CHECK(out.find("no manifest_xxh3") != std::string::npos);
+  }
+  SECTION("a tag directory whose manifest names another tag") {
+    fs::copy(tag, root + "/global_step900", fs::copy_options::recursive);
+    CHECK(RunCli("check " + root + "/global_step900", &out) == 1);
+    CHECK(out.find("names tag 'global_step200'") != std::string::npos);
+    auto listing = ListRoot(root);
+    REQUIRE(listing.ok());
+    for (const auto& t : listing->tags)
+      if (t.tag == "global_step900") CHECK(!t.error.empty());
+    CHECK(listing->latest == "global_step200");
+  }
+  SECTION("a 100000-deep array appended to a manifest, and in a foreign tag directory") {
+    std::string text = Slurp(tag + "/manifest.json");
+    while (!text.empty() && text.back() != '}') text.pop_back();
+    text.pop_back();
+    text += ",\"zz\":" + std::string(100000, '[') + std::string(100000, ']') + "}";
+    Spit(tag + "/manifest.json", text);
+    fs::create_directories(root + "/foreign");
+    Spit(root + "/foreign/manifest.json", text);
+    for (const std::string& args : {"ls " + root, "check " + root, "check " + tag, "gc " + root}) {
+      const int rc = RunCli(args, &out);
+      INFO(args << "\n" << out);
+      CHECK(rc >= 0);  // exited, no signal
+      CHECK(rc <= 2);
+    }
+    CHECK(RunCli("check " + tag, &out) == 1);
+    CHECK(out.find("nested deeper than 128") != std::string::npos);
+    CHECK(ParseJson(text, "m").status().code() == StatusCode::kDataLoss);
+  }
+}

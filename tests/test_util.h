@@ -1,4 +1,5 @@
-// Helpers shared by the test suites: scratch directories and running the built binaries.
+// Helpers shared by the test suites (leveldb's util/testutil.h): scratch directories, reading
+// and writing whole files, running the built binaries. Each helper has this one copy.
 #pragma once
 
 #include <fcntl.h>
@@ -9,6 +10,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <utility>
@@ -41,11 +44,32 @@ class ScratchDir {
   std::filesystem::path path_;
 };
 
+// The whole file as bytes; "" when it cannot be read.
+inline std::string Slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Replaces the file's contents with `data`.
+inline void Spit(const std::string& path, const std::string& data) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(data.data(), static_cast<std::streamsize>(data.size()));
+}
+
 // Directory of the built binaries (build/bin).
 inline std::string BinDir() {
   if (const char* d = std::getenv("CKPT_BIN_DIR")) return d;
   return std::string(CKPT_BINARY_DIR) + "/bin";
 }
+
+// Whether build/bin holds `name` (engine_min, ckpt, ...).
+inline bool HaveBinary(const std::string& name) {
+  return std::filesystem::exists(BinDir() + "/" + name);
+}
+
+// The shell command that runs the built `ckpt` with `args` (shell syntax), for callers that
+// pipe or redirect it themselves.
+inline std::string CkptCommand(const std::string& args) { return BinDir() + "/ckpt " + args; }
 
 // Runs a shell command, returns its exit code (or -1 when it did not exit normally).
 inline int RunShell(const std::string& cmd) {
@@ -53,6 +77,26 @@ inline int RunShell(const std::string& cmd) {
   if (rc == -1 || !WIFEXITED(rc)) return -1;
   return WEXITSTATUS(rc);
 }
+
+struct CliResult {
+  int rc = -1;      // exit code, -1 when the command did not exit normally
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+// Runs a shell command with stdout and stderr captured.
+inline CliResult RunCaptured(const std::string& cmd) {
+  ScratchDir tmp("ckpt-test-run");
+  const std::string out = tmp / "out", err = tmp / "err";
+  CliResult r;
+  r.rc = RunShell("(" + cmd + ") > " + out + " 2> " + err);
+  r.out = Slurp(out);
+  r.err = Slurp(err);
+  return r;
+}
+
+// Runs the built `ckpt` with `args` (shell syntax), stdout and stderr captured.
+inline CliResult RunCkpt(const std::string& args) { return RunCaptured(CkptCommand(args)); }
 
 // Runs argv as a child (stdout and stderr to /dev/null) and returns its exit code and peak
 // resident set size in bytes (wait4's ru_maxrss, KiB on Linux). On Linux a spawned child's

@@ -72,14 +72,7 @@ Result<CheckpointReader> CheckpointReader::Open(const std::string& path, const s
   impl->env = options.env ? options.env : Env::Default();
   impl->options = options;
   CKPT_ASSIGN_OR_RETURN(impl->dir, ResolveTagDir(path, tag, impl->env), "");
-  const std::string mpath = impl->dir + "/" + std::string(kManifestFile);
-  auto text = impl->env->ReadFileToString(mpath);
-  if (!text.ok()) {
-    if (text.status().code() == StatusCode::kNotFound)
-      return DataLoss(mpath + " is missing (not a committed checkpoint)");
-    return text.status();
-  }
-  CKPT_ASSIGN_OR_RETURN(impl->manifest, ParseManifest(*text, mpath), "");
+  CKPT_ASSIGN_OR_RETURN(impl->manifest, ReadTagManifest(impl->dir, impl->env));
   if (impl->manifest.kind != "sharded")
     return InvalidArgument(impl->dir + " is a " + impl->manifest.kind +
                            " checkpoint; open it with the convert tools");

@@ -66,8 +66,7 @@ Status ListTags(const std::string& root, Env* env, RootListing* out) {
     TagInfo info;
     info.tag = e.name;
     info.path = path;
-    auto text = env->ReadFileToString(mpath);
-    auto m = text.ok() ? ParseManifest(*text, mpath) : Result<Manifest>(text.status());
+    auto m = ReadTagManifest(path, env);
     if (m.ok() && m->tag != e.name) {
       // A tag directory copied or renamed by hand: never taken for the tag it claims to be.
       info.error = mpath + ": the manifest names tag '" + Excerpt(m->tag) +
@@ -199,6 +198,18 @@ Result<std::string> ReadLatest(const std::string& root, Env* env, bool* inferred
     return file->tag;
   }
   return ResolveLatest(root, listing, file, inferred);
+}
+
+Result<Manifest> ReadTagManifest(const std::string& tag_dir, Env* env) {
+  if (!env) env = Env::Default();
+  const std::string mpath = tag_dir + "/" + std::string(kManifestFile);
+  auto text = env->ReadFileToString(mpath);
+  if (!text.ok()) {
+    if (text.status().code() == StatusCode::kNotFound)
+      return NotFound(mpath + " is missing (not a committed checkpoint)");
+    return text.status();
+  }
+  return ParseManifest(*text, mpath);
 }
 
 Result<std::string> ResolveTagDir(const std::string& path, const std::string& tag, Env* env) {

@@ -6,6 +6,7 @@
 #include "ckpt/hash.h"
 #include "ckpt/progress.h"
 #include "ckpt/root.h"
+#include "ckpt/shape.h"
 #include "ckpt/state_source.h"
 #include "ckpt/units.h"
 #include "ckpt/universal.h"
@@ -16,12 +17,6 @@ namespace {
 constexpr const char* kDeepSpeedNote =
     "DeepSpeed stores no checksums: checked the layout, every zip record's CRC-32 and that "
     "every tensor reads";
-
-std::string ShapeText(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
 
 // printf into a std::string.
 template <typename... Args>

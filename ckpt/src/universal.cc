@@ -125,13 +125,7 @@ Result<UniversalReader> UniversalReader::Open(const std::string& dir_arg, Env* e
   impl->env = env ? env : Env::Default();
   impl->dir = TrimSlashes(dir_arg);
   const std::string mpath = impl->dir + "/" + std::string(kManifestFile);
-  auto text = impl->env->ReadFileToString(mpath);
-  if (!text.ok()) {
-    if (text.status().code() == StatusCode::kNotFound)
-      return NotFound(mpath + " is missing (not a checkpoint)");
-    return text.status();
-  }
-  CKPT_ASSIGN_OR_RETURN(impl->manifest, ParseManifest(*text, mpath), "");
+  CKPT_ASSIGN_OR_RETURN(impl->manifest, ReadTagManifest(impl->dir, impl->env));
   const Manifest& m = impl->manifest;
   if (m.kind != "universal")
     return FailedPrecondition(impl->dir + " is a " + m.kind + " checkpoint, not universal");

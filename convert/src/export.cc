@@ -25,7 +25,7 @@
 #include "ckpt/progress.h"
 #include "ckpt/root.h"
 #include "ckpt/state_source.h"
-#include "convert/safetensors.h"
+#include "safetensors/safetensors.h"
 #include "convert/output_dir.h"
 
 namespace ckpt::convert {
@@ -178,18 +178,19 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
   std::vector<float> buf;
   std::vector<uint8_t> enc;
   for (const auto& file : files) {
-    std::vector<SafetensorsTensorSpec> specs;
+    std::vector<safetensors::SafetensorsTensorSpec> specs;
     for (const auto& t : file.tensors)
       specs.push_back({t.name, t.out_dtype, t.param->shape});
     const std::string path = staged.staging() + "/" + file.name;
-    CKPT_ASSIGN_OR_RETURN(auto writer, SafetensorsWriter::Create(path, specs, metadata, env), "");
+    CKPT_ASSIGN_OR_RETURN(auto writer,
+                          safetensors::SafetensorsWriter::Create(path, specs, metadata, env), "");
     ExportedFile done;
     done.name = file.name;
     for (const auto& t : file.tensors) {
       const ParamEntry& p = *t.param;
       const std::string where = "parameter '" + t.name + "'";
       if (p.frozen) {
-        CKPT_ASSIGN_OR_RETURN(auto raw, src->ReadFrozenBytes(p.name), where);
+        CKPT_ASSIGN_OR_RETURN(auto raw, src->ReadFrozenBytes(p.name));  // names the parameter
         if (raw.size() != static_cast<uint64_t>(p.numel) * DTypeSize(p.dtype))
           return DataLoss(where + ": frozen dataset size does not match the parameter table");
         CKPT_ASSIGN_OR_RETURN(auto bytes, EncodeFrozen(p, std::move(raw), t.out_dtype), where);
@@ -200,7 +201,7 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
         for (int64_t b = 0; b < p.numel; b += step) {
           const int64_t e = std::min(p.numel, b + step);
           buf.resize(static_cast<size_t>(e - b));
-          CKPT_RETURN_IF_ERROR(src->ReadParamRange(p.name, kMaster, b, e, buf.data()), where);
+          CKPT_RETURN_IF_ERROR(src->ReadParamRange(p.name, kMaster, b, e, buf.data()));
           if (t.out_dtype == DType::kF32) {
             CKPT_RETURN_IF_ERROR(writer.Append(buf.data(), buf.size() * 4), where);
           } else {
@@ -258,7 +259,7 @@ struct ExportIdentity {
   std::map<std::string, std::string> values;
 };
 
-std::map<std::string, std::string> IdentityOf(const SafetensorsHeader& h) {
+std::map<std::string, std::string> IdentityOf(const safetensors::SafetensorsHeader& h) {
   std::map<std::string, std::string> v;
   for (const char* key : {"ckpt_tag", "ckpt_global_step", "ckpt_dtype", "tied_weights"}) {
     auto it = h.metadata.find(key);
@@ -364,7 +365,7 @@ Result<ExportCheck> CheckExport(const std::string& path, const CheckExportOption
   for (const auto& name : files) {
     const std::string file_path = c.dir + "/" + name;
     c.files.push_back(name);
-    auto h = ReadSafetensorsHeader(file_path);
+    auto h = safetensors::ReadSafetensorsHeader(file_path);
     if (!h.ok()) {
       c.problems.push_back({name, "", h.status().message()});
       continue;
@@ -389,7 +390,7 @@ Result<ExportCheck> CheckExport(const std::string& path, const CheckExportOption
       total_size += t.end - t.begin;
     }
     if (opts.deep) {
-      auto bad = VerifySafetensorsData(file_path, *h);
+      auto bad = safetensors::VerifySafetensorsData(file_path, *h);
       if (!bad.ok()) {
         c.problems.push_back({name, "", bad.status().message()});
       } else {

@@ -60,14 +60,11 @@ Status PrepareRank(const std::string& src_path, const ReshardOptions& opts, Env*
     for (const auto& r : p.ranges) {
       if (r.rank != j) continue;
       CKPT_RETURN_IF_ERROR(
-          src->ReadParamRange(p.name, kMaster, r.begin, r.end, out.master.data() + r.shard_offset),
-          "");
-      CKPT_RETURN_IF_ERROR(
-          src->ReadParamRange(p.name, kExpAvg, r.begin, r.end, out.exp_avg.data() + r.shard_offset),
-          "");
+          src->ReadParamRange(p.name, kMaster, r.begin, r.end, out.master.data() + r.shard_offset));
+      CKPT_RETURN_IF_ERROR(src->ReadParamRange(p.name, kExpAvg, r.begin, r.end,
+                                               out.exp_avg.data() + r.shard_offset));
       CKPT_RETURN_IF_ERROR(src->ReadParamRange(p.name, kExpAvgSq, r.begin, r.end,
-                                               out.exp_avg_sq.data() + r.shard_offset),
-                           "");
+                                               out.exp_avg_sq.data() + r.shard_offset));
       out.stats.bytes_owned += static_cast<uint64_t>(r.end - r.begin) * 12;
       progress.Add(static_cast<uint64_t>(r.end - r.begin) * 12);
     }
@@ -85,7 +82,7 @@ Status PrepareRank(const std::string& src_path, const ReshardOptions& opts, Env*
     out.frozen.reserve(frozen_count);
     for (const auto& p : target.params) {
       if (!p.frozen || !p.tied_to.empty()) continue;
-      CKPT_ASSIGN_OR_RETURN(auto raw, src->ReadFrozenBytes(p.name), "parameter '" + p.name + "'");
+      CKPT_ASSIGN_OR_RETURN(auto raw, src->ReadFrozenBytes(p.name));  // names the parameter
       out.stats.bytes_owned += raw.size();
       out.frozen.push_back(std::move(raw));
       ds.push_back(DatasetSpec::Tensor(std::string(kFrozenPrefix) + p.name, p.dtype, p.shape,

@@ -15,7 +15,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <ctime>
 #include <map>
 
 #include "ckpt/shape.h"
@@ -25,22 +24,13 @@
 #include "ckpt/root.h"
 #include "ckpt/state_source.h"
 #include "ckpt/universal.h"
+#include "ckpt/utc_time.h"
 #include "convert/output_dir.h"
 
 namespace ckpt::convert {
 namespace {
 
 constexpr int64_t kChunkElements = 1 << 22;
-
-std::string UtcNow(int64_t* unix_out) {
-  std::time_t t = std::time(nullptr);
-  *unix_out = static_cast<int64_t>(t);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
 
 }  // namespace
 
@@ -164,7 +154,7 @@ Status WriteUniversalFile(StateSource& src, const std::string& path, ToUniversal
     CKPT_RETURN_IF_ERROR(h5::WriteStringAttr(g.get(), "dtype", std::string(DTypeName(p.dtype))),
                          where);
     if (p.frozen) {
-      CKPT_ASSIGN_OR_RETURN(auto raw, src.ReadFrozenBytes(p.name), where);
+      CKPT_ASSIGN_OR_RETURN(auto raw, src.ReadFrozenBytes(p.name));  // names the parameter
       if (raw.size() != static_cast<uint64_t>(p.numel) * DTypeSize(p.dtype))
         return DataLoss(where + ": frozen dataset size does not match the parameter table");
       CKPT_RETURN_IF_ERROR(
@@ -182,7 +172,7 @@ Status WriteUniversalFile(StateSource& src, const std::string& path, ToUniversal
       for (int64_t b = 0; b < p.numel; b += kChunkElements) {
         const int64_t e = std::min(p.numel, b + kChunkElements);
         buf.resize(static_cast<size_t>(e - b));
-        CKPT_RETURN_IF_ERROR(src.ReadParamRange(p.name, state, b, e, buf.data()), where);
+        CKPT_RETURN_IF_ERROR(src.ReadParamRange(p.name, state, b, e, buf.data()));
         CKPT_RETURN_IF_ERROR(w.WriteRange(d.get(), name, p.shape, DType::kF32, b, e, buf.data()),
                              path);
         h.Update(buf.data(), buf.size() * 4);

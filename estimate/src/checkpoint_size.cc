@@ -4,7 +4,7 @@
 #include <map>
 
 #include "ckpt/shape.h"
-#include "convert/safetensors.h"
+#include "safetensors/safetensors.h"
 #include "numeric.h"
 #include "ckpt/rank_file_size.h"
 
@@ -241,7 +241,7 @@ Result<CheckpointEstimate> EstimateCheckpoint(const CheckpointConfig& c) {
   // recorded in __metadata__["tied_weights"]), floating-point tensors as fp32, a new shard
   // when the next tensor would overflow max_shard_bytes.
   nlohmann::json tied = nlohmann::json::object();
-  std::vector<std::vector<convert::SafetensorsTensorSpec>> files(1);
+  std::vector<std::vector<safetensors::SafetensorsTensorSpec>> files(1);
   std::vector<uint64_t> file_data(1, 0);
   uint64_t largest_numel = 0, largest_frozen = 0;
   for (const ParamEntry& p : params) {
@@ -280,7 +280,7 @@ Result<CheckpointEstimate> EstimateCheckpoint(const CheckpointConfig& c) {
   uint64_t total_size = 0;
   for (size_t k = 0; k < files.size(); ++k) {
     CKPT_ASSIGN_OR_RETURN(std::string header,
-                          convert::BuildSafetensorsHeader(files[k], metadata),
+                          safetensors::BuildSafetensorsHeader(files[k], metadata),
                           "checkpoint: export header");
     e.fp32_export_bytes += 8 + header.size() + file_data[k];
     total_size += file_data[k];

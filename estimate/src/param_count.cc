@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckpt/root.h"
-#include "convert/safetensors.h"
+#include "safetensors/safetensors.h"
 
 namespace ckpt::estimate {
 namespace {
@@ -67,11 +67,9 @@ ParamCounts CountParams(const ParamTable& table) {
 
 Result<Manifest> ReadCheckpointManifest(const std::string& path, const std::string& tag,
                                         std::string* manifest_path) {
-  CKPT_ASSIGN_OR_RETURN(std::string dir, ResolveTagDir(path, tag), path);
-  const std::string file = (fs::path(dir) / std::string(kManifestFile)).string();
-  CKPT_ASSIGN_OR_RETURN(std::string text, ReadWholeFile(file), "read manifest");
-  CKPT_ASSIGN_OR_RETURN(Manifest m, ParseManifest(text, file), "read manifest");
-  if (manifest_path) *manifest_path = file;
+  CKPT_ASSIGN_OR_RETURN(std::string dir, ResolveTagDir(path, tag));
+  CKPT_ASSIGN_OR_RETURN(Manifest m, ReadTagManifest(dir));
+  if (manifest_path) *manifest_path = dir + "/" + std::string(kManifestFile);
   return m;
 }
 
@@ -184,8 +182,9 @@ Result<ParamTable> ParamTableFromSafetensors(const std::string& path) {
   }
 
   for (const std::string& f : files) {
-    CKPT_ASSIGN_OR_RETURN(convert::SafetensorsHeader h, convert::ReadSafetensorsHeader(f), f);
-    for (const convert::SafetensorsTensor& st : h.tensors) {
+    CKPT_ASSIGN_OR_RETURN(safetensors::SafetensorsHeader h, safetensors::ReadSafetensorsHeader(f),
+                          f);
+    for (const safetensors::SafetensorsTensor& st : h.tensors) {
       ParamEntry p;
       p.name = st.name;
       p.shape = st.shape;

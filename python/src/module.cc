@@ -1,6 +1,6 @@
 // ckpt._ckpt: the Python binding, thin over the C++ libraries (docs/python.md). Nothing here
 // knows the on-disk format: saving goes through ckpt::SaveCheckpoint, reading through
-// ckpt::CheckpointReader, safetensors through convert/safetensors.h.
+// ckpt::CheckpointReader, safetensors through safetensors/safetensors.h.
 //
 // Arrays cross without a copy: numpy arrays (and anything with the buffer protocol) by their
 // buffer, torch tensors by data_ptr() (CPU, contiguous; this also carries bf16, which numpy
@@ -29,7 +29,7 @@
 #include "ckpt/root.h"
 #include "ckpt/status.h"
 #include "ckpt/writer.h"
-#include "convert/safetensors.h"
+#include "safetensors/safetensors.h"
 
 namespace py = pybind11;
 using nlohmann::json;
@@ -522,7 +522,7 @@ class PyXxh3 {
 void WriteSafetensorsFile(const std::string& path, py::list tensors,
                           const std::map<std::string, std::string>& metadata) {
   std::vector<RawArray> arrays;
-  std::vector<convert::SafetensorsTensorView> views;
+  std::vector<safetensors::SafetensorsTensorView> views;
   for (auto item : tensors) {
     auto t = item.cast<py::tuple>();
     const std::string name = t[0].cast<std::string>();
@@ -532,7 +532,7 @@ void WriteSafetensorsFile(const std::string& path, py::list tensors,
   Status s;
   {
     py::gil_scoped_release nogil;
-    s = convert::WriteSafetensors(path, views, metadata);
+    s = safetensors::WriteSafetensors(path, views, metadata);
   }
   ThrowIfError(s);
 }
@@ -540,18 +540,18 @@ void WriteSafetensorsFile(const std::string& path, py::list tensors,
 // read_safetensors(path) -> ({name: (dtype name, shape, bytes)}, metadata), every tensor
 // verified against its recorded digest when the file carries the integrity record.
 py::tuple ReadSafetensorsFile(const std::string& path) {
-  std::vector<std::pair<convert::SafetensorsTensor, std::vector<uint8_t>>> loaded;
+  std::vector<std::pair<safetensors::SafetensorsTensor, std::vector<uint8_t>>> loaded;
   std::map<std::string, std::string> metadata;
   Status s;
   {
     py::gil_scoped_release nogil;
-    auto header = convert::ReadSafetensorsHeader(path);
+    auto header = safetensors::ReadSafetensorsHeader(path);
     if (!header.ok()) {
       s = header.status();
     } else {
       metadata = header->metadata;
       for (const auto& t : header->tensors) {
-        auto bytes = convert::ReadSafetensorsTensor(path, *header, t.name);
+        auto bytes = safetensors::ReadSafetensorsTensor(path, *header, t.name);
         if (!bytes.ok()) {
           s = bytes.status();
           break;

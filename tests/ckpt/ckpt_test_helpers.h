@@ -8,6 +8,7 @@
 #include "ckpt/collective.h"
 #include "ckpt/manifest.h"
 #include "ckpt/writer.h"
+#include "test_util.h"
 
 namespace ckpt::testing {
 
@@ -110,16 +111,6 @@ inline Status SaveWithThreads(const std::string& root, const Manifest& m, SaveOp
                       st[static_cast<size_t>(r)].ToString());
   }
   return st[0];
-}
-
-inline std::string Slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-inline void Spit(const std::string& path, const std::string& data) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << data;
 }
 
 }  // namespace ckpt::testing

@@ -2,8 +2,6 @@
 // --json contracts of ls, inspect, check and diff.
 #include <catch2/catch.hpp>
 
-#include <array>
-#include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -16,23 +14,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Run {
-  int rc;
-  std::string out;
-};
-
-Run Ckpt(const std::string& args) {
-  const std::string cmd = BinDir() + "/ckpt " + args + " 2>/dev/null";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
-json Json(const Run& r) {
+json Json(const CliResult& r) {
   auto j = json::parse(r.out, nullptr, false);
   INFO(r.out);
   REQUIRE_FALSE(j.is_discarded());
@@ -44,9 +26,11 @@ json Json(const Run& r) {
 TEST_CASE("synth, ls, inspect, check, diff and gc through the CLI", "[io]") {
   ScratchDir d;
   const std::string root = d / "root";
-  REQUIRE(Ckpt("synth " + root + " --ranks 3 --params 20k --zero 3 --tags 2 --compress zstd:3").rc == 0);
+  REQUIRE(
+      RunCkpt("synth " + root + " --ranks 3 --params 20k --zero 3 --tags 2 --compress zstd:3").rc ==
+      0);
 
-  auto ls = Json(Ckpt("ls " + root + " --json"));
+  auto ls = Json(RunCkpt("ls " + root + " --json"));
   CHECK(ls["root"] == root);
   CHECK(ls["latest"] == "global_step200");
   REQUIRE(ls["tags"].size() == 2);
@@ -58,7 +42,7 @@ TEST_CASE("synth, ls, inspect, check, diff and gc through the CLI", "[io]") {
   CHECK(ls["tags"][1]["latest"] == true);
   CHECK(ls["temporary"].empty());
 
-  auto in = Json(Ckpt("inspect " + root + " --json"));
+  auto in = Json(RunCkpt("inspect " + root + " --json"));
   CHECK(in["tag"] == "global_step200");
   CHECK(in["format_version"] == "1.2");
   CHECK(in["global_step"] == 200);
@@ -73,16 +57,16 @@ TEST_CASE("synth, ls, inspect, check, diff and gc through the CLI", "[io]") {
   }
   CHECK(saw_tied);
   CHECK(saw_frozen);
-  CHECK(Ckpt("inspect " + root + "/global_step100 --json").rc == 0);
+  CHECK(RunCkpt("inspect " + root + "/global_step100 --json").rc == 0);
 
-  auto ok = Ckpt("check " + root + " --deep --json");
+  auto ok = RunCkpt("check " + root + " --deep --json");
   CHECK(ok.rc == 0);
   CHECK(Json(ok)["ok"] == true);
 
-  auto same = Ckpt("diff " + root + " " + root + " --json");
+  auto same = RunCkpt("diff " + root + " " + root + " --json");
   CHECK(same.rc == 0);
   CHECK(Json(same)["identical"] == true);
-  auto other = Ckpt("diff " + root + " " + root + "/global_step100 --json");
+  auto other = RunCkpt("diff " + root + " " + root + "/global_step100 --json");
   CHECK(other.rc == 1);
   auto dj = Json(other);
   CHECK(dj["identical"] == false);
@@ -98,7 +82,7 @@ TEST_CASE("synth, ls, inspect, check, diff and gc through the CLI", "[io]") {
   std::string bytes = Slurp(victim);
   bytes[bytes.size() - 100] ^= 0x5a;
   Spit(victim, bytes);
-  auto bad = Ckpt("check " + root + " --deep --json");
+  auto bad = RunCkpt("check " + root + " --deep --json");
   CHECK(bad.rc == 1);
   auto bj = Json(bad);
   CHECK(bj["ok"] == false);
@@ -107,40 +91,40 @@ TEST_CASE("synth, ls, inspect, check, diff and gc through the CLI", "[io]") {
 
   // A `latest` pointing nowhere is corruption too.
   Spit(root + "/latest", "global_step999\n");
-  CHECK(Ckpt("check " + root).rc == 1);
+  CHECK(RunCkpt("check " + root).rc == 1);
   Spit(root + "/latest", "global_step200\n");
 
   fs::create_directories(root + "/.tmp-global_step300-abc");
-  CHECK(Json(Ckpt("ls " + root + " --json"))["temporary"].size() == 1);
-  auto gc = Json(Ckpt("gc " + root + " --json"));
+  CHECK(Json(RunCkpt("ls " + root + " --json"))["temporary"].size() == 1);
+  auto gc = Json(RunCkpt("gc " + root + " --json"));
   CHECK(gc["removed_temporary"].size() == 1);
 }
 
 TEST_CASE("usage errors and missing input exit 2", "[io]") {
   ScratchDir d;
-  CHECK(Ckpt("").rc == 2);
-  CHECK(Ckpt("no-such-command").rc == 2);
-  CHECK(Ckpt("ls " + d.str() + "/missing").rc == 2);
-  CHECK(Ckpt("inspect " + d.str()).rc == 2);
-  CHECK(Ckpt("check " + d.str() + "/missing").rc == 2);
-  CHECK(Ckpt("synth " + d.str() + "/x --params -5").rc == 2);
-  CHECK(Ckpt("synth " + d.str() + "/x --compress lz9").rc == 2);
-  CHECK(Ckpt("synth " + d.str() + "/x --zero 7").rc == 2);
-  auto err = Ckpt("inspect " + d.str() + " --json");
+  CHECK(RunCkpt("").rc == 2);
+  CHECK(RunCkpt("no-such-command").rc == 2);
+  CHECK(RunCkpt("ls " + d.str() + "/missing").rc == 2);
+  CHECK(RunCkpt("inspect " + d.str()).rc == 2);
+  CHECK(RunCkpt("check " + d.str() + "/missing").rc == 2);
+  CHECK(RunCkpt("synth " + d.str() + "/x --params -5").rc == 2);
+  CHECK(RunCkpt("synth " + d.str() + "/x --compress lz9").rc == 2);
+  CHECK(RunCkpt("synth " + d.str() + "/x --zero 7").rc == 2);
+  auto err = RunCkpt("inspect " + d.str() + " --json");
   CHECK(err.rc == 2);
   CHECK(Json(err)["error"]["message"].get<std::string>().find(d.str()) != std::string::npos);
-  CHECK(Ckpt("--help").rc == 0);
-  CHECK(Ckpt("check --help").rc == 0);
+  CHECK(RunCkpt("--help").rc == 0);
+  CHECK(RunCkpt("check --help").rc == 0);
 }
 
 TEST_CASE("a manifest from a newer major version is refused with exit 2", "[io]") {
   ScratchDir d;
-  REQUIRE(Ckpt("synth " + d.str() + " --ranks 1 --params 1000").rc == 0);
+  REQUIRE(RunCkpt("synth " + d.str() + " --ranks 1 --params 1000").rc == 0);
   const std::string mpath = d.str() + "/global_step100/manifest.json";
   auto j = json::parse(Slurp(mpath));
   j["format_version"] = "9.0";
   Spit(mpath, j.dump());
-  auto r = Ckpt("inspect " + d.str() + " --json");
+  auto r = RunCkpt("inspect " + d.str() + " --json");
   CHECK(r.rc == 2);
   CHECK_THAT(Json(r)["error"]["message"].get<std::string>(), Catch::Contains("9.0"));
 }
@@ -151,28 +135,28 @@ TEST_CASE("a manifest from a newer major version is refused with exit 2", "[io]"
 // fixture, sealed under 1.0's rule) still verifies.
 TEST_CASE("a manifest sealed by Python's json verifies (format 1.1)", "[io]") {
   ScratchDir d;
-  REQUIRE(Ckpt("synth " + d.str() + " --ranks 2 --params 2000").rc == 0);
+  REQUIRE(RunCkpt("synth " + d.str() + " --ranks 2 --params 2000").rc == 0);
   const std::string tag = d.str() + "/global_step100";
   REQUIRE(RunShell("/usr/bin/python3 " + std::string(CKPT_SOURCE_DIR) +
                    "/tests/ckpt/seal_manifest.py " + tag + " > /dev/null") == 0);
   const std::string text = Slurp(tag + "/manifest.json");
   REQUIRE(text.find("1000000000000000.0") != std::string::npos);
-  auto ok = Ckpt("check " + d.str() + " --deep --json");
+  auto ok = RunCkpt("check " + d.str() + " --deep --json");
   INFO(ok.out);
   CHECK(ok.rc == 0);
-  CHECK(Ckpt("inspect " + d.str()).out.find("ckpt 1.1,") != std::string::npos);
+  CHECK(RunCkpt("inspect " + d.str()).out.find("ckpt 1.1,") != std::string::npos);
   std::string edited = text;
   const size_t at = edited.find("1000000000000000.0");
   edited[at] = '2';
   Spit(tag + "/manifest.json", edited);
-  auto bad = Ckpt("check " + d.str() + " --json");
+  auto bad = RunCkpt("check " + d.str() + " --json");
   CHECK(bad.rc == 1);
   CHECK(bad.out.find("manifest checksum mismatch") != std::string::npos);
 
   const std::string seed = std::string(CKPT_SOURCE_DIR) + "/tests/data/seed001/ckpt";
   CHECK(Slurp(seed + "/global_step5/manifest.json").find("\"format_version\": \"1.0\"") !=
         std::string::npos);
-  CHECK(Ckpt("check " + seed + " --deep").rc == 0);
+  CHECK(RunCkpt("check " + seed + " --deep").rc == 0);
 }
 
 // Issue 18, defect 3: paths are bytes. --json prints a path that is not valid UTF-8 losslessly
@@ -181,16 +165,17 @@ TEST_CASE("a manifest sealed by Python's json verifies (format 1.1)", "[io]") {
 TEST_CASE("--json with a path that is not valid UTF-8 prints it losslessly", "[io]") {
   ScratchDir d;
   const std::string root = d / "run\xff\xfe";
-  REQUIRE(Ckpt("synth '" + root + "' --ranks 2 --params 2000").rc == 0);
+  REQUIRE(RunCkpt("synth '" + root + "' --ranks 2 --params 2000").rc == 0);
   for (const std::string cmd : {"ls", "inspect", "check"}) {
-    auto r = Ckpt(cmd + " '" + root + "' --json");
+    auto r = RunCkpt(cmd + " '" + root + "' --json");
     INFO(cmd << ": " << r.out);
     CHECK(r.rc == 0);
     CHECK(r.out.find("run\\udcff\\udcfe") != std::string::npos);
   }
   for (const std::string cmd : {"export-fp32", "to-universal", "reshard"}) {
     const std::string out = d / (cmd + "-out\xff");
-    auto r = Ckpt(cmd + " '" + root + "' '" + out + "' --json" + (cmd == "reshard" ? " --dp 1" : ""));
+    auto r =
+        RunCkpt(cmd + " '" + root + "' '" + out + "' --json" + (cmd == "reshard" ? " --dp 1" : ""));
     INFO(cmd << ": " << r.out);
     CHECK(r.rc == 0);
     CHECK(fs::exists(out));
@@ -201,67 +186,67 @@ TEST_CASE("--json with a path that is not valid UTF-8 prints it losslessly", "[i
       "/usr/bin/python3 -c \"import json, os, sys; j = json.load(sys.stdin); "
       "sys.exit(0 if os.fsencode(j['root']) == sys.argv[1].encode('utf-8', 'surrogateescape') "
       "and os.fsencode(j['root']).endswith(b'run\\\\xff\\\\xfe') else 1)\" '" + root + "'";
-  CHECK(RunShell(BinDir() + "/ckpt ls '" + root + "' --json | " + py) == 0);
+  CHECK(RunShell(CkptCommand("ls '" + root + "' --json") + " | " + py) == 0);
 }
 
 TEST_CASE("CLI rough edges: help COMMAND, did-you-mean, usage errors as JSON, defaults shown",
           "[io]") {
-  auto help = Ckpt("help check");
+  auto help = RunCkpt("help check");
   CHECK(help.rc == 0);
   CHECK(help.out.find("--deep") != std::string::npos);
-  auto typo = Ckpt("chek run --json");
+  auto typo = RunCkpt("chek run --json");
   CHECK(typo.rc == 2);
   CHECK(Json(typo)["error"]["message"].get<std::string>().find("did you mean 'check'?") !=
         std::string::npos);
-  auto usage = Ckpt("check --json");
+  auto usage = RunCkpt("check --json");
   CHECK(usage.rc == 2);
   CHECK(Json(usage)["error"]["code"] == "InvalidArgument");
   CHECK(Json(usage)["error"]["message"].get<std::string>().find("ROOT is required") !=
         std::string::npos);
   for (const std::string cmd : {"next-update", "verify-resume", "verify", "check", "ls", "gc",
                                 "export-fp32", "to-universal"}) {
-    auto h = Ckpt(cmd + " --help");
+    auto h = RunCkpt(cmd + " --help");
     INFO(h.out);
     CHECK(h.rc == 0);
     CHECK(h.out.find("ROOT") != std::string::npos);
     CHECK(h.out.find("[OPTIONS] root") == std::string::npos);
     CHECK(h.out.find("[root]") == std::string::npos);
   }
-  CHECK(Ckpt("export-fp32 --help").out.find("--dtype TEXT=fp32") != std::string::npos);
+  CHECK(RunCkpt("export-fp32 --help").out.find("--dtype TEXT=fp32") != std::string::npos);
 }
 
 TEST_CASE("gc --keep-last --dry-run says what it would delete and deletes nothing", "[io]") {
   ScratchDir d;
-  REQUIRE(Ckpt("synth " + d.str() + " --ranks 1 --params 1000 --tags 3").rc == 0);
-  auto dry = Json(Ckpt("gc " + d.str() + " --keep-last 1 --dry-run --json"));
+  REQUIRE(RunCkpt("synth " + d.str() + " --ranks 1 --params 1000 --tags 3").rc == 0);
+  auto dry = Json(RunCkpt("gc " + d.str() + " --keep-last 1 --dry-run --json"));
   CHECK(dry["dry_run"] == true);
   CHECK(dry["removed_tags"] == json({"global_step100", "global_step200"}));
   CHECK(fs::exists(d.str() + "/global_step100/manifest.json"));
   CHECK(fs::exists(d.str() + "/global_step200/manifest.json"));
-  auto real = Json(Ckpt("gc " + d.str() + " --keep-last 1 --json"));
+  auto real = Json(RunCkpt("gc " + d.str() + " --keep-last 1 --json"));
   CHECK(real["removed_tags"] == json({"global_step100", "global_step200"}));
   CHECK(!fs::exists(d.str() + "/global_step100"));
 }
 
 TEST_CASE("check --deep: progress on a TTY only; a problem names its file once", "[io]") {
   ScratchDir d;
-  REQUIRE(Ckpt("synth " + d.str() + " --ranks 2 --params 200k").rc == 0);
+  REQUIRE(RunCkpt("synth " + d.str() + " --ranks 2 --params 200k").rc == 0);
   // A pseudo-terminal (script(1)): the bar is drawn on stderr; piped or --json it is not.
   const std::string tty = d / "tty.txt";
-  const std::string cmd = BinDir() + "/ckpt check " + d.str() + " --deep";
+  const std::string cmd = CkptCommand("check " + d.str() + " --deep");
   REQUIRE(RunShell("script -qec '" + cmd + "' /dev/null > " + tty + " 2>&1") == 0);
   CHECK(Slurp(tty).find("check --deep [##############################] 100.0%") !=
         std::string::npos);
   REQUIRE(RunShell("script -qec '" + cmd + " --json' /dev/null > " + tty + " 2>&1") == 0);
   CHECK(Slurp(tty).find("check --deep [") == std::string::npos);
-  CHECK(Ckpt("check " + d.str() + " --deep").out.find("check --deep [") == std::string::npos);
+  CHECK(RunCkpt("check " + d.str() + " --deep").out.find("check --deep [") == std::string::npos);
 
   // Flip a byte inside rank 1's master values: the problem's text does not repeat the file.
   const std::string rank1 = d.str() + "/global_step100/rank_00001.h5";
   std::string bytes = Slurp(rank1);
   bytes[bytes.size() * 3 / 4] ^= 0x20;
   Spit(rank1, bytes);
-  auto r = Ckpt("check " + d.str() + " --deep --json");
+  auto r = RunCkpt("check " + d.str() + " --deep --json");
   CHECK(r.rc == 1);
   auto j = Json(r);
   REQUIRE(!j["problems"].empty());
@@ -280,24 +265,24 @@ TEST_CASE("check --deep: progress on a TTY only; a problem names its file once",
 TEST_CASE("inspect and diff read a universal directory; diff progress on a TTY only", "[io]") {
   ScratchDir d;
   const std::string root = d / "run", uni = d / "uni", other = d / "other";
-  REQUIRE(Ckpt("synth " + root + " --ranks 2 --zero 3 --params 200k").rc == 0);
-  REQUIRE(Ckpt("to-universal " + root + " " + uni).rc == 0);
-  auto info = Ckpt("inspect " + uni + " --json");
+  REQUIRE(RunCkpt("synth " + root + " --ranks 2 --zero 3 --params 200k").rc == 0);
+  REQUIRE(RunCkpt("to-universal " + root + " " + uni).rc == 0);
+  auto info = RunCkpt("inspect " + uni + " --json");
   REQUIRE(info.rc == 0);
   CHECK(Json(info)["kind"] == "universal");
-  CHECK(Json(info)["total_params"] == Json(Ckpt("inspect " + root + " --json"))["total_params"]);
-  auto text = Ckpt("inspect " + uni);
+  CHECK(Json(info)["total_params"] == Json(RunCkpt("inspect " + root + " --json"))["total_params"]);
+  auto text = RunCkpt("inspect " + uni);
   CHECK(text.rc == 0);
   CHECK(text.out.find("universal layout") != std::string::npos);
 
   // The universal copy holds the same state: weights, moments, counters, per-rank datasets.
-  auto same = Ckpt("diff " + root + " " + uni + " --json");
+  auto same = RunCkpt("diff " + root + " " + uni + " --json");
   CHECK(same.rc == 0);
   CHECK(Json(same)["identical"] == true);
-  CHECK(Ckpt("diff " + uni + " " + root).out == "identical\n");
+  CHECK(RunCkpt("diff " + uni + " " + root).out == "identical\n");
   // Another run differs in its values, found through the universal reader too.
-  REQUIRE(Ckpt("synth " + other + " --ranks 1 --params 200k --seed 9").rc == 0);
-  auto differ = Ckpt("diff " + uni + " " + other + " --json");
+  REQUIRE(RunCkpt("synth " + other + " --ranks 1 --params 200k --seed 9").rc == 0);
+  auto differ = RunCkpt("diff " + uni + " " + other + " --json");
   CHECK(differ.rc == 1);
   bool master = false;
   const json found = Json(differ);
@@ -307,10 +292,10 @@ TEST_CASE("inspect and diff read a universal directory; diff progress on a TTY o
   CHECK(master);
 
   const std::string tty = d / "tty.txt";
-  const std::string cmd = BinDir() + "/ckpt diff " + root + " " + uni;
+  const std::string cmd = CkptCommand("diff " + root + " " + uni);
   REQUIRE(RunShell("script -qec '" + cmd + "' /dev/null > " + tty + " 2>&1") == 0);
   CHECK(Slurp(tty).find("diff [##############################] 100.0%") != std::string::npos);
   REQUIRE(RunShell("script -qec '" + cmd + " --json' /dev/null > " + tty + " 2>&1") == 0);
   CHECK(Slurp(tty).find("diff [") == std::string::npos);
-  CHECK(Ckpt("diff " + root + " " + uni).out.find("diff [") == std::string::npos);
+  CHECK(RunCkpt("diff " + root + " " + uni).out.find("diff [") == std::string::npos);
 }

@@ -8,30 +8,23 @@
 
 #include "convert/export.h"
 #include "convert/reshard.h"
-#include "convert/safetensors.h"
+#include "safetensors/safetensors.h"
 #include "convert/universal.h"
 #include "convert_test_util.h"
 #include "test_util.h"
 
 using namespace ckpt;
 using namespace ckpt::convert;
+using namespace ckpt::safetensors;
+using ckpt::testing::CliResult;
+using ckpt::testing::RunCkpt;
 using ckpt::testing::RunShell;
+using ckpt::testing::Slurp;
 
 namespace {
 
-std::string Ckpt() { return ckpt::testing::BinDir() + "/ckpt"; }
 std::string Python() {
   return "/usr/bin/python3 " + std::string(CKPT_SOURCE_DIR) + "/tests/convert/check_export.py";
-}
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-// Runs a command with stderr captured to `err_file`; returns the exit code.
-int RunCapture(const std::string& cmd, const std::string& err_file) {
-  return RunShell(cmd + " >/dev/null 2>" + err_file);
 }
 
 }  // namespace
@@ -43,14 +36,14 @@ TEST_CASE("export equals an independent h5py reconstruction, bitwise", "[io]") {
     REQUIRE(testing::MakeSynthetic(src, 3, zero, 300000, 70001).ok());
     const std::string tag = src + "/global_step100";
     const std::string s = std::to_string(zero);
-    REQUIRE(RunShell(Ckpt() + " export-fp32 " + src + " " + dir / ("e32_" + s) +
-                     " --json >/dev/null") == 0);
-    REQUIRE(RunShell(Ckpt() + " export-fp32 " + src + " " + dir / ("ebf_" + s) +
-                     " --dtype bf16 --max-shard-size 200KB --tied metadata --json >/dev/null") == 0);
-    REQUIRE(RunShell(Ckpt() + " export-fp32 " + src + " " + dir / ("ef16_" + s) +
-                     " --dtype fp16 --exclude-frozen --json >/dev/null") == 0);
-    REQUIRE(RunShell(Ckpt() + " to-universal " + src + " " + dir / ("u_" + s) +
-                     " --json >/dev/null") == 0);
+    REQUIRE(RunCkpt("export-fp32 " + src + " " + dir / ("e32_" + s) + " --json").rc == 0);
+    REQUIRE(RunCkpt("export-fp32 " + src + " " + dir / ("ebf_" + s) +
+                    " --dtype bf16 --max-shard-size 200KB --tied metadata --json")
+                .rc == 0);
+    REQUIRE(RunCkpt("export-fp32 " + src + " " + dir / ("ef16_" + s) +
+                    " --dtype fp16 --exclude-frozen --json")
+                .rc == 0);
+    REQUIRE(RunCkpt("to-universal " + src + " " + dir / ("u_" + s) + " --json").rc == 0);
     CHECK(RunShell(Python() + " " + tag + " " + dir / ("e32_" + s) + " --universal " +
                    dir / ("u_" + s)) == 0);
     CHECK(RunShell(Python() + " " + tag + " " + dir / ("ebf_" + s) + " --dtype bf16 --tied metadata") ==
@@ -60,8 +53,8 @@ TEST_CASE("export equals an independent h5py reconstruction, bitwise", "[io]") {
     CHECK(std::filesystem::exists(dir / ("ebf_" + s) + "/model.safetensors.index.json"));
     CHECK(std::filesystem::exists(dir / ("ebf_" + s) + "/model-00001-of-00004.safetensors"));
     // Export from the universal checkpoint gives the same file.
-    REQUIRE(RunShell(Ckpt() + " export-fp32 " + dir / ("u_" + s) + " " + dir / ("eu_" + s) +
-                     " --json >/dev/null") == 0);
+    REQUIRE(RunCkpt("export-fp32 " + dir / ("u_" + s) + " " + dir / ("eu_" + s) + " --json").rc ==
+            0);
     CHECK(Slurp(dir / ("eu_" + s) + "/model.safetensors") ==
           Slurp(dir / ("e32_" + s) + "/model.safetensors"));
   }
@@ -145,7 +138,6 @@ TEST_CASE("bad inputs: clear errors, documented exit codes, nothing in OUT", "[i
   const std::string src = dir / "src";
   REQUIRE(testing::MakeSynthetic(src, 3, 2).ok());
   const std::string tag = src + "/global_step100";
-  const std::string err = dir / "err.txt";
   const std::string outs = dir / "outs";
   std::filesystem::create_directories(outs);
   auto nothing_left = [&](const std::string& out) {
@@ -153,17 +145,17 @@ TEST_CASE("bad inputs: clear errors, documented exit codes, nothing in OUT", "[i
     CHECK(testing::CountTemp(outs) == 0);
   };
   auto all_three = [&](const std::string& source, int want_rc, const std::string& want_text) {
-    const std::string cmds[] = {
-        Ckpt() + " export-fp32 " + source + " " + outs + "/e",
-        Ckpt() + " to-universal " + source + " " + outs + "/u",
-        Ckpt() + " reshard " + source + " " + outs + "/r --dp 2",
+    const std::string commands[] = {
+        "export-fp32 " + source + " " + outs + "/e",
+        "to-universal " + source + " " + outs + "/u",
+        "reshard " + source + " " + outs + "/r --dp 2",
     };
-    for (const auto& c : cmds) {
+    for (const auto& c : commands) {
       INFO(c);
-      CHECK(RunCapture(c, err) == want_rc);
-      const std::string text = Slurp(err);
-      INFO(text);
-      CHECK(text.find(want_text) != std::string::npos);
+      const CliResult r = RunCkpt(c);
+      CHECK(r.rc == want_rc);
+      INFO(r.err);
+      CHECK(r.err.find(want_text) != std::string::npos);
     }
     nothing_left(outs + "/e");
     nothing_left(outs + "/u");
@@ -171,28 +163,30 @@ TEST_CASE("bad inputs: clear errors, documented exit codes, nothing in OUT", "[i
   };
 
   SECTION("--dp 0 and a bad --zero are usage errors") {
-    CHECK(RunCapture(Ckpt() + " reshard " + src + " " + outs + "/r --dp 0", err) == 2);
-    CHECK(Slurp(err).find("--dp must be at least 1") != std::string::npos);
-    CHECK(RunCapture(Ckpt() + " reshard " + src + " " + outs + "/r --dp 2 --zero 5", err) == 2);
-    CHECK(RunCapture(Ckpt() + " export-fp32 " + src + " " + outs + "/e --dtype int8", err) == 2);
+    const CliResult dp0 = RunCkpt("reshard " + src + " " + outs + "/r --dp 0");
+    CHECK(dp0.rc == 2);
+    CHECK(dp0.err.find("--dp must be at least 1") != std::string::npos);
+    CHECK(RunCkpt("reshard " + src + " " + outs + "/r --dp 2 --zero 5").rc == 2);
+    CHECK(RunCkpt("export-fp32 " + src + " " + outs + "/e --dtype int8").rc == 2);
     nothing_left(outs + "/r");
   }
   SECTION("missing source") { all_three(dir / "nope", 2, "no such file"); }
   SECTION("non-empty OUT is refused and untouched") {
     std::filesystem::create_directories(outs + "/full");
     std::ofstream(outs + "/full/keep.txt") << "mine";
-    for (const std::string c : {" export-fp32 ", " to-universal "}) {
-      CHECK(RunCapture(Ckpt() + c + src + " " + outs + "/full", err) == 2);
-      CHECK(Slurp(err).find("not empty") != std::string::npos);
+    for (const std::string c : {"export-fp32 ", "to-universal "}) {
+      const CliResult r = RunCkpt(c + src + " " + outs + "/full");
+      CHECK(r.rc == 2);
+      CHECK(r.err.find("not empty") != std::string::npos);
     }
-    CHECK(RunCapture(Ckpt() + " reshard " + src + " " + outs + "/full --dp 2", err) == 2);
+    CHECK(RunCkpt("reshard " + src + " " + outs + "/full --dp 2").rc == 2);
     CHECK(Slurp(outs + "/full/keep.txt") == "mine");
     CHECK(std::distance(std::filesystem::directory_iterator(outs + "/full"),
                         std::filesystem::directory_iterator()) == 1);
     CHECK(testing::CountTemp(outs) == 0);
     // An existing empty directory is fine.
     std::filesystem::create_directories(outs + "/empty");
-    CHECK(RunShell(Ckpt() + " export-fp32 " + src + " " + outs + "/empty --json >/dev/null") == 0);
+    CHECK(RunCkpt("export-fp32 " + src + " " + outs + "/empty --json").rc == 0);
     CHECK(std::filesystem::exists(outs + "/empty/model.safetensors"));
   }
   SECTION("missing rank file") {
@@ -235,8 +229,9 @@ TEST_CASE("bad inputs: clear errors, documented exit codes, nothing in OUT", "[i
     j["files"][0].erase("metadata_xxh3");
     j["files"][0].erase("data_extents");
     REQUIRE(testing::RewriteManifest(mpath, j).ok());
-    CHECK(RunCapture(Ckpt() + " reshard " + dir / "uni" + " " + outs + "/r --dp 2", err) == 2);
-    CHECK(Slurp(err).find("universal layout 9.0") != std::string::npos);
+    const CliResult r = RunCkpt("reshard " + dir / "uni" + " " + outs + "/r --dp 2");
+    CHECK(r.rc == 2);
+    CHECK(r.err.find("universal layout 9.0") != std::string::npos);
     nothing_left(outs + "/r");
   }
 }
@@ -291,22 +286,62 @@ TEST_CASE("a failed file-system step never publishes OUT", "[io]") {
   }
 }
 
+// Context is added once per layer: the source names the parameter it failed to read, the
+// converters do not name it again ("parameter 'x': parameter 'x': ..." before).
+TEST_CASE("a failed read names the parameter once", "[io]") {
+  testing::ScratchDir dir("fault-read");
+  const std::string src = dir / "src";
+  REQUIRE(testing::MakeSynthetic(src, 2, 3, 20000, 4000).ok());
+  auto occurrences = [](const std::string& text, const std::string& what) {
+    int n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  int named = 0;
+  for (int n = 1; n <= 40; ++n) {
+    std::vector<Status> failures;
+    {
+      FaultInjectionEnv env(Env::Default());
+      env.FailAt(FaultInjectionEnv::Op::kRead, n);
+      ExportOptions eo;
+      eo.env = &env;
+      auto e = ExportFp32(src, dir / ("e" + std::to_string(n)), eo);
+      if (!e.ok()) failures.push_back(e.status());
+    }
+    {
+      FaultInjectionEnv env(Env::Default());
+      env.FailAt(FaultInjectionEnv::Op::kRead, n);
+      ToUniversalOptions uo;
+      uo.env = &env;
+      auto u = ConvertToUniversal(src, dir / ("u" + std::to_string(n)), uo);
+      if (!u.ok()) failures.push_back(u.status());
+    }
+    for (const Status& st : failures) {
+      const std::string text = st.ToString();
+      INFO("read #" << n << ": " << text);
+      CHECK(occurrences(text, "parameter '") <= 1);
+      if (occurrences(text, "parameter '") == 1) ++named;
+    }
+  }
+  CHECK(named > 0);  // some fault landed inside a parameter read
+}
+
 TEST_CASE("ckpt check verifies an export: headers always, tensor data with --deep", "[io]") {
   testing::ScratchDir dir("check-exp");
   const std::string src = dir / "src";
   REQUIRE(testing::MakeSynthetic(src, 2, 2, 20000, 4000).ok());
-  REQUIRE(RunShell(Ckpt() + " export-fp32 " + src + " " + dir / "one >/dev/null") == 0);
-  REQUIRE(RunShell(Ckpt() + " export-fp32 " + src + " " + dir / "many --max-shard-size 30000" +
-                   " >/dev/null") == 0);
-  const std::string out = dir / "out.txt";
+  REQUIRE(RunCkpt("export-fp32 " + src + " " + dir / "one").rc == 0);
+  REQUIRE(RunCkpt("export-fp32 " + src + " " + dir / "many --max-shard-size 30000").rc == 0);
+  CliResult checked;  // the latest check's result
   auto check = [&](const std::string& args) {
-    return RunShell(Ckpt() + " check " + args + " >" + out + " 2>&1");
+    checked = RunCkpt("check " + args);
+    return checked.rc;
   };
   CHECK(check(dir / "one --deep") == 0);
   CHECK(check(dir / "many --deep") == 0);
   CHECK(check(dir / "one/model.safetensors") == 0);
   REQUIRE(check(dir / "many --deep --json") == 0);
-  auto j = nlohmann::json::parse(Slurp(out));
+  auto j = nlohmann::json::parse(checked.out);
   CHECK(j["ok"] == true);
   CHECK(j["kind"] == "safetensors");
   CHECK(j["checksummed"] == true);
@@ -315,7 +350,7 @@ TEST_CASE("ckpt check verifies an export: headers always, tensor data with --dee
   REQUIRE(h.ok());
   CHECK(check(dir / ("one --deep --tag " + h->metadata.at("ckpt_tag"))) == 0);
   CHECK(check(dir / "one --tag global_step1") == 1);
-  CHECK(Slurp(out).find("expected 'global_step1'") != std::string::npos);
+  CHECK((checked.out + checked.err).find("expected 'global_step1'") != std::string::npos);
 
   // A flipped data byte: the headers still verify, --deep names the file and the tensor.
   const SafetensorsTensor& last = h->tensors.back();
@@ -329,13 +364,14 @@ TEST_CASE("ckpt check verifies an export: headers always, tensor data with --dee
   }
   CHECK(check(dir / "one") == 0);
   CHECK(check(dir / "one --deep") == 1);
-  CHECK(Slurp(out).find("model.safetensors tensor " + last.name + ": checksum mismatch") !=
+  CHECK((checked.out + checked.err)
+            .find("model.safetensors tensor " + last.name + ": checksum mismatch") !=
         std::string::npos);
   // A missing shard, and nothing to check.
   const std::string first_shard = j["files"][0].get<std::string>();
   std::filesystem::remove(dir / ("many/" + first_shard));
   CHECK(check(dir / "many") == 1);
-  CHECK(Slurp(out).find(first_shard) != std::string::npos);
+  CHECK((checked.out + checked.err).find(first_shard) != std::string::npos);
   CHECK(check(dir / "missing") == 2);
   std::filesystem::create_directories(dir / "empty");
   CHECK(check(dir / "empty") == 2);

@@ -2,21 +2,23 @@
 // unions of hyperslabs), names with '/' and '%', an fp16 frozen table, ZeRO-0.
 #include <catch2/catch.hpp>
 #include <cstring>
-#include <fstream>
+#include <filesystem>
 #include <thread>
 
 #include "ckpt/reader.h"
+#include "ckpt/root.h"
 #include "ckpt/state_source.h"
 #include "ckpt/writer.h"
 #include "convert/export.h"
 #include "convert/reshard.h"
-#include "convert/safetensors.h"
+#include "safetensors/safetensors.h"
 #include "convert/universal.h"
 #include "convert_test_util.h"
 #include "test_util.h"
 
 using namespace ckpt;
 using namespace ckpt::convert;
+using namespace ckpt::safetensors;
 
 namespace {
 
@@ -222,18 +224,11 @@ TEST_CASE("one StateSource interface over a sharded checkpoint and its universal
     REQUIRE(r->ReadSlice(2, "exp_avg_sq", 0, 2, first.data()).ok());
   }
   s->reset();
-  std::string bytes;
-  {
-    std::ifstream in(rank2, std::ios::binary);
-    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  }
+  std::string bytes = testing::Slurp(rank2);
   const auto at = bytes.find(std::string(reinterpret_cast<const char*>(first.data()), 8));
   REQUIRE(at != std::string::npos);
   bytes[at] ^= 0x01;
-  {
-    std::ofstream out(rank2, std::ios::binary | std::ios::trunc);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  }
+  testing::Spit(rank2, bytes);
   int failed = 0;
   for (int part = 0; part < 3; ++part) {
     auto src = OpenStateSource(dir / "src");
@@ -246,4 +241,30 @@ TEST_CASE("one StateSource interface over a sharded checkpoint and its universal
     }
   }
   CHECK(failed == 1);
+}
+
+// The same condition gets the same code in every reader: a tag or universal directory without
+// manifest.json is NotFound (the CLI's exit 2: the input is not there), through either reader
+// and the estimator's manifest read, with the same message.
+TEST_CASE("a missing manifest is NotFound in every reader", "[io]") {
+  testing::ScratchDir dir("no-manifest");
+  REQUIRE(testing::MakeSynthetic(dir / "src", 2, 1).ok());
+  REQUIRE(ConvertToUniversal(dir / "src", dir / "uni").ok());
+  std::filesystem::remove(dir / "src/global_step100/manifest.json");
+  std::filesystem::remove(dir / "uni/manifest.json");
+  const std::string want = "manifest.json is missing (not a committed checkpoint)";
+  auto sharded = CheckpointReader::Open(dir / "src", "global_step100");
+  REQUIRE_FALSE(sharded.ok());
+  CHECK(sharded.status().code() == StatusCode::kNotFound);
+  CHECK(sharded.status().message().find(want) != std::string::npos);
+  auto universal = UniversalReader::Open(dir / "uni");
+  REQUIRE_FALSE(universal.ok());
+  CHECK(universal.status().code() == StatusCode::kNotFound);
+  CHECK(universal.status().message().find(want) != std::string::npos);
+  auto manifest = ReadTagManifest(dir / "src/global_step100");
+  CHECK(manifest.status().code() == StatusCode::kNotFound);
+  const testing::CliResult cli = testing::RunCkpt("check " + dir / "src" + " --tag global_step100");
+  CHECK(cli.rc == 2);
+  CHECK(cli.err.find("global_step100") != std::string::npos);
+  CHECK(cli.err.find("manifest.json") != std::string::npos);
 }

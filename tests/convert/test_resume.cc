@@ -8,12 +8,12 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 
 #include "test_util.h"
 
+using ckpt::testing::RunCkpt;
 using ckpt::testing::RunShell;
 
 namespace {
@@ -35,17 +35,13 @@ std::map<int64_t, nlohmann::json> ReadLog(const std::string& path) {
 }
 
 bool HaveEngine() {
-  return std::filesystem::exists(ckpt::testing::BinDir() + "/engine_min") &&
+  return ckpt::testing::HaveBinary("engine_min") &&
          RunShell("command -v mpirun >/dev/null 2>&1") == 0;
 }
 
 std::string Engine(int ranks, const std::string& args) {
   return std::string(kMpiEnv) + "mpirun -n " + std::to_string(ranks) + " " +
          ckpt::testing::BinDir() + "/engine_min train " + args + " >/dev/null 2>&1";
-}
-
-std::string Ckpt(const std::string& args) {
-  return ckpt::testing::BinDir() + "/ckpt " + args + " >/dev/null";
 }
 
 }  // namespace
@@ -64,10 +60,9 @@ TEST_CASE("engine_min resumes from a 4 -> 2 reshard with the original loss", "[m
   const auto original = ReadLog(a + "/trainlog.jsonl");
   REQUIRE(original.size() == 6);
 
-  REQUIRE(RunShell(Ckpt("reshard " + a + " " + dir / "direct" + " --dp 2 --tag global_step3")) ==
-          0);
-  REQUIRE(RunShell(Ckpt("to-universal " + a + " " + dir / "uni" + " --tag global_step3")) == 0);
-  REQUIRE(RunShell(Ckpt("reshard " + dir / "uni" + " " + dir / "via_uni" + " --dp 2")) == 0);
+  REQUIRE(RunCkpt("reshard " + a + " " + dir / "direct" + " --dp 2 --tag global_step3").rc == 0);
+  REQUIRE(RunCkpt("to-universal " + a + " " + dir / "uni" + " --tag global_step3").rc == 0);
+  REQUIRE(RunCkpt("reshard " + dir / "uni" + " " + dir / "via_uni" + " --dp 2").rc == 0);
   // Without a reshard the engine refuses the other world size.
   CHECK(RunShell(Engine(2, "--resume --ckpt-dir " + a +
                                " --resume-tag global_step3 "
@@ -107,8 +102,8 @@ TEST_CASE("same world size through universal keeps RNG: a dropout run repeats bi
                           "--grad-accum 2 --ckpt-dir " +
                               a)) == 0);
   const auto original = ReadLog(a + "/trainlog.jsonl");
-  REQUIRE(RunShell(Ckpt("to-universal " + a + " " + dir / "uni" + " --tag global_step2")) == 0);
-  REQUIRE(RunShell(Ckpt("reshard " + dir / "uni" + " " + dir / "back" + " --dp 2")) == 0);
+  REQUIRE(RunCkpt("to-universal " + a + " " + dir / "uni" + " --tag global_step2").rc == 0);
+  REQUIRE(RunCkpt("reshard " + dir / "uni" + " " + dir / "back" + " --dp 2").rc == 0);
   REQUIRE(RunShell(Engine(
               2, "--resume --ckpt-dir " + dir / "back" + " --steps 4 --no-final-save")) == 0);
   const auto resumed = ReadLog(dir / "back/trainlog.jsonl");
@@ -135,9 +130,9 @@ TEST_CASE("export-fp32 of an engine checkpoint loads with torch strict=True", "[
   const std::string check =
       "/usr/bin/python3 " + std::string(CKPT_SOURCE_DIR) + "/tests/convert/strict_load.py " +
       run + "/global_step2 ";
-  REQUIRE(RunShell(Ckpt("export-fp32 " + run + " " + dir / "copy --tied copy")) == 0);
+  REQUIRE(RunCkpt("export-fp32 " + run + " " + dir / "copy --tied copy").rc == 0);
   CHECK(RunShell(check + dir / "copy") == 0);
-  REQUIRE(RunShell(Ckpt("export-fp32 " + run + " " + dir / "meta")) == 0);  // the default
+  REQUIRE(RunCkpt("export-fp32 " + run + " " + dir / "meta").rc == 0);  // the default
   CHECK(RunShell(check + dir / "meta" + " --expect-missing lm_head.weight") == 0);
   // The export agrees with the independent reconstruction in both modes.
   const std::string recon = "/usr/bin/python3 " + std::string(CKPT_SOURCE_DIR) +
@@ -157,13 +152,11 @@ TEST_CASE("reshard refuses a world size that does not divide the global batch", 
   const std::string run = dir / "run";
   REQUIRE(RunShell(Engine(2, "--model tiny --zero 1 --micro-batch 4 --grad-accum 1 --steps 1 "
                              "--ckpt-dir " + run)) == 0);
-  const std::string err = dir / "err.txt";
-  CHECK(RunShell(ckpt::testing::BinDir() + "/ckpt reshard " + run + " " + dir / "r3" +
-                 " --dp 3 2> " + err) == 2);
-  std::ifstream in(err);
-  const std::string text((std::istreambuf_iterator<char>(in)), {});
+  const auto r3 = RunCkpt("reshard " + run + " " + dir / "r3" + " --dp 3");
+  CHECK(r3.rc == 2);
+  const std::string& text = r3.err;
   CHECK(text.find("global batch 8 (engine_config) is not divisible by 3") != std::string::npos);
   CHECK(text.find("(1, 2, 4, 8)") != std::string::npos);
   CHECK(!std::filesystem::exists(dir / "r3"));
-  CHECK(RunShell(Ckpt("reshard " + run + " " + dir / "r4" + " --dp 4")) == 0);
+  CHECK(RunCkpt("reshard " + run + " " + dir / "r4" + " --dp 4").rc == 0);
 }

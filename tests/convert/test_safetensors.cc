@@ -2,7 +2,6 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 
 #include <xxhash.h>
 
@@ -11,23 +10,15 @@
 #include <tuple>
 
 #include "ckpt/hash.h"
-#include "convert/safetensors.h"
+#include "safetensors/safetensors.h"
 #include "test_util.h"
 
 using namespace ckpt;
-using namespace ckpt::convert;
+using namespace ckpt::safetensors;
+using ckpt::testing::Slurp;
+using ckpt::testing::Spit;
 
 namespace {
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void Spit(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
 
 // A file made of a raw header text and raw data bytes.
 std::string RawFile(const std::string& header, const std::string& data) {

@@ -3,11 +3,10 @@
 // running globals are refused naming the file, self-referencing containers do not hang.
 #include <catch2/catch.hpp>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <string>
 
 #include "ckpt/torch_pickle.h"
+#include "test_util.h"
 
 namespace {
 
@@ -136,8 +135,7 @@ TEST_CASE("fuzz seed corpus parses (the fuzzer's inputs reach the parser)", "[un
       std::filesystem::path(CKPT_SOURCE_DIR) / "tests/fuzz/corpus/torch_pickle";
   int n = 0;
   for (const auto& e : std::filesystem::directory_iterator(dir)) {
-    std::ifstream in(e.path(), std::ios::binary);
-    const std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string data = ckpt::testing::Slurp(e.path().string());
     auto doc = ParsePickle(data, e.path().string());
     INFO(e.path().string() << ": " << doc.status().ToString());
     REQUIRE(doc.ok());

@@ -37,14 +37,13 @@ TEST_CASE("--async-save: the same run log and checkpoints as synchronous saves",
     for (const auto& d : CompareCheckpoints(sync + tag, async + tag)) FAIL_CHECK("differs: " << d);
   }
   CHECK(ckpt::ReadLatest(async).value() == "global_step4");
-  CHECK(RunShell(BinDir() + "/ckpt diff " + sync + " " + async + " > " + (dir / "diff.log") +
-                 " 2>&1") == 0);
+  CHECK(RunCkpt("diff " + sync + " " + async).rc == 0);
   // Resume parity through fresh engine_min processes, on the async run's checkpoints.
-  const std::string out = dir / "verify.json";
-  REQUIRE(RunShell(BinDir() + "/ckpt verify-resume " + async +
-                   " --tag global_step2 --steps 2 --json > " + out + " 2> " + (dir / "verify.err")) ==
-          0);
-  const auto j = nlohmann::json::parse(Slurp(out));
+  const CliResult verified =
+      RunCkpt("verify-resume " + async + " --tag global_step2 --steps 2 --json");
+  INFO(verified.err);
+  REQUIRE(verified.rc == 0);
+  const auto j = nlohmann::json::parse(verified.out);
   CHECK(j["verdict"] == "bitwise");
   CHECK(j["max_weight_gap"] == 0.0);
 }

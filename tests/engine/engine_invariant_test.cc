@@ -6,19 +6,13 @@
 // second. The full matrix (world sizes 1-4 × ZeRO 0-3, every resume pair) is the hidden
 // "[full]" case, run with `engine_invariant_test "[full]"` (docs/engine.md has its result).
 #include <catch2/catch.hpp>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "ckpt/reader.h"
 #include "engine_run.h"
 #include "test_util.h"
 
-namespace fs = std::filesystem;
-using ckpt::testing::BinDir;
-using ckpt::testing::Engine;
-using ckpt::testing::Lines;
-using ckpt::testing::RunShell;
-using ckpt::testing::ScratchDir;
+using namespace ckpt::testing;
 
 namespace {
 
@@ -43,8 +37,6 @@ struct Layout {
            std::to_string(micro_batch);
   }
 };
-
-bool HaveCkptCli() { return fs::exists(BinDir() + "/ckpt"); }
 
 // Trains `l` from scratch to `steps` under dir/name with `extra` flags; returns the root.
 std::string Train(const ScratchDir& dir, const std::string& name, const Layout& l,
@@ -77,11 +69,14 @@ std::string SaveAtK(const ScratchDir& dir, const std::string& name, const Layout
 std::vector<std::string> ReshardAndResume(const ScratchDir& dir, const std::string& src,
                                           const std::string& name, const Layout& to) {
   const std::string uni = dir / (name + "-universal"), root = dir / name;
-  REQUIRE(RunShell(BinDir() + "/ckpt to-universal " + src + " " + uni + " > " +
-                   (dir / (name + "-convert.log")) + " 2>&1") == 0);
-  REQUIRE(RunShell(BinDir() + "/ckpt reshard " + uni + " " + root + " --dp " +
-                   std::to_string(to.ranks) + " --zero " + std::to_string(to.zero) + " >> " +
-                   (dir / (name + "-convert.log")) + " 2>&1") == 0);
+  const CliResult converted = RunCkpt("to-universal " + src + " " + uni);
+  INFO(converted.err);
+  REQUIRE(converted.rc == 0);
+  const CliResult resharded =
+      RunCkpt("reshard " + uni + " " + root + " --dp " + std::to_string(to.ranks) + " --zero " +
+              std::to_string(to.zero));
+  INFO(resharded.err);
+  REQUIRE(resharded.rc == 0);
   std::string log;
   const int rc = Engine(to.ranks,
                         "train --resume" + to.Flags() + " --steps " + std::to_string(kSteps) +
@@ -119,7 +114,7 @@ TEST_CASE("invariant mode: straight runs on 1-4 ranks, every ZeRO stage, agree b
 
 TEST_CASE("invariant mode: save, reshard to another world size or split, resume: bitwise",
           "[mpi]") {
-  if (!HaveCkptCli()) {
+  if (!HaveBinary("ckpt")) {
     WARN("skipped: build/bin/ckpt (to-universal, reshard) is not built");
     return;
   }
@@ -148,11 +143,11 @@ TEST_CASE("invariant mode: save, reshard to another world size or split, resume:
     REQUIRE(reader.ok());
     CHECK(reader->manifest().engine_config.value("invariant", false));
   }
-  CHECK(ckpt::testing::Slurp(dir / "case0-dst.log").find("invariant mode") != std::string::npos);
+  CHECK(Slurp(dir / "case0-dst.log").find("invariant mode") != std::string::npos);
 }
 
 TEST_CASE("default mode resharded the same way diverges (the control)", "[mpi]") {
-  if (!HaveCkptCli()) {
+  if (!HaveBinary("ckpt")) {
     WARN("skipped: build/bin/ckpt (to-universal, reshard) is not built");
     return;
   }
@@ -168,7 +163,7 @@ TEST_CASE("default mode resharded the same way diverges (the control)", "[mpi]")
 
 TEST_CASE("verify-resume --dp: bitwise for an invariant run, the divergence for a default one",
           "[mpi]") {
-  if (!HaveCkptCli()) {
+  if (!HaveBinary("ckpt")) {
     WARN("skipped: build/bin/ckpt is not built");
     return;
   }
@@ -176,12 +171,11 @@ TEST_CASE("verify-resume --dp: bitwise for an invariant run, the divergence for 
   for (const std::string& mode : {kInvariant, std::string()}) {
     const std::string root = Train(dir, mode.empty() ? "default" : "invariant", {4, 2, 3}, mode,
                                    kSteps, " --save-every " + std::to_string(kSaveAt));
-    const std::string out = root + "-verify.json";
-    const int rc = RunShell(BinDir() + "/ckpt verify-resume " + root + " --tag global_step" +
-                            std::to_string(kSaveAt) + " --steps 2 --dp 3 --json > " + out + " 2> " +
-                            root + "-verify.err");
-    INFO(ckpt::testing::Slurp(out) << ckpt::testing::Slurp(root + "-verify.err"));
-    const auto j = nlohmann::json::parse(ckpt::testing::Slurp(out));
+    const CliResult verified = RunCkpt("verify-resume " + root + " --tag global_step" +
+                                       std::to_string(kSaveAt) + " --steps 2 --dp 3 --json");
+    const int rc = verified.rc;
+    INFO(verified.out << verified.err);
+    const auto j = nlohmann::json::parse(verified.out);
     CHECK(j["ranks"] == 3);
     CHECK(j["source_ranks"] == 4);
     if (mode.empty()) {
@@ -198,7 +192,7 @@ TEST_CASE("verify-resume --dp: bitwise for an invariant run, the divergence for 
 
 TEST_CASE("invariant mode, the full matrix: 1-4 ranks x ZeRO 0-3, every resume pair",
           "[mpi][.][full]") {
-  REQUIRE(HaveCkptCli());
+  REQUIRE(HaveBinary("ckpt"));
   ScratchDir dir("invariant-full");
   const auto ref = Straight(dir, "ref", {1, 0, 12}, kInvariant);
   // Straight: every world size × stage (micro-batch 1: grad-accum 12 / ranks).

@@ -11,18 +11,12 @@
 
 #include "ckpt/reader.h"
 #include "ckpt/root.h"
-#include "convert/safetensors.h"
+#include "safetensors/safetensors.h"
 #include "engine_run.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
-using ckpt::testing::BinDir;
-using ckpt::testing::CompareCheckpoints;
-using ckpt::testing::Engine;
-using ckpt::testing::Lines;
-using ckpt::testing::RunShell;
-using ckpt::testing::ScratchDir;
-using ckpt::testing::Slurp;
+using namespace ckpt::testing;
 
 namespace {
 
@@ -30,8 +24,6 @@ namespace {
 const std::string kModel = "--model tiny --d-model 32 --layers 2 --context 8 --sample-max 24";
 
 nlohmann::json J(const std::string& line) { return nlohmann::json::parse(line); }
-
-bool HaveCkptCli() { return fs::exists(BinDir() + "/ckpt"); }
 
 void StraightVsResume(int zero, int dp, int accum) {
   ScratchDir dir("engine-resume");
@@ -58,9 +50,10 @@ void StraightVsResume(int zero, int dp, int accum) {
   CHECK(J(la[3])["step"] == 4);
   const auto diffs = CompareCheckpoints(a, b);
   for (const auto& d : diffs) FAIL_CHECK("final checkpoints differ: " << d);
-  if (HaveCkptCli()) {
-    CHECK(RunShell(BinDir() + "/ckpt diff " + a + " " + b + " > " + (dir / "diff.log") + " 2>&1") ==
-          0);
+  if (HaveBinary("ckpt")) {
+    const CliResult diff = RunCkpt("diff " + a + " " + b);
+    INFO(diff.out << diff.err);
+    CHECK(diff.rc == 0);
   }
 }
 
@@ -289,7 +282,7 @@ TEST_CASE("`engine_min grad` writes the clipped gradient the next step applies",
   REQUIRE(Engine(2, "grad --ckpt-dir " + root + " --resume-tag global_step2 --out " + out,
                  dir / "grad.log", &log) == 0);
   INFO(log);
-  auto header = ckpt::convert::ReadSafetensorsHeader(out);
+  auto header = ckpt::safetensors::ReadSafetensorsHeader(out);
   REQUIRE(header.ok());
   // Step 3's norm in the run log is the norm of exactly this gradient before clipping.
   const double logged = J(lines[2])["grad_norm"];
@@ -308,7 +301,7 @@ TEST_CASE("`engine_min grad` writes the clipped gradient the next step applies",
     const auto* t = header->Find(p.name);
     REQUIRE(t != nullptr);
     CHECK(t->shape == p.shape);
-    auto g = ckpt::convert::ReadSafetensorsTensorF32(out, *header, p.name);
+    auto g = ckpt::safetensors::ReadSafetensorsTensorF32(out, *header, p.name);
     REQUIRE(g.ok());
     for (float x : *g) sumsq += static_cast<double>(x) * x;
     ++tensors;
@@ -384,7 +377,7 @@ TEST_CASE("training the tiny model for a few hundred steps lowers the loss", "[m
 TEST_CASE("a checkpoint resharded 4 -> 2 ranks resumes the same sample stream", "[mpi]") {
   // Exercises the restore paths for rank files without rng/* (ckpt reshard omits them): the
   // shuffle generator is replayed from the seed and the global data position is reused.
-  if (!HaveCkptCli()) {
+  if (!HaveBinary("ckpt")) {
     WARN("skipped: build/bin/ckpt (ckpt reshard) is not built");
     return;
   }
@@ -397,10 +390,7 @@ TEST_CASE("a checkpoint resharded 4 -> 2 ranks resumes the same sample stream", 
                      a,
                  dir / "a.log") == 0);
   std::string log;
-  REQUIRE(RunShell(BinDir() + "/ckpt reshard " + a + " " + b +
-                   " --dp 2 --zero 3 --tag "
-                   "global_step2 > " +
-                   (dir / "reshard.log") + " 2>&1") == 0);
+  REQUIRE(RunCkpt("reshard " + a + " " + b + " --dp 2 --zero 3 --tag global_step2").rc == 0);
   REQUIRE(Engine(2, "train --resume --zero 3 --steps 4 --ckpt-dir " + b, dir / "b.log", &log) == 0);
   INFO(log);
   const auto la = Lines(a + "/trainlog.jsonl"), lb = Lines(b + "/trainlog.jsonl");

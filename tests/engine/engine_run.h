@@ -3,7 +3,6 @@
 #pragma once
 
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -15,13 +14,6 @@ namespace ckpt::testing {
 inline std::string Mpirun(int n) {
   return "timeout 300 mpirun --allow-run-as-root --oversubscribe --bind-to none -n " +
          std::to_string(n) + " " + BinDir() + "/engine_min ";
-}
-
-inline std::string Slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
 }
 
 // Runs engine_min with n ranks; returns the exit code, output in *log.

@@ -195,7 +195,7 @@ TEST_CASE("live counts from a checkpoint and from its safetensors export agree",
 }
 
 TEST_CASE("peak RAM estimates bound the measured export-fp32 and reshard", "[io]") {
-  if (!fs::exists("/usr/bin/time") || !fs::exists(ckpt::testing::BinDir() + "/ckpt")) {
+  if (!fs::exists("/usr/bin/time") || !ckpt::testing::HaveBinary("ckpt")) {
     WARN("needs /usr/bin/time and build/bin/ckpt; skipped");
     return;
   }
@@ -211,8 +211,7 @@ TEST_CASE("peak RAM estimates bound the measured export-fp32 and reshard", "[io]
   auto max_rss = [&](const std::string& args) -> uint64_t {
     const std::string rss = scratch / "rss";
     const int rc = ckpt::testing::RunShell("/usr/bin/time -f %M -o " + rss + " " +
-                                           ckpt::testing::BinDir() + "/ckpt " + args +
-                                           " > /dev/null 2>&1");
+                                           ckpt::testing::CkptCommand(args) + " > /dev/null 2>&1");
     REQUIRE(rc == 0);
     std::ifstream in(rss);
     uint64_t kib = 0;

@@ -2,7 +2,6 @@
 #include <catch2/catch.hpp>
 
 #include <fstream>
-#include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -11,32 +10,10 @@
 
 namespace {
 
-using ckpt::testing::BinDir;
-using ckpt::testing::RunShell;
+using ckpt::testing::CliResult;
 using ckpt::testing::ScratchDir;
 
-struct CliResult {
-  int rc = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-CliResult Estimate(const std::string& args) {
-  ScratchDir dir("estimate-cli");
-  CliResult r;
-  r.rc = RunShell(BinDir() + "/ckpt estimate " + args + " > " + dir / "out" + " 2> " +
-                  dir / "err");
-  r.out = ReadFile(dir / "out");
-  r.err = ReadFile(dir / "err");
-  return r;
-}
+CliResult Estimate(const std::string& args) { return ckpt::testing::RunCkpt("estimate " + args); }
 
 }  // namespace
 

@@ -6,8 +6,6 @@
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -19,28 +17,21 @@
 namespace est = ckpt::estimate;
 namespace fs = std::filesystem;
 using ckpt::testing::BinDir;
+using ckpt::testing::CliResult;
+using ckpt::testing::HaveBinary;
+using ckpt::testing::RunCkpt;
 using ckpt::testing::RunShell;
 using ckpt::testing::ScratchDir;
 
 namespace {
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+bool HaveEngine() { return HaveBinary("engine_min") && HaveBinary("ckpt"); }
 
-bool HaveEngine() {
-  return fs::exists(BinDir() + "/engine_min") && fs::exists(BinDir() + "/ckpt");
-}
-
-nlohmann::json EstimateJson(const ScratchDir& dir, const std::string& args) {
-  const int rc = RunShell(BinDir() + "/ckpt estimate " + args + " --json > " + dir / "est.json" +
-                          " 2> " + dir / "est.err");
-  INFO(args << ": " << ReadFile(dir / "est.err"));
-  REQUIRE(rc == 0);
-  return nlohmann::json::parse(ReadFile(dir / "est.json"));
+nlohmann::json EstimateJson(const std::string& args) {
+  const CliResult r = RunCkpt("estimate " + args + " --json");
+  INFO(args << ": " << r.err);
+  REQUIRE(r.rc == 0);
+  return nlohmann::json::parse(r.out);
 }
 
 }  // namespace
@@ -54,7 +45,7 @@ TEST_CASE("checkpoint sizes and live counts match engine_min checkpoints", "[mpi
                             "/engine_min train --model tiny --zero " + std::to_string(zero) +
                             " --steps 2 --ckpt-dir " + run + " > " + dir / "train.log" + " 2>&1";
     const int rc = RunShell(cmd);
-    INFO(ReadFile(dir / "train.log"));
+    INFO(ckpt::testing::Slurp(dir / "train.log"));
     REQUIRE(rc == 0);
     auto m = est::ReadCheckpointManifest(run, "");
     REQUIRE(m.ok());
@@ -90,17 +81,16 @@ TEST_CASE("checkpoint sizes and live counts match engine_min checkpoints", "[mpi
     }
 
     // The CLI reports the same exact sizes.
-    auto cj = EstimateJson(dir, "checkpoint --from-checkpoint " + run);
+    auto cj = EstimateJson("checkpoint --from-checkpoint " + run);
     for (const auto& f : m->files) {
       CHECK(cj["ranks"][f.rank]["file_bytes"] == f.bytes);
     }
 
     // Live counts: the checkpoint and its fp32 export agree with the manifest.
-    REQUIRE(RunShell(BinDir() + "/ckpt export-fp32 " + run + " " + dir / "export" + " > " +
-                     dir / "export.log" + " 2>&1") == 0);
-    auto from_ckpt = EstimateJson(dir, "zero3 --gpus-per-node 2 --from-checkpoint " + run);
-    auto from_st = EstimateJson(dir, "zero3 --gpus-per-node 2 --from-safetensors " +
-                                         dir / "export/model.safetensors");
+    REQUIRE(RunCkpt("export-fp32 " + run + " " + dir / "export").rc == 0);
+    auto from_ckpt = EstimateJson("zero3 --gpus-per-node 2 --from-checkpoint " + run);
+    auto from_st = EstimateJson("zero3 --gpus-per-node 2 --from-safetensors " +
+                                dir / "export/model.safetensors");
     CHECK(from_ckpt["total_params"] == m->UniqueParamCount());
     CHECK(from_st["total_params"] == m->UniqueParamCount());
     CHECK(from_st["largest_layer_params"] == from_ckpt["largest_layer_params"]);

@@ -6,8 +6,6 @@
 
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
@@ -16,15 +14,8 @@
 
 namespace ckpt::reliability {
 
-inline std::string Slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-inline void Spit(const std::string& path, const std::string& data) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(data.data(), static_cast<std::streamsize>(data.size()));
-}
+using testing::Slurp;
+using testing::Spit;
 
 // Source tree (for tools/*.sh).
 inline std::string SourceDir() { return CKPT_RELIABILITY_SOURCE_DIR; }
@@ -38,8 +29,8 @@ inline int RunCli(const std::string& args, std::string* output = nullptr, int se
   // code into 23 at exit; these tests judge exit codes, so leak checking is left to the
   // in-process suites.
   const std::string cmd = "ASAN_OPTIONS=\"${ASAN_OPTIONS:-}:detect_leaks=0\" timeout -s KILL " +
-                          std::to_string(seconds) + " " + testing::BinDir() + "/ckpt " + args +
-                          " >" + out + " 2>&1";
+                          std::to_string(seconds) + " " + testing::CkptCommand(args) + " >" + out +
+                          " 2>&1";
   int rc = testing::RunShell(cmd);
   if (output) *output = Slurp(out);
   if (rc >= 124) return -1;

@@ -70,7 +70,7 @@ TEST_CASE("ckpt synth killed at every rename and fsync: repaired by readers and 
     return;
   }
   testing::ScratchDir dir("ckpt-commit-point");
-  const std::string synth = testing::BinDir() + "/ckpt synth ";
+  const std::string synth = testing::CkptCommand("synth ");
   const std::string args = " --params 20k --ranks 2 --zero 2 --tags 3";
   // strace counts calls per thread, and synth saves each tag on fresh threads, so `when=N`
   // reaches every rename and fsync of the first save (rank 0's thread: manifest, tag = the

@@ -22,7 +22,7 @@
 #include "ckpt/reader.h"
 #include "ckpt/root.h"
 #include "convert/export.h"
-#include "convert/safetensors.h"
+#include "safetensors/safetensors.h"
 #include "convert/universal.h"
 #include "reliability_util.h"
 
@@ -474,11 +474,12 @@ struct SafetensorsReference {
 };
 
 SafetensorsReference CaptureSafetensors(const std::string& path) {
-  auto h = convert::ReadSafetensorsHeader(path);
+  auto h = safetensors::ReadSafetensorsHeader(path);
   REQUIRE(h.ok());
   SafetensorsReference ref;
   ref.metadata = h->metadata;
-  for (const auto& t : h->tensors) ref.tensors[t.name] = convert::ReadSafetensorsTensor(path, *h, t.name).value();
+  for (const auto& t : h->tensors)
+    ref.tensors[t.name] = safetensors::ReadSafetensorsTensor(path, *h, t.name).value();
   return ref;
 }
 
@@ -508,13 +509,13 @@ Verdict JudgeExport(const std::string& dir, const std::string& tag, const Export
   }
   for (const auto& [file, fref] : ref) {
     const std::string path = dir + "/" + file;
-    auto h = convert::ReadSafetensorsHeader(path);
+    auto h = safetensors::ReadSafetensorsHeader(path);
     if (!h.ok()) return {Outcome::kRefused, h.status().ToString(), {}};
     if (h->tensors.size() != fref.tensors.size())
       return {Outcome::kSilent, file + ": tensor count differs", {}};
     for (const auto& [name, bytes] : fref.tensors) {
       if (!h->Find(name)) return {Outcome::kSilent, file + ": tensor " + name + " renamed", {}};
-      auto got = convert::ReadSafetensorsTensor(path, *h, name);
+      auto got = safetensors::ReadSafetensorsTensor(path, *h, name);
       if (!got.ok()) return {Outcome::kRefused, got.status().ToString(), {}};
       if (*got != bytes) return {Outcome::kSilent, file + ": tensor " + name + " bytes differ", {}};
     }
@@ -637,7 +638,7 @@ void RunConvertSuite(Tally& tally) {
   const ExportReference sref = CaptureExport(exp), shref = CaptureExport(shd);
   REQUIRE(JudgeExport(exp, tag, sref).outcome == Outcome::kBenign);
   REQUIRE(JudgeExport(shd, tag, shref).outcome == Outcome::kBenign);
-  auto header = convert::ReadSafetensorsHeader(st).value();
+  auto header = safetensors::ReadSafetensorsHeader(st).value();
   REQUIRE(header.checksummed);
   const uint64_t size = std::filesystem::file_size(st);
   int n_exp = 0;

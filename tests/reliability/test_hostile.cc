@@ -64,8 +64,8 @@ int RunCliTraced(const std::string& args, const std::string& canary, bool* touch
   const std::string trace = tmp / "trace.txt";
   const std::string out = tmp / "out.txt";
   const std::string cmd = "ASAN_OPTIONS=\"${ASAN_OPTIONS:-}:detect_leaks=0\" timeout -s KILL 60 "
-                          "strace -f -qq -o " + trace + " " + testing::BinDir() + "/ckpt " +
-                          args + " >" + out + " 2>&1";
+                          "strace -f -qq -o " + trace + " " + testing::CkptCommand(args) +
+                          " >" + out + " 2>&1";
   int rc = testing::RunShell(cmd);
   *output = Slurp(out);
   *touched = Slurp(trace).find(canary) != std::string::npos;

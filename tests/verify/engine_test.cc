@@ -17,7 +17,7 @@ using namespace ckpt::testing;
 using nlohmann::json;
 namespace fs = std::filesystem;
 
-bool HaveEngine() { return fs::exists(BinDir() + "/engine_min") && fs::exists(BinDir() + "/ckpt"); }
+bool HaveEngine() { return HaveBinary("engine_min") && HaveBinary("ckpt"); }
 
 // Trains `steps` steps, saving every `save_every`, into dir/run.
 void Train(const ScratchDir& dir, int zero, int steps, int save_every,
@@ -28,7 +28,7 @@ void Train(const ScratchDir& dir, int zero, int steps, int save_every,
                           std::to_string(save_every) + " --ckpt-dir " + dir / "run" + " " + extra +
                           " > " + dir / "train.log" + " 2>&1";
   const int rc = RunShell(cmd);
-  INFO(ReadText(dir / "train.log"));
+  INFO(Slurp(dir / "train.log"));
   REQUIRE(rc == 0);
 }
 
@@ -37,7 +37,7 @@ TEST_CASE("resume parity is bitwise for ZeRO 0-3", "[mpi][slow]") {
   for (int zero = 0; zero <= 3; ++zero) {
     ScratchDir dir("verify-parity");
     Train(dir, zero, 4, 2);
-    auto cli = Cli(dir, "verify-resume " + dir / "run" + " --tag global_step2 --steps 2 --json");
+    auto cli = RunCkpt("verify-resume " + dir / "run" + " --tag global_step2 --steps 2 --json");
     INFO("ZeRO-" << zero << ": " << cli.out << cli.err);
     CHECK(cli.rc == 0);
     auto j = json::parse(cli.out);
@@ -50,7 +50,7 @@ TEST_CASE("resume parity is bitwise for ZeRO 0-3", "[mpi][slow]") {
     CHECK(j["max_weight_gap"] == 0.0);
     // The original checkpoint is untouched (the resumed runs used hard links in scratch).
     CHECK(fs::exists(dir / "run/global_step2/manifest.json"));
-    CHECK(ReadText(dir / "run/latest").find("global_step4") != std::string::npos);
+    CHECK(Slurp(dir / "run/latest").find("global_step4") != std::string::npos);
   }
 }
 
@@ -60,9 +60,9 @@ TEST_CASE("ablations of moments, step, rng and data diverge; rng does not matter
   {
     ScratchDir dir("verify-ablate");
     Train(dir, 2, 5, 2, "--dropout 0.1");
-    auto cli = Cli(dir, "verify-resume " + dir / "run" +
-                            " --tag global_step2 --steps 3 "
-                            "--ablate all --json");
+    auto cli = RunCkpt("verify-resume " + dir / "run" +
+                       " --tag global_step2 --steps 3 "
+                       "--ablate all --json");
     INFO(cli.out << cli.err);
     CHECK(cli.rc == 0);  // the plain resume is bitwise; ablations don't change the status
     auto j = json::parse(cli.out);
@@ -84,9 +84,9 @@ TEST_CASE("ablations of moments, step, rng and data diverge; rng does not matter
   {
     ScratchDir dir("verify-ablate-nodrop");
     Train(dir, 1, 3, 2, "--dropout 0");
-    auto cli = Cli(dir, "verify-resume " + dir / "run" +
-                            " --tag global_step2 --steps 1 "
-                            "--ablate rng,moments --json");
+    auto cli = RunCkpt("verify-resume " + dir / "run" +
+                       " --tag global_step2 --steps 1 "
+                       "--ablate rng,moments --json");
     INFO(cli.out << cli.err);
     CHECK(cli.rc == 0);
     auto j = json::parse(cli.out);
@@ -99,7 +99,7 @@ TEST_CASE("ablations of moments, step, rng and data diverge; rng does not matter
     CHECK(j["ablations"][1]["matters"] == true);
     // The table form names both.
     auto text =
-        Cli(dir, "verify-resume " + dir / "run" + " --tag global_step2 --steps 1 --ablate rng");
+        RunCkpt("verify-resume " + dir / "run" + " --tag global_step2 --steps 1 --ablate rng");
     CHECK(text.out.find("never (no effect)") != std::string::npos);
   }
 }
@@ -109,8 +109,8 @@ TEST_CASE("next-update with the engine gradient replays the original next weight
   REQUIRE(HaveEngine());
   ScratchDir dir("verify-engine-next");
   Train(dir, 3, 3, 2);
-  auto cli = Cli(dir, "next-update " + dir / "run" +
-                          " --tag global_step2 --device cpu --json --out " + dir / "out");
+  auto cli = RunCkpt("next-update " + dir / "run" +
+                     " --tag global_step2 --device cpu --json --out " + dir / "out");
   INFO(cli.out << cli.err);
   REQUIRE(cli.rc == 0);
   auto j = json::parse(cli.out);
@@ -125,15 +125,15 @@ TEST_CASE("next-update with the engine gradient replays the original next weight
   CHECK(fs::exists(dir / "out/full_state.safetensors"));
 
   // The CI bundle on the same checkpoint, with JUnit.
-  auto ci = Cli(dir, "verify " + dir / "run" + " --tag global_step2 --device cpu --junit " +
-                         dir / "junit.xml");
+  auto ci = RunCkpt("verify " + dir / "run" + " --tag global_step2 --device cpu --junit " +
+                    dir / "junit.xml");
   INFO(ci.out << ci.err);
   CHECK(ci.rc == 0);
-  const std::string junit = ReadText(dir / "junit.xml");
+  const std::string junit = Slurp(dir / "junit.xml");
   CHECK(junit.find("failures=\"0\" errors=\"0\" skipped=\"0\"") != std::string::npos);
 
   // A run log that disagrees with the checkpoint is caught, at the right step and quantity.
-  std::string log = ReadText(dir / "run/trainlog.jsonl");
+  std::string log = Slurp(dir / "run/trainlog.jsonl");
   auto lines = json::array();
   std::ofstream doctored(dir / "doctored.jsonl");
   std::istringstream in(log);
@@ -143,19 +143,19 @@ TEST_CASE("next-update with the engine gradient replays the original next weight
     doctored << e.dump() << "\n";
   }
   doctored.close();
-  auto bad = Cli(dir, "verify-resume " + dir / "run" +
-                          " --tag global_step2 --steps 1 --json "
-                          "--reference " +
-                          dir / "doctored.jsonl");
+  auto bad = RunCkpt("verify-resume " + dir / "run" +
+                     " --tag global_step2 --steps 1 --json "
+                     "--reference " +
+                     dir / "doctored.jsonl");
   CHECK(bad.rc == 1);
   auto b = json::parse(bad.out);
   CHECK(b["verdict"] == "diverged");
   CHECK(b["first_divergence"]["step"] == 3);
   CHECK(b["first_divergence"]["quantity"] == "weights_xxh3");
-  auto nu = Cli(dir, "next-update " + dir / "run" +
-                         " --tag global_step2 --device cpu --json "
-                         "--reference " +
-                         dir / "doctored.jsonl");
+  auto nu = RunCkpt("next-update " + dir / "run" +
+                    " --tag global_step2 --device cpu --json "
+                    "--reference " +
+                    dir / "doctored.jsonl");
   CHECK(nu.rc == 1);
   CHECK(json::parse(nu.out)["matches_reference"] == false);
 }

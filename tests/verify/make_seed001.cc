@@ -13,7 +13,7 @@
 #include "ckpt/collective.h"
 #include "ckpt/manifest.h"
 #include "ckpt/writer.h"
-#include "convert/safetensors.h"
+#include "safetensors/safetensors.h"
 #include "seed001_lab.h"
 
 int main(int argc, char** argv) {
@@ -104,12 +104,12 @@ int main(int argc, char** argv) {
     }
   }
   std::vector<float> grad(lab.size(), 0.4f);
-  std::vector<convert::SafetensorsTensorView> views;
+  std::vector<safetensors::SafetensorsTensorView> views;
   for (size_t i = 0; i < meta.params.size(); ++i) {
     views.push_back({{meta.params[i].name, DType::kF32, {1}}, &grad[i]});
   }
-  Status s = convert::WriteSafetensors(out + "/grad_step6.safetensors", views,
-                                       {{"source", "seed 001: next gradient 0.4 at step 6"}});
+  Status s = safetensors::WriteSafetensors(out + "/grad_step6.safetensors", views,
+                                           {{"source", "seed 001: next gradient 0.4 at step 6"}});
   if (!s.ok()) {
     std::fprintf(stderr, "%s\n", s.ToString().c_str());
     return 1;

@@ -13,7 +13,7 @@
 #include <sstream>
 
 #include "ckpt/reader.h"
-#include "convert/safetensors.h"
+#include "safetensors/safetensors.h"
 #include "seed001_lab.h"
 #include "test_util.h"
 #include "verify/nccl_combine.h"
@@ -36,9 +36,9 @@ std::string Fixed8(double x) {
 }
 
 float ReadScalar(const std::string& file, const std::string& name) {
-  auto h = convert::ReadSafetensorsHeader(file);
+  auto h = safetensors::ReadSafetensorsHeader(file);
   REQUIRE(h.ok());
-  auto t = convert::ReadSafetensorsTensorF32(file, *h, name);
+  auto t = safetensors::ReadSafetensorsTensorF32(file, *h, name);
   REQUIRE(t.ok());
   REQUIRE(t->size() == 1);
   return (*t)[0];
@@ -92,7 +92,7 @@ TEST_CASE("next-update reproduces seed 001's worked example", "[io]") {
   CHECK(r->overall.moments_dropped.n_differ == 11);
 
   // The same through the CLI, as JSON.
-  auto cli = Cli(dir, "next-update " + o.root + " --grad " + o.grad_file + " --device cpu --json");
+  auto cli = RunCkpt("next-update " + o.root + " --grad " + o.grad_file + " --device cpu --json");
   INFO(cli.err);
   REQUIRE(cli.rc == 0);
   auto j = nlohmann::json::parse(cli.out);
@@ -127,8 +127,8 @@ TEST_CASE("next-update matches torch.optim.AdamW and fp64 within 1e-6", "[io][to
     for (const char* k : {"w", "m", "v", "g"}) {
       REQUIRE(WriteStateTensors(dir / (std::string(k) + ".safetensors"), s, k).ok());
     }
-    auto cli = Cli(dir, "next-update " + dir / "ckpt" + " --grad " + dir / "g.safetensors" +
-                            " --device cpu --out " + dir / "out");
+    auto cli = RunCkpt("next-update " + dir / "ckpt" + " --grad " + dir / "g.safetensors" +
+                       " --device cpu --out " + dir / "out");
     INFO(cli.err);
     REQUIRE(cli.rc == 0);
     char args[256];
@@ -139,7 +139,7 @@ TEST_CASE("next-update matches torch.optim.AdamW and fp64 within 1e-6", "[io][to
     const int rc = RunShell("/usr/bin/python3 " + std::string(CKPT_SOURCE_DIR) +
                             "/tests/verify/torch_adamw_check.py " + dir.str() + " " + dir / "out" +
                             args + " > " + log + " 2>&1");
-    INFO("world " << world << " ZeRO-" << stage << ": " << ReadText(log));
+    INFO("world " << world << " ZeRO-" << stage << ": " << Slurp(log));
     CHECK(rc == 0);
   }
 }
@@ -175,7 +175,7 @@ TEST_CASE("bad inputs: clear messages and documented exit codes", "[io]") {
     RandomState t = s;
     t.params[1].name = "block0.attn.wieght";
     REQUIRE(WriteStateTensors(dir / "g.safetensors", t).ok());
-    auto cli = Cli(dir, "next-update " + root + " --grad " + dir / "g.safetensors");
+    auto cli = RunCkpt("next-update " + root + " --grad " + dir / "g.safetensors");
     CHECK(cli.rc == 2);
     CHECK(cli.err.find("missing tensor 'block0.attn.weight'") != std::string::npos);
     CHECK(cli.err.find("'block0.attn.wieght' is not a parameter") != std::string::npos);
@@ -184,7 +184,7 @@ TEST_CASE("bad inputs: clear messages and documented exit codes", "[io]") {
     RandomState t = s;
     t.params[0].shape = {8, 37};
     REQUIRE(WriteStateTensors(dir / "g.safetensors", t).ok());
-    auto cli = Cli(dir, "next-update " + root + " --grad " + dir / "g.safetensors" + " --json");
+    auto cli = RunCkpt("next-update " + root + " --grad " + dir / "g.safetensors" + " --json");
     CHECK(cli.rc == 2);
     CHECK(cli.err.find("'embed.weight' has shape [8,37], the checkpoint's parameter is [37,8]") !=
           std::string::npos);
@@ -192,12 +192,12 @@ TEST_CASE("bad inputs: clear messages and documented exit codes", "[io]") {
     CHECK(j["error"]["code"] == "InvalidArgument");
   }
   SECTION("no gradient for a checkpoint engine_min did not write") {
-    auto cli = Cli(dir, "next-update " + root);
+    auto cli = RunCkpt("next-update " + root);
     CHECK(cli.rc == 2);
     CHECK(cli.err.find("pass --grad") != std::string::npos);
   }
   SECTION("missing gradient file") {
-    auto cli = Cli(dir, "next-update " + root + " --grad " + dir / "nope.safetensors");
+    auto cli = RunCkpt("next-update " + root + " --grad " + dir / "nope.safetensors");
     CHECK(cli.rc == 2);
     CHECK(cli.err.find("nope.safetensors") != std::string::npos);
   }
@@ -205,7 +205,7 @@ TEST_CASE("bad inputs: clear messages and documented exit codes", "[io]") {
     REQUIRE(WriteStateTensors(dir / "g.safetensors", s).ok());
     // Flip one byte inside rank 1's exp_avg values: find them by their bytes.
     const std::string file = root + "/global_step7/rank_00001.h5";
-    std::string bytes = ReadText(file);
+    std::string bytes = Slurp(file);
     auto reader = CheckpointReader::Open(root);
     REQUIRE(reader.ok());
     auto exp_avg = reader->ReadDatasetBytes(1, "exp_avg");
@@ -214,13 +214,13 @@ TEST_CASE("bad inputs: clear messages and documented exit codes", "[io]") {
     const size_t at = bytes.find(needle);
     REQUIRE(at != std::string::npos);
     bytes[at + 3] ^= 0x40;
-    std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
-    auto cli = Cli(dir, "next-update " + root + " --grad " + dir / "g.safetensors");
+    Spit(file, bytes);
+    auto cli = RunCkpt("next-update " + root + " --grad " + dir / "g.safetensors");
     CHECK(cli.rc == 1);
     CHECK(cli.err.find("exp_avg") != std::string::npos);
-    auto ci = Cli(dir, "verify " + root + " --junit " + dir / "junit.xml");
+    auto ci = RunCkpt("verify " + root + " --junit " + dir / "junit.xml");
     CHECK(ci.rc == 1);
-    const std::string junit = ReadText(dir / "junit.xml");
+    const std::string junit = Slurp(dir / "junit.xml");
     CHECK(junit.find("<failure") != std::string::npos);
     CHECK(junit.find("name=\"deep_check\"") != std::string::npos);
   }
@@ -228,11 +228,11 @@ TEST_CASE("bad inputs: clear messages and documented exit codes", "[io]") {
     REQUIRE(WriteStateTensors(dir / "g.safetensors", s).ok());
     fs::create_directories(dir / "busy");
     std::ofstream(dir / "busy/keep.txt") << "mine";
-    auto busy = Cli(dir, "next-update " + root + " --grad " + dir / "g.safetensors" + " --out " +
-                             dir / "busy");
+    auto busy = RunCkpt("next-update " + root + " --grad " + dir / "g.safetensors" + " --out " +
+                        dir / "busy");
     CHECK(busy.rc == 2);
     CHECK(busy.err.find("is not empty") != std::string::npos);
-    CHECK(ReadText(dir / "busy/keep.txt") == "mine");
+    CHECK(Slurp(dir / "busy/keep.txt") == "mine");
     CHECK(std::distance(fs::directory_iterator(dir / "busy"), fs::directory_iterator()) == 1);
 
     // A rank file the pass would read nothing from (ZeRO-0: rank 1 holds no optimizer
@@ -241,37 +241,37 @@ TEST_CASE("bad inputs: clear messages and documented exit codes", "[io]") {
     REQUIRE(WriteStateCheckpoint(z / "ckpt", s, 2, 0).ok());
     const std::string rank1 = z / "ckpt/global_step7/rank_00001.h5";
     fs::resize_file(rank1, fs::file_size(rank1) / 2);
-    auto trunc = Cli(dir, "next-update " + z / "ckpt" + " --grad " + dir / "g.safetensors" +
-                              " --out " + dir / "fresh");
+    auto trunc = RunCkpt("next-update " + z / "ckpt" + " --grad " + dir / "g.safetensors" +
+                         " --out " + dir / "fresh");
     CHECK(trunc.rc == 1);
     CHECK(trunc.err.find("rank_00001.h5 has") != std::string::npos);
     CHECK(!fs::exists(dir / "fresh"));
     for (const auto& e : fs::directory_iterator(dir.path())) {
       CHECK(e.path().filename().string().rfind(".tmp-", 0) != 0);
     }
-    auto check = Cli(dir, "check " + z / "ckpt");
+    auto check = RunCkpt("check " + z / "ckpt");
     CHECK(check.rc == 1);
 
-    auto ok = Cli(dir, "next-update " + root + " --grad " + dir / "g.safetensors" + " --out " +
-                           dir / "fresh");
+    auto ok = RunCkpt("next-update " + root + " --grad " + dir / "g.safetensors" + " --out " +
+                      dir / "fresh");
     CHECK(ok.rc == 0);
     CHECK(fs::exists(dir / "fresh/full_state.safetensors"));
     CHECK(fs::exists(dir / "fresh/weights_only.safetensors"));
     CHECK(fs::exists(dir / "fresh/moments_dropped.safetensors"));
   }
   SECTION("a checkpoint with another writer's engine_config: pass --grad, nothing launched") {
-    auto synth = Cli(dir, "synth " + dir / "synth" + " --ranks 2 --params 2k");
+    auto synth = RunCkpt("synth " + dir / "synth" + " --ranks 2 --params 2k");
     REQUIRE(synth.rc == 0);
     for (const std::string cmd : {"next-update ", "verify-resume "}) {
-      auto cli = Cli(dir, cmd + dir / "synth" + " --steps 1");
-      if (cmd == "next-update ") cli = Cli(dir, cmd + dir / "synth");
+      auto cli = RunCkpt(cmd + dir / "synth" + " --steps 1");
+      if (cmd == "next-update ") cli = RunCkpt(cmd + dir / "synth");
       INFO(cmd << cli.err);
       CHECK(cli.rc == 2);
       CHECK(cli.err.find("this checkpoint has no engine config") != std::string::npos);
       CHECK(cli.err.find("mpirun") == std::string::npos);
       CHECK(cli.err.find("engine_min grad exited") == std::string::npos);
     }
-    auto ci = Cli(dir, "verify " + dir / "synth" + " --json");
+    auto ci = RunCkpt("verify " + dir / "synth" + " --json");
     CHECK(ci.rc == 0);
     auto j = nlohmann::json::parse(ci.out);
     CHECK(j["cases"][1]["message"].get<std::string>().find("no engine config") !=
@@ -286,47 +286,47 @@ TEST_CASE("bad inputs: clear messages and documented exit codes", "[io]") {
         << R"({"step": 8, "loss": 1.5, "grad_norm": 0.5, "lr": 0.001, "tokens": 64, "weights_xxh3": "0000000000000001", "exp_avg_xxh3": "0000000000000002", "exp_avg_sq_xxh3": "0000000000000003"})"
         << "\n";
     const std::string file = eng / "ckpt/global_step7/rank_00001.h5";
-    std::string bytes = ReadText(file);
+    std::string bytes = Slurp(file);
     bytes[bytes.size() - 9] ^= 0x40;
-    std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
-    auto cli = Cli(dir, "verify-resume " + eng / "ckpt" + " --steps 1 --json");
+    Spit(file, bytes);
+    auto cli = RunCkpt("verify-resume " + eng / "ckpt" + " --steps 1 --json");
     INFO(cli.err);
     CHECK(cli.rc == 1);
     CHECK(cli.err.find("is corrupt") != std::string::npos);
     CHECK(nlohmann::json::parse(cli.out)["error"]["code"] == "DataLoss");
   }
   SECTION("verify-resume needs an engine checkpoint and a reference log") {
-    auto cli = Cli(dir, "verify-resume " + root + " --steps 1");
+    auto cli = RunCkpt("verify-resume " + root + " --steps 1");
     CHECK(cli.rc == 2);
     CHECK(cli.err.find("this checkpoint has no engine config") != std::string::npos);
     ScratchDir eng("verify-noref");
     REQUIRE(WriteStateCheckpoint(eng / "ckpt", s, 2, 1, {{"model", "tiny"}, {"global_batch", 8}})
                 .ok());
-    auto noref = Cli(dir, "verify-resume " + eng / "ckpt" + " --steps 1 --json");
+    auto noref = RunCkpt("verify-resume " + eng / "ckpt" + " --steps 1 --json");
     CHECK(noref.rc == 2);
     CHECK(noref.err.find("trainlog.jsonl not found") != std::string::npos);
     CHECK(nlohmann::json::parse(noref.out)["error"]["code"] == "NotFound");
     std::ofstream(eng / "ckpt/trainlog.jsonl")
         << R"({"step": 8, "loss": 1.5, "grad_norm": 0.5, "lr": 0.001, "tokens": 64, "weights_xxh3": "0000000000000001", "exp_avg_xxh3": "0000000000000002", "exp_avg_sq_xxh3": "0000000000000003"})"
         << "\n";
-    auto short_log = Cli(dir, "verify-resume " + eng / "ckpt" + " --steps 3");
+    auto short_log = RunCkpt("verify-resume " + eng / "ckpt" + " --steps 3");
     CHECK(short_log.rc == 2);
     // Without --tag: no tag is followed by 3 logged steps; the message names what would work.
     CHECK(short_log.err.find("is followed by 3 logged step(s)") != std::string::npos);
     CHECK(short_log.err.find("tags that would work: global_step7 (--steps <= 1)") !=
           std::string::npos);
-    auto short_tag = Cli(dir, "verify-resume " + eng / "ckpt" + " --tag global_step7 --steps 3");
+    auto short_tag = RunCkpt("verify-resume " + eng / "ckpt" + " --tag global_step7 --steps 3");
     CHECK(short_tag.rc == 2);
     CHECK(short_tag.err.find("no entry for step 9") != std::string::npos);
     CHECK(short_tag.err.find("choose --steps <= 1") != std::string::npos);
-    auto bad_ablate = Cli(dir, "verify-resume " + eng / "ckpt" + " --steps 1 --ablate weights");
+    auto bad_ablate = RunCkpt("verify-resume " + eng / "ckpt" + " --steps 1 --ablate weights");
     CHECK(bad_ablate.rc == 2);
     CHECK(bad_ablate.err.find("unknown component 'weights'") != std::string::npos);
   }
   SECTION("corrupt optimizer state is data loss in a split run too (exit 1)") {
     REQUIRE(WriteStateTensors(dir / "g.safetensors", s).ok());
     const std::string file = root + "/global_step7/rank_00000.h5";
-    std::string bytes = ReadText(file);
+    std::string bytes = Slurp(file);
     auto reader = CheckpointReader::Open(root);
     REQUIRE(reader.ok());
     auto master = reader->ReadDatasetBytes(0, "master");
@@ -335,9 +335,9 @@ TEST_CASE("bad inputs: clear messages and documented exit codes", "[io]") {
     const size_t at = bytes.find(needle);
     REQUIRE(at != std::string::npos);
     bytes[at + 5] ^= 0x10;
-    std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
-    auto cli = Cli(dir, "next-update " + root + " --grad " + dir / "g.safetensors" +
-                            " --device cpu --procs 2 --json");
+    Spit(file, bytes);
+    auto cli = RunCkpt("next-update " + root + " --grad " + dir / "g.safetensors" +
+                       " --device cpu --procs 2 --json");
     CHECK(cli.rc == 1);
     CHECK(cli.err.find("worker") != std::string::npos);
     CHECK(cli.err.find("rank_00000.h5") != std::string::npos);
@@ -346,35 +346,35 @@ TEST_CASE("bad inputs: clear messages and documented exit codes", "[io]") {
   SECTION("process counts: --gpus is for CUDA, --procs for the CPU") {
     REQUIRE(WriteStateTensors(dir / "g.safetensors", s).ok());
     const std::string grad = " --grad " + dir / "g.safetensors";
-    auto gpus_on_cpu = Cli(dir, "next-update " + root + grad + " --device cpu --gpus 2");
+    auto gpus_on_cpu = RunCkpt("next-update " + root + grad + " --device cpu --gpus 2");
     CHECK(gpus_on_cpu.rc == 2);
     CHECK(gpus_on_cpu.err.find("--gpus needs --device cuda") != std::string::npos);
-    auto procs_on_cuda = Cli(dir, "next-update " + root + grad + " --device cuda --procs 2");
+    auto procs_on_cuda = RunCkpt("next-update " + root + grad + " --device cuda --procs 2");
     CHECK(procs_on_cuda.rc == 2);
-    auto zero = Cli(dir, "next-update " + root + grad + " --device cpu --procs 0");
+    auto zero = RunCkpt("next-update " + root + grad + " --device cpu --procs 0");
     CHECK(zero.rc == 2);
     if (CudaDeviceCount() == 0) {
-      auto no_gpu = Cli(dir, "next-update " + root + grad + " --device cuda --gpus 2");
+      auto no_gpu = RunCkpt("next-update " + root + grad + " --device cuda --gpus 2");
       CHECK(no_gpu.rc == 2);
     }
   }
   SECTION("split workers run next_update_worker, not ckpt with hidden flags") {
-    auto hidden = Cli(dir, "next-update " + root + " --worker-rank 0 --worker-world 1");
+    auto hidden = RunCkpt("next-update " + root + " --worker-rank 0 --worker-world 1");
     CHECK(hidden.rc == 2);
     CHECK(hidden.err.find("--worker-rank") != std::string::npos);
     const std::string worker = BinDir() + "/next_update_worker";
     CHECK(RunShell(worker + " > /dev/null 2>&1") == 2);
     // A directory without a job: the error is published where the launcher looks for it.
     CHECK(RunShell(worker + " " + dir.str() + " 0 2> " + dir / "worker.err") == 2);
-    CHECK(ReadText(dir / "worker.err").find("no split next-update job") != std::string::npos);
-    CHECK(ReadText(dir / "rank0.error").find("no split next-update job") != std::string::npos);
+    CHECK(Slurp(dir / "worker.err").find("no split next-update job") != std::string::npos);
+    CHECK(Slurp(dir / "rank0.error").find("no split next-update job") != std::string::npos);
   }
   SECTION("unknown device") {
-    auto cli = Cli(dir, "next-update " + root + " --device tpu");
+    auto cli = RunCkpt("next-update " + root + " --device tpu");
     CHECK(cli.rc == 2);
   }
   SECTION("missing checkpoint") {
-    auto cli = Cli(dir, "next-update " + dir / "nowhere" + " --grad x");
+    auto cli = RunCkpt("next-update " + dir / "nowhere" + " --grad x");
     CHECK(cli.rc == 2);
   }
 }
@@ -409,7 +409,7 @@ TEST_CASE("next-update split over processes gives the single-process report", "[
   std::ofstream(dir / "trainlog.jsonl")
       << R"({"step": 8, "loss": 1, "grad_norm": 1, "lr": 0.003, "tokens": 1, "weights_xxh3": "0"})"
       << "\n";
-  auto first = Cli(dir, base);
+  auto first = RunCkpt(base);
   INFO(first.err);
   REQUIRE(first.rc == 1);  // the made-up digest does not match
   const std::string digest = nlohmann::json::parse(first.out)["digests"]["weights_xxh3"];
@@ -417,7 +417,7 @@ TEST_CASE("next-update split over processes gives the single-process report", "[
       << R"({"step": 8, "loss": 1, "grad_norm": 1, "lr": 0.003, "tokens": 1, "weights_xxh3": ")"
       << digest << "\"}\n";
 
-  auto single = Cli(dir, base + " --out " + dir / "out1");
+  auto single = RunCkpt(base + " --out " + dir / "out1");
   INFO(single.err);
   REQUIRE(single.rc == 0);
   const nlohmann::json a = nlohmann::json::parse(single.out);
@@ -425,7 +425,7 @@ TEST_CASE("next-update split over processes gives the single-process report", "[
   CHECK(a["processes"] == 1);
   for (int procs : {2, 3, 5}) {
     const std::string out = dir / ("out" + std::to_string(procs));
-    auto split = Cli(dir, base + " --procs " + std::to_string(procs) + " --out " + out);
+    auto split = RunCkpt(base + " --procs " + std::to_string(procs) + " --out " + out);
     INFO("--procs " << procs << ": " << split.err);
     REQUIRE(split.rc == 0);
     const nlohmann::json b = nlohmann::json::parse(split.out);
@@ -436,7 +436,7 @@ TEST_CASE("next-update split over processes gives the single-process report", "[
     CHECK(b["hyper"] == a["hyper"]);
     for (const char* f :
          {"full_state.safetensors", "weights_only.safetensors", "moments_dropped.safetensors"}) {
-      CHECK(ReadText(dir / ("out1/" + std::string(f))) == ReadText(out + "/" + f));
+      CHECK(Slurp(dir / ("out1/" + std::string(f))) == Slurp(out + "/" + f));
     }
     // Max and counts exactly; sums of squares are added in another order: 1e-12 relative.
     auto same_path = [](const nlohmann::json& x, const nlohmann::json& y) {
@@ -476,18 +476,17 @@ TEST_CASE("next-update split over GPUs (NCCL) gives the one-GPU report", "[io][c
   REQUIRE(WriteStateTensors(dir / "g.safetensors", s).ok());
   const std::string base =
       "next-update " + dir / "ckpt" + " --grad " + dir / "g.safetensors" + " --device cuda --json";
-  auto one = Cli(dir, base + " --gpus 1 --out " + dir / "one");
+  auto one = RunCkpt(base + " --gpus 1 --out " + dir / "one");
   INFO(one.err);
   REQUIRE(one.rc == 0);
-  auto all = Cli(dir, base + " --gpus " + std::to_string(gpus) + " --out " + dir / "all");
+  auto all = RunCkpt(base + " --gpus " + std::to_string(gpus) + " --out " + dir / "all");
   INFO(all.err);
   REQUIRE(all.rc == 0);
   const nlohmann::json a = nlohmann::json::parse(one.out), b = nlohmann::json::parse(all.out);
   CHECK(b["processes"] == gpus);
   CHECK(b["devices"].size() == static_cast<size_t>(gpus));
   CHECK(b["digests"] == a["digests"]);
-  CHECK(ReadText(dir / "one/full_state.safetensors") ==
-        ReadText(dir / "all/full_state.safetensors"));
+  CHECK(Slurp(dir / "one/full_state.safetensors") == Slurp(dir / "all/full_state.safetensors"));
   for (const char* path : {"weights_only", "moments_dropped"}) {
     CHECK(b["overall"][path]["max_abs"] == a["overall"][path]["max_abs"]);
     CHECK(b["overall"][path]["n_differ"] == a["overall"][path]["n_differ"]);
@@ -501,8 +500,8 @@ TEST_CASE("ckpt verify passes a healthy checkpoint and writes JUnit", "[io]") {
   const RandomState s = MakeRandomState(5);
   REQUIRE(WriteStateCheckpoint(dir / "ckpt", s, 2, 3).ok());
   REQUIRE(WriteStateTensors(dir / "g.safetensors", s).ok());
-  auto cli = Cli(dir, "verify " + dir / "ckpt" + " --grad " + dir / "g.safetensors" + " --junit " +
-                          dir / "junit.xml --json");
+  auto cli = RunCkpt("verify " + dir / "ckpt" + " --grad " + dir / "g.safetensors" + " --junit " +
+                     dir / "junit.xml --json");
   INFO(cli.out << cli.err);
   CHECK(cli.rc == 0);
   auto j = nlohmann::json::parse(cli.out);
@@ -511,7 +510,7 @@ TEST_CASE("ckpt verify passes a healthy checkpoint and writes JUnit", "[io]") {
   CHECK(j["cases"][0]["outcome"] == "passed");
   CHECK(j["cases"][1]["outcome"] == "skipped");  // not an engine checkpoint: nothing to relaunch
   CHECK(j["cases"][2]["outcome"] == "passed");
-  const std::string junit = ReadText(dir / "junit.xml");
+  const std::string junit = Slurp(dir / "junit.xml");
   CHECK(junit.find("<testsuite name=\"ckpt verify\" tests=\"3\" failures=\"0\"") !=
         std::string::npos);
   CHECK(junit.find("<skipped") != std::string::npos);

@@ -3,9 +3,7 @@
 #pragma once
 
 #include <cstdio>
-#include <fstream>
 #include <random>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -14,30 +12,10 @@
 #include "ckpt/collective.h"
 #include "ckpt/manifest.h"
 #include "ckpt/writer.h"
-#include "convert/safetensors.h"
+#include "safetensors/safetensors.h"
 #include "test_util.h"
 
 namespace ckpt::testing {
-
-inline std::string ReadText(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-struct CliResult {
-  int rc;
-  std::string out;
-  std::string err;
-};
-
-// Runs the built `ckpt` with `args` (shell syntax), capturing stdout and stderr.
-inline CliResult Cli(const ScratchDir& dir, const std::string& args) {
-  const std::string out = dir / "cli.out", err = dir / "cli.err";
-  const int rc = RunShell(BinDir() + "/ckpt " + args + " > " + out + " 2> " + err);
-  return {rc, ReadText(out), ReadText(err)};
-}
 
 struct RandomParam {
   std::string name;
@@ -152,7 +130,7 @@ inline Status WriteStateCheckpoint(const std::string& root, const RandomState& s
 // The gradient file; `which` selects the tensor set: "g" gradients (or "w", "m", "v").
 inline Status WriteStateTensors(const std::string& path, const RandomState& state,
                                 const std::string& which = "g") {
-  std::vector<convert::SafetensorsTensorView> views;
+  std::vector<safetensors::SafetensorsTensorView> views;
   for (const auto& p : state.params) {
     const std::vector<float>& x = which == "w"   ? p.w
                                   : which == "m" ? p.m
@@ -160,7 +138,7 @@ inline Status WriteStateTensors(const std::string& path, const RandomState& stat
                                                  : p.g;
     views.push_back({{p.name, DType::kF32, p.shape}, x.data()});
   }
-  return convert::WriteSafetensors(path, views, {});
+  return safetensors::WriteSafetensors(path, views, {});
 }
 
 }  // namespace ckpt::testing

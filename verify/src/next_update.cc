@@ -19,7 +19,7 @@
 #include "ckpt/state_source.h"
 #include "ckpt/shape.h"
 #include "convert/output_dir.h"
-#include "convert/safetensors.h"
+#include "safetensors/safetensors.h"
 #include "next_update_split.h"
 #include "verify/trainlog.h"
 
@@ -45,11 +45,11 @@ namespace {
 
 // Checks the gradient file against the trainable parameters before anything is computed.
 Status CheckGradientFile(const Manifest& m, const std::string& path,
-                         const convert::SafetensorsHeader& header) {
+                         const safetensors::SafetensorsHeader& header) {
   std::vector<std::string> problems;
   for (const ParamEntry& p : m.params) {
     if (!p.trainable()) continue;
-    const convert::SafetensorsTensor* t = header.Find(p.name);
+    const safetensors::SafetensorsTensor* t = header.Find(p.name);
     if (t == nullptr) {
       problems.push_back("missing tensor '" + p.name + "' " + ShapeText(p.shape, ","));
       continue;
@@ -133,7 +133,7 @@ Status RunEngineGrad(const NextUpdateOptions& o, const StateSource& source,
 }
 
 // The pass in this process, one trainable parameter at a time.
-Status RunSingleProcess(StateSource& source, const convert::SafetensorsHeader& gheader,
+Status RunSingleProcess(StateSource& source, const safetensors::SafetensorsHeader& gheader,
                         const std::string& grad_path, const AdamWHyper& hyper, UpdatePass& pass,
                         ResultSinks& sinks, NextUpdateReport& r) {
   const Manifest& m = source.manifest();
@@ -146,14 +146,11 @@ Status RunSingleProcess(StateSource& source, const convert::SafetensorsHeader& g
   for (const ParamEntry& p : m.params) {
     if (!p.trainable()) continue;
     std::vector<float> w(static_cast<size_t>(p.numel)), mo(w.size()), vo(w.size());
-    CKPT_RETURN_IF_ERROR(source.ReadParamRange(p.name, kMaster, 0, p.numel, w.data()),
-                         "read " + p.name);
-    CKPT_RETURN_IF_ERROR(source.ReadParamRange(p.name, kExpAvg, 0, p.numel, mo.data()),
-                         "read " + p.name);
-    CKPT_RETURN_IF_ERROR(source.ReadParamRange(p.name, kExpAvgSq, 0, p.numel, vo.data()),
-                         "read " + p.name);
+    CKPT_RETURN_IF_ERROR(source.ReadParamRange(p.name, kMaster, 0, p.numel, w.data()));
+    CKPT_RETURN_IF_ERROR(source.ReadParamRange(p.name, kExpAvg, 0, p.numel, mo.data()));
+    CKPT_RETURN_IF_ERROR(source.ReadParamRange(p.name, kExpAvgSq, 0, p.numel, vo.data()));
     CKPT_ASSIGN_OR_RETURN(std::vector<float> g,
-                          convert::ReadSafetensorsTensorF32(grad_path, gheader, p.name),
+                          safetensors::ReadSafetensorsTensorF32(grad_path, gheader, p.name),
                           "gradient file");
     const size_t n = static_cast<size_t>(p.numel);
     if (w.size() != n || mo.size() != n || vo.size() != n || g.size() != n) {
@@ -241,8 +238,8 @@ Result<NextUpdateReport> RunNextUpdate(const NextUpdateOptions& o) {
   } else {
     r.grad_source = grad_path;
   }
-  CKPT_ASSIGN_OR_RETURN(convert::SafetensorsHeader gheader,
-                        convert::ReadSafetensorsHeader(grad_path), "gradient file");
+  CKPT_ASSIGN_OR_RETURN(safetensors::SafetensorsHeader gheader,
+                        safetensors::ReadSafetensorsHeader(grad_path), "gradient file");
   CKPT_RETURN_IF_ERROR(CheckGradientFile(m, grad_path, gheader), "next-update");
 
   // One process, or one per GPU / per --procs.
@@ -276,7 +273,7 @@ Result<NextUpdateReport> RunNextUpdate(const NextUpdateOptions& o) {
   }
 
   // Optional result files, streamed one tensor at a time.
-  std::vector<convert::SafetensorsTensorSpec> specs;
+  std::vector<safetensors::SafetensorsTensorSpec> specs;
   for (const ParamEntry& p : m.params) {
     if (p.trainable()) specs.push_back({p.name, DType::kF32, p.shape});
   }
@@ -285,10 +282,11 @@ Result<NextUpdateReport> RunNextUpdate(const NextUpdateOptions& o) {
     const std::map<std::string, std::string> meta = {{"source", r.tag_dir},
                                                      {"producer", "ckpt next-update"}};
     auto make = [&](const char* name, const char* path_kind,
-                    std::optional<convert::SafetensorsWriter>& w) -> Status {
+                    std::optional<safetensors::SafetensorsWriter>& w) -> Status {
       auto meta2 = meta;
       meta2["path"] = path_kind;
-      auto writer = convert::SafetensorsWriter::Create(out->staging() + "/" + name, specs, meta2);
+      auto writer =
+          safetensors::SafetensorsWriter::Create(out->staging() + "/" + name, specs, meta2);
       CKPT_RETURN_IF_ERROR(writer, std::string("create ") + name);
       w.emplace(std::move(writer).value());
       return Status::Ok();

@@ -256,8 +256,8 @@ Status RunNextUpdateWorker(const std::string& dir, int rank) {
                           "open checkpoint " + o.tag_dir);
     const Manifest& m = source->manifest();
     CKPT_ASSIGN_OR_RETURN(AdamWHyper hyper, source->OptimizerHyper(), source->dir());
-    CKPT_ASSIGN_OR_RETURN(convert::SafetensorsHeader gheader,
-                          convert::ReadSafetensorsHeader(o.grad_file), "gradient file");
+    CKPT_ASSIGN_OR_RETURN(safetensors::SafetensorsHeader gheader,
+                          safetensors::ReadSafetensorsHeader(o.grad_file), "gradient file");
     // This worker's share of the checksum verification.
     CKPT_RETURN_IF_ERROR(source->Verify({std::string(kMaster), std::string(kExpAvg),
                                          std::string(kExpAvgSq)},
@@ -294,17 +294,14 @@ Status RunNextUpdateWorker(const std::string& dir, int rank) {
       const size_t n = static_cast<size_t>(piece.end - piece.begin);
       std::vector<float> w(n), mo(n), vo(n);
       CKPT_RETURN_IF_ERROR(
-          source->ReadParamRange(p.name, kMaster, piece.begin, piece.end, w.data()),
-          "read " + p.name);
+          source->ReadParamRange(p.name, kMaster, piece.begin, piece.end, w.data()));
       CKPT_RETURN_IF_ERROR(
-          source->ReadParamRange(p.name, kExpAvg, piece.begin, piece.end, mo.data()),
-          "read " + p.name);
+          source->ReadParamRange(p.name, kExpAvg, piece.begin, piece.end, mo.data()));
       CKPT_RETURN_IF_ERROR(
-          source->ReadParamRange(p.name, kExpAvgSq, piece.begin, piece.end, vo.data()),
-          "read " + p.name);
+          source->ReadParamRange(p.name, kExpAvgSq, piece.begin, piece.end, vo.data()));
       // The gradient tensor is read whole: a slice could not be checked against its digest.
       CKPT_ASSIGN_OR_RETURN(std::vector<float> g,
-                            convert::ReadSafetensorsTensorF32(o.grad_file, gheader, p.name),
+                            safetensors::ReadSafetensorsTensorF32(o.grad_file, gheader, p.name),
                             "gradient file");
       if (g.size() != static_cast<size_t>(p.numel)) {
         return DataLoss(p.name + ": element counts differ between the state and the gradient");
@@ -497,7 +494,7 @@ Status RunSplitPass(const NextUpdateOptions& o, StateSource& source,
   std::vector<RankConcatReader> readers;
   for (int k = 0; k < kinds; ++k) readers.emplace_back(dir, kOutputKinds[k], workers);
   Xxh3Stream* digests[3] = {&sinks.weights, &sinks.exp_avg, &sinks.exp_avg_sq};
-  std::optional<convert::SafetensorsWriter>* writers[5] = {
+  std::optional<safetensors::SafetensorsWriter>* writers[5] = {
       &sinks.full, nullptr, nullptr, &sinks.weights_only, &sinks.moments_dropped};
   constexpr size_t kChunk = size_t{2} << 20;  // floats (8 MiB)
   std::vector<float> buf;

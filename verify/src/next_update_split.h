@@ -9,7 +9,7 @@
 
 #include "ckpt/hash.h"
 #include "ckpt/state_source.h"
-#include "convert/safetensors.h"
+#include "safetensors/safetensors.h"
 #include "verify/next_update.h"
 
 namespace ckpt::verify {
@@ -18,7 +18,7 @@ namespace ckpt::verify {
 // moments, and with --out the three result files.
 struct ResultSinks {
   Xxh3Stream weights, exp_avg, exp_avg_sq;
-  std::optional<convert::SafetensorsWriter> full, weights_only, moments_dropped;
+  std::optional<safetensors::SafetensorsWriter> full, weights_only, moments_dropped;
 };
 
 // One process's share of one tensor: elements [begin, end) of trainable parameter `tensor`

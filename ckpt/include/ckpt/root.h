@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckpt/env.h"
+#include "ckpt/manifest.h"
 #include "ckpt/status.h"
 
 namespace ckpt {
@@ -55,6 +56,12 @@ std::string LatestFileText(const std::string& tag, int64_t global_step);
 // itself; otherwise a root, at `tag` or at `latest`.
 Result<std::string> ResolveTagDir(const std::string& path, const std::string& tag = "",
                                   Env* env = nullptr);
+// The manifest of the tag directory `tag_dir` (any kind: sharded or universal), read through
+// env and parsed (ParseManifest). Every reader opens a manifest here, so the same condition
+// has the same code everywhere: no manifest.json is NotFound ("DIR/manifest.json is missing
+// (not a committed checkpoint)", the CLI's exit 2: the input is not there); a manifest that
+// does not parse or verify is DataLoss (exit 1); other read errors keep the Env's code.
+Result<Manifest> ReadTagManifest(const std::string& tag_dir, Env* env = nullptr);
 // A directory path without trailing slashes ("a/b/" -> "a/b").
 std::string TrimSlashes(std::string path);
 

@@ -80,11 +80,12 @@ class StateSource {
   // A tied alias reads its owner; a frozen parameter has only kMaster, converted from its
   // stored dtype. InvalidArgument for an unknown state, a range outside the parameter or a
   // frozen parameter's moment, NotFound for an unknown parameter, DataLoss naming the file for
-  // damaged data.
+  // damaged data. Every error names the parameter (or the dataset holding it): callers add
+  // their own context, not the parameter's name again.
   virtual Status ReadParamRange(std::string_view param, std::string_view state, int64_t begin,
                                 int64_t end, float* out) = 0;
   // A frozen parameter's stored bytes (its dtype and shape), checksum-verified where the source
-  // records checksums.
+  // records checksums. Errors name the parameter or its dataset, as ReadParamRange's.
   virtual Result<std::vector<uint8_t>> ReadFrozenBytes(std::string_view param) = 0;
   // Blob and json datasets of source rank r, and their bytes (checksum-verified).
   virtual std::vector<RankExtra> RankExtras(int r) const = 0;

@@ -172,6 +172,11 @@ class PosixEnv final : public Env {
     if (!fd.valid()) return ErrnoError("create " + path, errno);
     return std::unique_ptr<WritableFile>(new PosixWritableFile(path, std::move(fd)));
   }
+  Result<std::unique_ptr<WritableFile>> NewAppendableFile(const std::string& path) override {
+    UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
+    if (!fd.valid()) return ErrnoError("open for appending " + path, errno);
+    return std::unique_ptr<WritableFile>(new PosixWritableFile(path, std::move(fd)));
+  }
   Status BeginExternalWrite(const std::string&) override { return Status::Ok(); }
   Status SyncFile(const std::string& path) override { return SyncPath(path, O_RDONLY, "fsync"); }
   Status SyncDir(const std::string& path) override {

@@ -177,6 +177,18 @@ Result<std::unique_ptr<WritableFile>> FaultInjectionEnv::NewWritableFile(const s
   return std::unique_ptr<WritableFile>(new FaultWritableFile(impl_.get(), path, std::move(base)));
 }
 
+Result<std::unique_ptr<WritableFile>> FaultInjectionEnv::NewAppendableFile(
+    const std::string& path) {
+  CKPT_RETURN_IF_ERROR(impl_->Step(Op::kWrite, "open for appending " + path));
+  const bool created = !impl_->base->Exists(path);
+  CKPT_ASSIGN_OR_RETURN(auto base, impl_->base->NewAppendableFile(path));
+  if (created) {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->unsynced[path] = true;
+  }
+  return std::unique_ptr<WritableFile>(new FaultWritableFile(impl_.get(), path, std::move(base)));
+}
+
 Status FaultInjectionEnv::BeginExternalWrite(const std::string& path) {
   CKPT_RETURN_IF_ERROR(impl_->Step(Op::kWrite, "write " + path), "");
   std::lock_guard<std::mutex> lock(impl_->mu);

@@ -282,166 +282,200 @@ bool IsSafetensorsExport(const std::string& path) {
   return false;
 }
 
-Result<ExportCheck> CheckExport(const std::string& path, const CheckExportOptions& opts) {
+namespace {
+
+// What the headers of the checked files say, for the index check.
+struct HeadersSeen {
+  std::optional<ExportIdentity> first;             // the first readable file's identity
+  std::map<std::string, std::string> tensor_file;  // tensor -> file
+  uint64_t total_size = 0;                         // tensor bytes of all files
+};
+
+// An indexed export's files: the ones its index lists (or, without a readable index, the
+// shards present), with the layout problems (unlisted shards, a single file beside the index)
+// in c.problems; *index holds the index when it is readable.
+void ListIndexedFiles(const std::vector<std::string>& shards, bool single, ExportCheck& c,
+                      std::vector<std::string>& files, std::optional<nlohmann::json>& index) {
+  auto text = Env::Default()->ReadFileToString(c.dir + "/" + kIndexFile);
+  nlohmann::json j;
+  if (text.ok()) {
+    auto parsed = ParseJson(*text, kIndexFile);
+    j = parsed.ok() ? std::move(*parsed) : nlohmann::json(nlohmann::json::value_t::discarded);
+  }
+  if (!text.ok()) {
+    c.problems.push_back({kIndexFile, "", text.status().message()});
+  } else if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") ||
+             !j["weight_map"].is_object()) {
+    c.problems.push_back({kIndexFile, "", "not a safetensors index (JSON with weight_map)"});
+  } else {
+    index = std::move(j);
+  }
+  if (single) c.problems.push_back({kSingleFile, "", "present next to a sharded export's index"});
+  std::set<std::string> listed;
+  if (index) {
+    for (const auto& [tensor, file] : (*index)["weight_map"].items()) {
+      if (!file.is_string()) {
+        c.problems.push_back({kIndexFile, tensor, "weight_map entry is not a file name"});
+        continue;
+      }
+      listed.insert(file.get<std::string>());
+    }
+  }
+  for (const auto& name : listed) {
+    if (name.find('/') != std::string::npos || !IsShardName(name)) {
+      c.problems.push_back(
+          {kIndexFile, "", "weight_map names '" + name + "', not a shard of this directory"});
+      continue;
+    }
+    files.push_back(name);
+  }
+  for (const auto& name : shards)
+    if (index && !listed.count(name))
+      c.problems.push_back({name, "", "shard not listed in " + std::string(kIndexFile)});
+  if (!index) files = shards;
+}
+
+// The files to check (relative to c.dir, which this sets) and the index when there is one.
+Status ListExportFiles(const std::string& path, ExportCheck& c, std::vector<std::string>& files,
+                       std::optional<nlohmann::json>& index) {
   namespace fs = std::filesystem;
-  ExportCheck c;
   std::error_code ec;
   if (!fs::exists(path, ec)) return NotFound(path + ": no such file or directory");
-  std::vector<std::string> files;  // to check, relative to c.dir
-  std::optional<nlohmann::json> index;
   if (!fs::is_directory(path, ec)) {
     const fs::path p(path);
     c.dir = p.has_parent_path() ? p.parent_path().string() : ".";
     files.push_back(p.filename().string());
+    return Status::Ok();
+  }
+  c.dir = TrimSlashes(path);
+  std::vector<std::string> shards;
+  bool single = false, has_index = false;
+  for (const auto& e : fs::directory_iterator(path, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name == kSingleFile)
+      single = true;
+    else if (name == kIndexFile)
+      has_index = true;
+    else if (IsShardName(name))
+      shards.push_back(name);
+  }
+  if (ec) return IOError(path + ": list: " + ec.message());
+  std::sort(shards.begin(), shards.end());
+  if (!single && !has_index && shards.empty())
+    return NotFound(path + ": no safetensors export here (model.safetensors or " +
+                    std::string(kIndexFile) + ")");
+  if (has_index) {
+    ListIndexedFiles(shards, single, c, files, index);
+  } else if (single) {
+    files.push_back(kSingleFile);
+    for (const auto& name : shards)
+      c.problems.push_back({name, "", "shard next to a single-file export"});
   } else {
-    c.dir = TrimSlashes(path);
-    std::vector<std::string> shards;
-    bool single = false, has_index = false;
-    for (const auto& e : fs::directory_iterator(path, ec)) {
-      const std::string name = e.path().filename().string();
-      if (name == kSingleFile) single = true;
-      else if (name == kIndexFile) has_index = true;
-      else if (IsShardName(name)) shards.push_back(name);
-    }
-    if (ec) return IOError(path + ": list: " + ec.message());
-    std::sort(shards.begin(), shards.end());
-    if (!single && !has_index && shards.empty())
-      return NotFound(path + ": no safetensors export here (model.safetensors or " +
-                      std::string(kIndexFile) + ")");
-    if (has_index) {
-      auto text = Env::Default()->ReadFileToString(c.dir + "/" + kIndexFile);
-      nlohmann::json j;
-      if (text.ok()) {
-        auto parsed = ParseJson(*text, kIndexFile);
-        j = parsed.ok() ? std::move(*parsed) : nlohmann::json(nlohmann::json::value_t::discarded);
-      }
-      if (!text.ok()) {
-        c.problems.push_back({kIndexFile, "", text.status().message()});
-      } else if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") ||
-                 !j["weight_map"].is_object()) {
-        c.problems.push_back({kIndexFile, "", "not a safetensors index (JSON with weight_map)"});
-      } else {
-        index = std::move(j);
-      }
-      if (single)
-        c.problems.push_back({kSingleFile, "", "present next to a sharded export's index"});
-      std::set<std::string> listed;
-      if (index) {
-        for (const auto& [tensor, file] : (*index)["weight_map"].items()) {
-          if (!file.is_string()) {
-            c.problems.push_back({kIndexFile, tensor, "weight_map entry is not a file name"});
-            continue;
-          }
-          listed.insert(file.get<std::string>());
-        }
-      }
-      for (const auto& name : listed) {
-        if (name.find('/') != std::string::npos || !IsShardName(name)) {
-          c.problems.push_back({kIndexFile, "", "weight_map names '" + name +
-                                                    "', not a shard of this directory"});
-          continue;
-        }
-        files.push_back(name);
-      }
-      for (const auto& name : shards)
-        if (index && !listed.count(name))
-          c.problems.push_back({name, "", "shard not listed in " + std::string(kIndexFile)});
-      if (!index) files = shards;
-    } else if (single) {
-      files.push_back(kSingleFile);
-      for (const auto& name : shards)
-        c.problems.push_back({name, "", "shard next to a single-file export"});
-    } else {
-      c.problems.push_back({kIndexFile, "", "missing: the directory holds shards (" +
-                                                shards.front() + ", ...) but no index"});
-      files = shards;
-    }
+    c.problems.push_back(
+        {kIndexFile, "",
+         "missing: the directory holds shards (" + shards.front() + ", ...) but no index"});
+    files = shards;
   }
+  return Status::Ok();
+}
 
-  // Each file: header (+ header digest), identity, tensors vs the index, and with deep the data.
-  std::optional<ExportIdentity> first;
-  std::map<std::string, std::string> tensor_file;  // tensor -> file, from the headers
-  uint64_t total_size = 0;
-  for (const auto& name : files) {
-    const std::string file_path = c.dir + "/" + name;
-    c.files.push_back(name);
-    auto h = safetensors::ReadSafetensorsHeader(file_path);
-    if (!h.ok()) {
-      c.problems.push_back({name, "", h.status().message()});
-      continue;
-    }
-    if (!h->checksummed) c.checksummed = false;
-    ExportIdentity id{name, IdentityOf(*h)};
-    if (!opts.expected_tag.empty() && id.values["ckpt_tag"] != opts.expected_tag) {
-      c.problems.push_back({name, "", "export of tag '" + id.values["ckpt_tag"] +
-                                          "', expected '" + opts.expected_tag + "'"});
-      ++c.tag_mismatches;
-    }
-    if (!first) {
-      first = id;
+// One file: header (+ header digest), identity, tag, and with deep the data.
+void CheckExportFile(const std::string& name, const CheckExportOptions& opts, ExportCheck& c,
+                     HeadersSeen& seen) {
+  const std::string file_path = c.dir + "/" + name;
+  c.files.push_back(name);
+  auto h = safetensors::ReadSafetensorsHeader(file_path);
+  if (!h.ok()) {
+    c.problems.push_back({name, "", h.status().message()});
+    return;
+  }
+  if (!h->checksummed) c.checksummed = false;
+  ExportIdentity id{name, IdentityOf(*h)};
+  if (!opts.expected_tag.empty() && id.values["ckpt_tag"] != opts.expected_tag) {
+    c.problems.push_back(
+        {name, "",
+         "export of tag '" + id.values["ckpt_tag"] + "', expected '" + opts.expected_tag + "'"});
+    ++c.tag_mismatches;
+  }
+  if (!seen.first) {
+    seen.first = id;
+  } else {
+    for (const auto& [key, value] : id.values)
+      if (seen.first->values[key] != value)
+        c.problems.push_back({name, "",
+                              "__metadata__ '" + key + "' is '" + value + "' but " +
+                                  seen.first->file + " has '" + seen.first->values[key] + "'"});
+  }
+  for (const auto& t : h->tensors) {
+    seen.tensor_file[t.name] = name;
+    seen.total_size += t.end - t.begin;
+  }
+  if (opts.deep) {
+    auto bad = safetensors::VerifySafetensorsData(file_path, *h);
+    if (!bad.ok()) {
+      c.problems.push_back({name, "", bad.status().message()});
     } else {
-      for (const auto& [key, value] : id.values)
-        if (first->values[key] != value)
-          c.problems.push_back({name, "", "__metadata__ '" + key + "' is '" + value + "' but " +
-                                              first->file + " has '" + first->values[key] + "'"});
-    }
-    for (const auto& t : h->tensors) {
-      tensor_file[t.name] = name;
-      total_size += t.end - t.begin;
-    }
-    if (opts.deep) {
-      auto bad = safetensors::VerifySafetensorsData(file_path, *h);
-      if (!bad.ok()) {
-        c.problems.push_back({name, "", bad.status().message()});
-      } else {
-        for (const auto& m : *bad) c.problems.push_back({name, m.tensor, m.what});
-      }
+      for (const auto& m : *bad) c.problems.push_back({name, m.tensor, m.what});
     }
   }
+}
 
-  if (index) {
-    const auto& map = (*index)["weight_map"];
-    std::set<std::string> unreadable;  // listed files whose header failed: reported already
-    for (const auto& p : c.problems)
-      if (p.dataset.empty()) unreadable.insert(p.file);
-    for (const auto& [tensor, file] : map.items()) {
-      if (!file.is_string()) continue;
-      const std::string f = file.get<std::string>();
-      auto it = tensor_file.find(tensor);
-      if (it == tensor_file.end()) {
-        if (!unreadable.count(f))
-          c.problems.push_back({kIndexFile, tensor, "listed in " + f + ", which does not hold it"});
-      } else if (it->second != f) {
-        c.problems.push_back({kIndexFile, tensor, "listed in " + f + " but stored in " + it->second});
-      }
-    }
-    for (const auto& [tensor, file] : tensor_file)
-      if (!map.contains(tensor))
-        c.problems.push_back({file, tensor, "not listed in " + std::string(kIndexFile)});
-    const auto& meta = (*index).value("metadata", nlohmann::json::object());
-    if (!meta.is_object() || !meta.contains("total_size") ||
-        !meta["total_size"].is_number_unsigned() ||
-        meta["total_size"].get<uint64_t>() != total_size) {
-      c.problems.push_back({kIndexFile, "", "metadata.total_size " +
-                                                (meta.is_object() && meta.contains("total_size")
-                                                     ? meta["total_size"].dump()
-                                                     : std::string("missing")) +
-                                                " differs from the shards' " +
-                                                std::to_string(total_size) + " tensor bytes"});
-    }
-    if (first) {
-      const std::string shard_tied = first->values["tied_weights"];
-      const nlohmann::json index_tied =
-          meta.is_object() && meta.contains("tied_weights") ? meta["tied_weights"]
-                                                            : nlohmann::json();
-      const nlohmann::json parsed_shard_tied =
-          shard_tied == "(absent)" ? nlohmann::json()
-                                   : nlohmann::json::parse(shard_tied, nullptr, false);
-      if (index_tied != parsed_shard_tied)
-        c.problems.push_back({kIndexFile, "", "metadata.tied_weights differs from the shards' "
-                                              "__metadata__ tied_weights"});
+// The index against the headers: every tensor listed where it is stored, total_size and
+// tied_weights as the shards record them.
+void CheckIndexAgainstHeaders(const nlohmann::json& index, HeadersSeen& seen, ExportCheck& c) {
+  const auto& map = index["weight_map"];
+  std::set<std::string> unreadable;  // listed files whose header failed: reported already
+  for (const auto& p : c.problems)
+    if (p.dataset.empty()) unreadable.insert(p.file);
+  for (const auto& [tensor, file] : map.items()) {
+    if (!file.is_string()) continue;
+    const std::string f = file.get<std::string>();
+    auto it = seen.tensor_file.find(tensor);
+    if (it == seen.tensor_file.end()) {
+      if (!unreadable.count(f))
+        c.problems.push_back({kIndexFile, tensor, "listed in " + f + ", which does not hold it"});
+    } else if (it->second != f) {
+      c.problems.push_back({kIndexFile, tensor, "listed in " + f + " but stored in " + it->second});
     }
   }
+  for (const auto& [tensor, file] : seen.tensor_file)
+    if (!map.contains(tensor))
+      c.problems.push_back({file, tensor, "not listed in " + std::string(kIndexFile)});
+  const auto& meta = index.value("metadata", nlohmann::json::object());
+  if (!meta.is_object() || !meta.contains("total_size") ||
+      !meta["total_size"].is_number_unsigned() ||
+      meta["total_size"].get<uint64_t>() != seen.total_size) {
+    c.problems.push_back(
+        {kIndexFile, "",
+         "metadata.total_size " +
+             (meta.is_object() && meta.contains("total_size") ? meta["total_size"].dump()
+                                                              : std::string("missing")) +
+             " differs from the shards' " + std::to_string(seen.total_size) + " tensor bytes"});
+  }
+  if (seen.first) {
+    const std::string shard_tied = seen.first->values["tied_weights"];
+    const nlohmann::json index_tied =
+        meta.is_object() && meta.contains("tied_weights") ? meta["tied_weights"] : nlohmann::json();
+    const nlohmann::json parsed_shard_tied =
+        shard_tied == "(absent)" ? nlohmann::json()
+                                 : nlohmann::json::parse(shard_tied, nullptr, false);
+    if (index_tied != parsed_shard_tied)
+      c.problems.push_back({kIndexFile, "",
+                            "metadata.tied_weights differs from the shards' "
+                            "__metadata__ tied_weights"});
+  }
+}
+
+}  // namespace
+
+Result<ExportCheck> CheckExport(const std::string& path, const CheckExportOptions& opts) {
+  ExportCheck c;
+  std::vector<std::string> files;  // to check, relative to c.dir
+  std::optional<nlohmann::json> index;
+  CKPT_RETURN_IF_ERROR(ListExportFiles(path, c, files, index));
+  HeadersSeen seen;
+  for (const auto& name : files) CheckExportFile(name, opts, c, seen);
+  if (index) CheckIndexAgainstHeaders(*index, seen, c);
   return c;
 }
 

@@ -1,21 +1,17 @@
 #include "engine_min/data.h"
 
-#include <fstream>
 #include <numeric>
-#include <sstream>
 
 #include "ckpt/hash.h"
 #include "engine_min/random.h"
 
 namespace engine_min {
 
-ckpt::Result<Corpus> Corpus::Load(const std::string& path, int min_len, int max_len) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return ckpt::NotFound("corpus " + path + ": cannot open");
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  if (in.bad()) return ckpt::IOError("corpus " + path + ": read failed");
-  auto corpus = FromBytes(buf.str(), min_len, max_len);
+ckpt::Result<Corpus> Corpus::Load(const std::string& path, int min_len, int max_len,
+                                  ckpt::Env* env) {
+  if (!env) env = ckpt::Env::Default();
+  CKPT_ASSIGN_OR_RETURN(std::string bytes, env->ReadFileToString(path), "corpus");
+  auto corpus = FromBytes(std::move(bytes), min_len, max_len);
   if (!corpus.ok()) return corpus.status().WithContext("corpus " + path);
   return corpus;
 }

@@ -10,8 +10,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <optional>
 
@@ -24,6 +22,7 @@
 #include "engine_min/data.h"
 #include "engine_min/engine.h"
 #include "engine_min/nccl_comm.h"
+#include "engine_min/run_log.h"
 
 namespace engine_min {
 namespace {
@@ -78,11 +77,11 @@ std::string RunLogPath(const CommandLine& cl) {
 // move `latest` back, is refused (exit 2, before anything is written) unless --overwrite. A
 // reset step counter (--reset-on-resume step) is itself the explicit request. Every rank sees
 // the same files, so every rank reaches the same verdict.
-ckpt::Status CheckNoRewind(const CommandLine& cl, const EngineConfig& config, int64_t start_step) {
+ckpt::Status CheckNoRewind(const CommandLine& cl, const EngineConfig& config, int64_t start_step,
+                           ckpt::Env* env) {
   if (cl.overwrite || cl.reset_on_resume.count("step")) return ckpt::Status::Ok();
-  std::error_code ec;
-  if (!std::filesystem::exists(cl.ckpt_dir, ec)) return ckpt::Status::Ok();
-  auto listing = ckpt::ListRoot(cl.ckpt_dir);
+  if (!env->Exists(cl.ckpt_dir)) return ckpt::Status::Ok();
+  auto listing = ckpt::ListRoot(cl.ckpt_dir, env);
   if (!listing.ok()) return ckpt::Status::Ok();  // not a root yet; the save reports problems
   const ckpt::TagInfo* latest = nullptr;
   for (const ckpt::TagInfo& t : listing->tags) {
@@ -90,7 +89,8 @@ ckpt::Status CheckNoRewind(const CommandLine& cl, const EngineConfig& config, in
   }
   if (!cl.resume) {
     const std::string log = RunLogPath(cl);
-    const bool has_log = std::filesystem::file_size(log, ec) > 0 && !ec;
+    auto log_size = env->FileSize(log);
+    const bool has_log = log_size.ok() && *log_size > 0;
     if (listing->tags.empty() && !has_log) return ckpt::Status::Ok();
     std::string what = latest ? "committed checkpoints (latest " + latest->tag + ")"
                        : !listing->tags.empty() ? "committed checkpoints"
@@ -112,13 +112,11 @@ ckpt::Status CheckNoRewind(const CommandLine& cl, const EngineConfig& config, in
 
 // --overwrite of a fresh run (rank 0, before the first step): the root's committed tags,
 // `latest` and the run log go, under the root lock, so the new run does not mix with the old.
-ckpt::Status ClearRootForNewRun(const CommandLine& cl) {
-  std::error_code ec;
-  if (!std::filesystem::exists(cl.ckpt_dir, ec)) return ckpt::Status::Ok();
-  CKPT_ASSIGN_OR_RETURN(ckpt::RootListing listing, ckpt::ListRoot(cl.ckpt_dir), "--overwrite");
-  CKPT_ASSIGN_OR_RETURN(ckpt::RootLock lock, ckpt::RootLock::TryAcquire(cl.ckpt_dir),
+ckpt::Status ClearRootForNewRun(const CommandLine& cl, ckpt::Env* env) {
+  if (!env->Exists(cl.ckpt_dir)) return ckpt::Status::Ok();
+  CKPT_ASSIGN_OR_RETURN(ckpt::RootListing listing, ckpt::ListRoot(cl.ckpt_dir, env), "--overwrite");
+  CKPT_ASSIGN_OR_RETURN(ckpt::RootLock lock, ckpt::RootLock::TryAcquire(cl.ckpt_dir, env),
                         "--overwrite");
-  ckpt::Env* env = ckpt::Env::Default();
   const std::string latest = cl.ckpt_dir + "/latest";
   if (env->Exists(latest)) CKPT_RETURN_IF_ERROR(env->RemoveFile(latest), "--overwrite");
   for (const ckpt::TagInfo& t : listing.tags) {
@@ -129,191 +127,211 @@ ckpt::Status ClearRootForNewRun(const CommandLine& cl) {
   return env->SyncDir(cl.ckpt_dir);
 }
 
+// Resume: every rank opens the checkpoint read-only (the manifest is small) and checks its
+// topology against this job's before anything else.
+ckpt::Result<ckpt::CheckpointReader> OpenResumeCheckpoint(const CommandLine& cl, MpiComm& mpi) {
+  auto reader = ckpt::CheckpointReader::Open(cl.ckpt_dir, cl.resume_tag);
+  if (!reader.ok()) return reader.status().WithContext("resume from " + cl.ckpt_dir);
+  const nlohmann::json& base = reader->manifest().engine_config;
+  if (!base.is_object() || !base.contains("global_batch")) {
+    return ckpt::FailedPrecondition(reader->dir() +
+                                    " has no engine_config from engine_min; it cannot be "
+                                    "resumed here");
+  }
+  // Topology first: a checkpoint from another world size would otherwise fail on its batch
+  // arithmetic with a less useful message.
+  const int zero = cl.given.contains("zero") ? cl.given["zero"].get<int>()
+                                             : reader->manifest().topology.zero_stage;
+  CKPT_RETURN_IF_ERROR(
+      CheckResumeTopology(reader->manifest(), reader->dir(), mpi.world_size(), zero));
+  return reader;
+}
+
+// `grad`: rank 0 writes the next step's gradient of the resumed checkpoint.
+int RunGrad(const CommandLine& cl, Engine& engine, MpiComm& mpi, const std::string& tag) {
+  double norm = 0;
+  auto grads = engine.NextGradient(&norm);
+  if (!grads.ok()) AbortJob(grads.status());
+  if (mpi.rank() == 0) {
+    ckpt::Status s = WriteGradients(cl.grad_out, engine, *grads, norm, tag);
+    if (!s.ok()) return Fail(s);
+    std::printf("engine_min grad: %s step %lld: wrote %zu tensors to %s (norm %.9g)\n", tag.c_str(),
+                static_cast<long long>(engine.counters().global_step), grads->size(),
+                cl.grad_out.c_str(), norm);
+  }
+  return 0;
+}
+
+// Rank 0 before the first step: clears the root for --overwrite, creates it, opens the run log
+// (every call through env) and prints the run's banner. A failure ends the job.
+RunLog StartRunLog(const CommandLine& cl, const EngineConfig& config, const Engine& engine,
+                   const MpiComm& mpi, ckpt::Env* env) {
+  if (cl.overwrite && !cl.resume) {
+    ckpt::Status s = ClearRootForNewRun(cl, env);
+    if (!s.ok()) AbortJob(s);
+  }
+  if (ckpt::Status s = env->CreateDirs(cl.ckpt_dir); !s.ok()) AbortJob(s);
+  auto log = RunLog::Open(RunLogPath(cl), env);
+  if (!log.ok()) AbortJob(log.status());
+  std::printf(
+      "engine_min: %d ranks, ZeRO-%d, %s (d %d, layers %d, context %d, %lld "
+      "trainable), global batch %lld = %lld x %lld x %d, from step %lld to %lld%s\n",
+      mpi.world_size(), config.zero_stage, config.model.c_str(), config.shape.d_model,
+      config.shape.layers, config.shape.context,
+      static_cast<long long>(config.shape.TrainableNumel()),
+      static_cast<long long>(config.global_batch), static_cast<long long>(config.micro_batch),
+      static_cast<long long>(config.grad_accum), mpi.world_size(),
+      static_cast<long long>(engine.counters().global_step), static_cast<long long>(config.steps),
+      config.invariant ? ", invariant mode" : "");
+  std::fflush(stdout);
+  return std::move(*log);
+}
+
+// Time the training loop spends inside Save (the whole save, or the copy when async).
+struct SaveStall {
+  int saves = 0;
+  double total = 0, max = 0;
+};
+
+// `train`: steps to config.steps, saving every save_every and at the end; rank 0 keeps the
+// run log and prints each step.
+int RunTrain(const CommandLine& cl, const EngineConfig& config, Engine& engine, MpiComm& mpi,
+             const nlohmann::json& client_state, ckpt::Env* env) {
+  std::optional<RunLog> trainlog;
+  if (mpi.rank() == 0) trainlog.emplace(StartRunLog(cl, config, engine, mpi, env));
+  if (cl.async_save) {
+    // The same MPI library on every rank: every rank enables it, or none does.
+    ckpt::Status s = engine.EnableAsyncSave();
+    if (!s.ok() && s.code() != ckpt::StatusCode::kFailedPrecondition) AbortJob(s);
+    if (!s.ok() && mpi.rank() == 0) {
+      std::fprintf(stderr, "engine_min: --async-save: %s; saving synchronously\n",
+                   s.ToString().c_str());
+    }
+  }
+  const KillInSave kill{cl.kill_rank, cl.kill_step};
+  int64_t last_saved = cl.resume ? engine.counters().global_step : -1;
+  const int64_t start_step = engine.counters().global_step;
+  int64_t tokens = 0;
+  SaveStall save_stall;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (engine.counters().global_step < config.steps) {
+    auto stats = engine.TrainStep(true);
+    if (!stats.ok()) AbortJob(stats.status());
+    tokens += stats->tokens;
+    if (trainlog) {
+      if (ckpt::Status s = trainlog->Append(TrainlogLine(*stats)); !s.ok()) AbortJob(s);
+      std::printf("step %lld loss %.6f grad_norm %.4f lr %.3g tokens %lld\n",
+                  static_cast<long long>(stats->step), stats->loss, stats->grad_norm, stats->lr,
+                  static_cast<long long>(stats->tokens));
+      std::fflush(stdout);
+    }
+    if (config.save_every > 0 && stats->step % config.save_every == 0) {
+      const auto s0 = std::chrono::steady_clock::now();
+      ckpt::Status s = engine.Save(cl.ckpt_dir, client_state, kill);
+      if (!s.ok()) return Fail(s);
+      const double stall =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
+      save_stall.total += stall;
+      save_stall.max = std::max(save_stall.max, stall);
+      ++save_stall.saves;
+      last_saved = stats->step;
+    }
+  }
+  // The loop's saves are persisted inside the timed span, async or not.
+  if (ckpt::Status s = engine.WaitForSave(); !s.ok()) return Fail(s);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!cl.no_final_save && last_saved != engine.counters().global_step) {
+    ckpt::Status s = engine.Save(cl.ckpt_dir, client_state, kill);
+    if (!s.ok()) return Fail(s);
+    s = engine.WaitForSave();
+    if (!s.ok()) return Fail(s);
+  }
+  if (trainlog) {
+    trainlog.reset();
+    const int64_t steps = engine.counters().global_step - start_step;
+    std::printf("engine_min: %lld steps, %lld tokens in %.2f s: %.1f tokens/s\n",
+                static_cast<long long>(steps), static_cast<long long>(tokens), seconds,
+                seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0);
+    if (save_stall.saves > 0) {
+      std::printf("engine_min: %d saves (%s) in the loop: %.3f s inside Save, at most %.1f ms\n",
+                  save_stall.saves, engine.async_save() ? "async" : "sync", save_stall.total,
+                  save_stall.max * 1e3);
+    }
+  }
+  return 0;
+}
+
+// Everything after MPI is up: parse, resume or start, then `grad` or `train`.
+int RunCommand(MpiComm& mpi, int argc, char** argv) {
+  auto cl_or = ParseCommandLine(argc, argv);
+  if (!cl_or.ok()) return Fail(cl_or.status());
+  CommandLine& cl = *cl_or;
+  if (cl.help) {
+    if (mpi.rank() == 0) std::fputs(cl.help_text.c_str(), stdout);
+    return 0;
+  }
+  ckpt::Env* env = ckpt::Env::Default();
+
+  std::optional<ckpt::CheckpointReader> reader;
+  nlohmann::json base;
+  if (cl.resume) {
+    auto r = OpenResumeCheckpoint(cl, mpi);
+    if (!r.ok()) return Fail(r.status());
+    reader.emplace(std::move(*r));
+    base = reader->manifest().engine_config;
+  }
+  auto config = ResolveConfig(cl.given, base, mpi.world_size());
+  if (!config.ok()) return Fail(config.status());
+  if (config->corpus.empty()) config->corpus = DefaultCorpusPath();
+  auto corpus = Corpus::Load(config->corpus, config->sample_min, config->sample_max, env);
+  if (!corpus.ok()) return Fail(corpus.status());
+
+  std::unique_ptr<DataParallelComm> nccl;
+  DataParallelComm* dp = &mpi;
+  if (config->comm == "nccl") {
+    auto c = CreateNcclCommOverMpi(mpi);
+    if (!c.ok()) return Fail(c.status());
+    nccl = std::move(*c);
+    dp = nccl.get();
+  }
+  auto engine_or = Engine::Create(*config, *corpus, mpi, *dp);
+  if (!engine_or.ok()) return Fail(engine_or.status());
+  Engine& engine = **engine_or;
+
+  if (reader) {
+    ckpt::Status s = engine.Restore(*reader, cl.reset_on_resume);
+    if (!s.ok()) {
+      if (s.code() == ckpt::StatusCode::kFailedPrecondition) return Fail(s);
+      AbortJob(s);
+    }
+  } else {
+    ckpt::Status s = engine.InitFresh();
+    if (!s.ok()) AbortJob(s);
+  }
+  if (cl.command == "train") {
+    ckpt::Status s = CheckNoRewind(cl, *config, engine.counters().global_step, env);
+    if (!s.ok()) return Fail(s);
+  }
+  if (cl.command == "grad") return RunGrad(cl, engine, mpi, reader->tag());
+
+  nlohmann::json client_state = nlohmann::json::object();
+  if (reader) client_state = reader->manifest().client_state;
+  for (auto& [k, v] : cl.client_state.items()) client_state[k] = v;
+  reader.reset();
+  return RunTrain(cl, *config, engine, mpi, client_state, env);
+}
+
 int Run(int argc, char** argv) {
   ckpt::DisableHdf5ExitCleanup();  // a failed save exits with its error, not HDF5's crash
   auto session = MpiSession::Init(&argc, &argv);
   if (!session.ok()) return Fail(session.status(), true);
-  {
-    auto world = MpiComm::Create(MPI_COMM_WORLD);
-    if (!world.ok()) return Fail(world.status(), true);
-    MpiComm& mpi = **world;
-    rank_for_messages = mpi.rank();
-
-    auto cl_or = ParseCommandLine(argc, argv);
-    if (!cl_or.ok()) return Fail(cl_or.status());
-    CommandLine& cl = *cl_or;
-    if (cl.help) {
-      if (mpi.rank() == 0) std::fputs(cl.help_text.c_str(), stdout);
-      return 0;
-    }
-
-    // Resume: every rank opens the checkpoint read-only (the manifest is small).
-    std::optional<ckpt::CheckpointReader> reader;
-    nlohmann::json base;
-    if (cl.resume) {
-      auto r = ckpt::CheckpointReader::Open(cl.ckpt_dir, cl.resume_tag);
-      if (!r.ok()) return Fail(r.status().WithContext("resume from " + cl.ckpt_dir));
-      reader.emplace(std::move(*r));
-      base = reader->manifest().engine_config;
-      if (!base.is_object() || !base.contains("global_batch")) {
-        return Fail(ckpt::FailedPrecondition(
-            reader->dir() + " has no engine_config from engine_min; it cannot be resumed here"));
-      }
-    }
-    if (reader) {
-      // Topology first: a checkpoint from another world size would otherwise fail on its
-      // batch arithmetic with a less useful message.
-      const int zero = cl.given.contains("zero") ? cl.given["zero"].get<int>()
-                                                 : reader->manifest().topology.zero_stage;
-      ckpt::Status s =
-          CheckResumeTopology(reader->manifest(), reader->dir(), mpi.world_size(), zero);
-      if (!s.ok()) return Fail(s);
-    }
-    auto config = ResolveConfig(cl.given, base, mpi.world_size());
-    if (!config.ok()) return Fail(config.status());
-    if (config->corpus.empty()) config->corpus = DefaultCorpusPath();
-    auto corpus = Corpus::Load(config->corpus, config->sample_min, config->sample_max);
-    if (!corpus.ok()) return Fail(corpus.status());
-
-    std::unique_ptr<DataParallelComm> nccl;
-    DataParallelComm* dp = &mpi;
-    if (config->comm == "nccl") {
-      auto c = CreateNcclCommOverMpi(mpi);
-      if (!c.ok()) return Fail(c.status());
-      nccl = std::move(*c);
-      dp = nccl.get();
-    }
-    auto engine_or = Engine::Create(*config, *corpus, mpi, *dp);
-    if (!engine_or.ok()) return Fail(engine_or.status());
-    Engine& engine = **engine_or;
-
-    if (reader) {
-      ckpt::Status s = engine.Restore(*reader, cl.reset_on_resume);
-      if (!s.ok()) {
-        if (s.code() == ckpt::StatusCode::kFailedPrecondition) return Fail(s);
-        AbortJob(s);
-      }
-    } else {
-      ckpt::Status s = engine.InitFresh();
-      if (!s.ok()) AbortJob(s);
-    }
-    if (cl.command == "train") {
-      ckpt::Status s = CheckNoRewind(cl, *config, engine.counters().global_step);
-      if (!s.ok()) return Fail(s);
-    }
-
-    if (cl.command == "grad") {
-      double norm = 0;
-      auto grads = engine.NextGradient(&norm);
-      if (!grads.ok()) AbortJob(grads.status());
-      if (mpi.rank() == 0) {
-        ckpt::Status s = WriteGradients(cl.grad_out, engine, *grads, norm, reader->tag());
-        if (!s.ok()) return Fail(s);
-        std::printf("engine_min grad: %s step %lld: wrote %zu tensors to %s (norm %.9g)\n",
-                    reader->tag().c_str(), static_cast<long long>(engine.counters().global_step),
-                    grads->size(), cl.grad_out.c_str(), norm);
-      }
-      return 0;
-    }
-
-    // train
-    nlohmann::json client_state = nlohmann::json::object();
-    if (reader) client_state = reader->manifest().client_state;
-    for (auto& [k, v] : cl.client_state.items()) client_state[k] = v;
-    reader.reset();
-
-    std::FILE* trainlog = nullptr;
-    if (mpi.rank() == 0) {
-      if (cl.overwrite && !cl.resume) {
-        ckpt::Status s = ClearRootForNewRun(cl);
-        if (!s.ok()) AbortJob(s);
-      }
-      std::error_code ec;
-      std::filesystem::create_directories(cl.ckpt_dir, ec);
-      const std::string path = RunLogPath(cl);
-      trainlog = std::fopen(path.c_str(), "a");
-      if (!trainlog) AbortJob(ckpt::ErrnoError("open run log " + path, errno));
-      std::printf(
-          "engine_min: %d ranks, ZeRO-%d, %s (d %d, layers %d, context %d, %lld "
-          "trainable), global batch %lld = %lld x %lld x %d, from step %lld to %lld%s\n",
-          mpi.world_size(), config->zero_stage, config->model.c_str(), config->shape.d_model,
-          config->shape.layers, config->shape.context,
-          static_cast<long long>(config->shape.TrainableNumel()),
-          static_cast<long long>(config->global_batch), static_cast<long long>(config->micro_batch),
-          static_cast<long long>(config->grad_accum), mpi.world_size(),
-          static_cast<long long>(engine.counters().global_step),
-          static_cast<long long>(config->steps), config->invariant ? ", invariant mode" : "");
-      std::fflush(stdout);
-    }
-    if (cl.async_save) {
-      // The same MPI library on every rank: every rank enables it, or none does.
-      ckpt::Status s = engine.EnableAsyncSave();
-      if (!s.ok() && s.code() != ckpt::StatusCode::kFailedPrecondition) AbortJob(s);
-      if (!s.ok() && mpi.rank() == 0) {
-        std::fprintf(stderr, "engine_min: --async-save: %s; saving synchronously\n",
-                     s.ToString().c_str());
-      }
-    }
-    const KillInSave kill{cl.kill_rank, cl.kill_step};
-    int64_t last_saved = cl.resume ? engine.counters().global_step : -1;
-    const int64_t start_step = engine.counters().global_step;
-    int64_t tokens = 0;
-    // Time the training loop spends inside Save (the whole save, or the copy when async).
-    struct {
-      int saves = 0;
-      double total = 0, max = 0;
-    } save_stall;
-    const auto t0 = std::chrono::steady_clock::now();
-    while (engine.counters().global_step < config->steps) {
-      auto stats = engine.TrainStep(true);
-      if (!stats.ok()) AbortJob(stats.status());
-      tokens += stats->tokens;
-      if (trainlog) {
-        const std::string line = TrainlogLine(*stats) + "\n";
-        if (std::fputs(line.c_str(), trainlog) < 0 || std::fflush(trainlog) != 0) {
-          AbortJob(ckpt::ErrnoError("write run log", errno));
-        }
-        std::printf("step %lld loss %.6f grad_norm %.4f lr %.3g tokens %lld\n",
-                    static_cast<long long>(stats->step), stats->loss, stats->grad_norm, stats->lr,
-                    static_cast<long long>(stats->tokens));
-        std::fflush(stdout);
-      }
-      if (config->save_every > 0 && stats->step % config->save_every == 0) {
-        const auto s0 = std::chrono::steady_clock::now();
-        ckpt::Status s = engine.Save(cl.ckpt_dir, client_state, kill);
-        if (!s.ok()) return Fail(s);
-        const double stall =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
-        save_stall.total += stall;
-        save_stall.max = std::max(save_stall.max, stall);
-        ++save_stall.saves;
-        last_saved = stats->step;
-      }
-    }
-    // The loop's saves are persisted inside the timed span, async or not.
-    if (ckpt::Status s = engine.WaitForSave(); !s.ok()) return Fail(s);
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (!cl.no_final_save && last_saved != engine.counters().global_step) {
-      ckpt::Status s = engine.Save(cl.ckpt_dir, client_state, kill);
-      if (!s.ok()) return Fail(s);
-      s = engine.WaitForSave();
-      if (!s.ok()) return Fail(s);
-    }
-    if (trainlog) {
-      std::fclose(trainlog);
-      const int64_t steps = engine.counters().global_step - start_step;
-      std::printf("engine_min: %lld steps, %lld tokens in %.2f s: %.1f tokens/s\n",
-                  static_cast<long long>(steps), static_cast<long long>(tokens), seconds,
-                  seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0);
-      if (save_stall.saves > 0) {
-        std::printf("engine_min: %d saves (%s) in the loop: %.3f s inside Save, at most %.1f ms\n",
-                    save_stall.saves, engine.async_save() ? "async" : "sync", save_stall.total,
-                    save_stall.max * 1e3);
-      }
-    }
-  }
-  return 0;
+  // The communicator is destroyed before the session ends.
+  auto world = MpiComm::Create(MPI_COMM_WORLD);
+  if (!world.ok()) return Fail(world.status(), true);
+  MpiComm& mpi = **world;
+  rank_for_messages = mpi.rank();
+  return RunCommand(mpi, argc, argv);
 }
 
 }  // namespace

@@ -193,30 +193,25 @@ void AddRmsNormGrad(const T* y, const T* inv_r, const T* dy, int64_t rows, int64
   }
 }
 
+// What the forward pass keeps for the backward: each block's normalized input and 1/rms, its
+// pre-activation, and (at index L) the final normalized state.
 template <typename T>
-ckpt::Result<MicroResult> Run(const ModelShape& shape, const T* pos, const TokenBatch& batch,
-                              const DropoutMasks& masks, double grad_scale, bool backward,
-                              ParamAccess<T>& params) {
+struct Activations {
+  explicit Activations(int layers) : normed(layers + 1), inv_rms(layers + 1), a(layers) {}
+  std::vector<std::vector<T>> normed, inv_rms, a;
+};
+
+// Embedding, the L residual blocks (dropout where masks are given) and the final RMS norm.
+template <typename T>
+ckpt::Status ForwardBlocks(const ModelShape& shape, const T* pos, const TokenBatch& batch,
+                           const DropoutMasks& masks, ParamAccess<T>& params, Activations<T>& act) {
   const int64_t d = shape.d_model;
-  const int64_t V = ModelShape::kVocab;
   const int64_t K = shape.context;
   const int64_t N = batch.tokens;
   const int L = shape.layers;
-  if (static_cast<int64_t>(batch.ctx.size()) != N * K ||
-      static_cast<int64_t>(batch.target.size()) != N) {
-    return ckpt::Internal("token batch has inconsistent sizes");
-  }
   const bool dropout = !masks.per_layer.empty();
-  if (dropout && static_cast<int>(masks.per_layer.size()) != L) {
-    return ckpt::Internal("dropout masks do not match the layer count");
-  }
   const size_t nd = static_cast<size_t>(N * d);
-
-  // Kept for the backward: each block's normalized input and 1/rms, its pre-activation, and
-  // the final normalized state.
-  std::vector<std::vector<T>> normed(L + 1), inv_rms(L + 1), a(L);
   std::vector<T> h(nd, T(0));
-
   {
     CKPT_ASSIGN_OR_RETURN(const T* embed, params.Acquire(kEmbedId), "embedding");
     for (int64_t n = 0; n < N; ++n) {
@@ -233,13 +228,13 @@ ckpt::Result<MicroResult> Run(const ModelShape& shape, const T* pos, const Token
   for (int l = 0; l < L; ++l) {
     CKPT_ASSIGN_OR_RETURN(const T* w, params.Acquire(WeightId(l)), "block weight");
     CKPT_ASSIGN_OR_RETURN(const T* b, params.Acquire(BiasId(l)), "block bias");
-    normed[l].resize(nd);
-    inv_rms[l].resize(static_cast<size_t>(N));
-    RmsNormRows(h.data(), N, d, normed[l].data(), inv_rms[l].data());
-    a[l].assign(nd, T(0));
-    T* al = a[l].data();
+    act.normed[l].resize(nd);
+    act.inv_rms[l].resize(static_cast<size_t>(N));
+    RmsNormRows(h.data(), N, d, act.normed[l].data(), act.inv_rms[l].data());
+    act.a[l].assign(nd, T(0));
+    T* al = act.a[l].data();
     for (int64_t n = 0; n < N; ++n) std::copy(b, b + d, al + n * d);
-    AddRowsTimesMatrix(normed[l].data(), N, d, w, d, al);
+    AddRowsTimesMatrix(act.normed[l].data(), N, d, w, d, al);
     const float* mask = dropout ? masks.per_layer[l].data() : nullptr;
     for (size_t i = 0; i < nd; ++i) {
       T g = Gelu(al[i]);
@@ -249,51 +244,73 @@ ckpt::Result<MicroResult> Run(const ModelShape& shape, const T* pos, const Token
     CKPT_RETURN_IF_ERROR(params.Release(BiasId(l)), "block bias");
     CKPT_RETURN_IF_ERROR(params.Release(WeightId(l)), "block weight");
   }
-  normed[L].resize(nd);
-  inv_rms[L].resize(static_cast<size_t>(N));
-  RmsNormRows(h.data(), N, d, normed[L].data(), inv_rms[L].data());
+  act.normed[L].resize(nd);
+  act.inv_rms[L].resize(static_cast<size_t>(N));
+  RmsNormRows(h.data(), N, d, act.normed[L].data(), act.inv_rms[L].data());
+  return ckpt::Status::Ok();
+}
 
-  MicroResult result;
-  result.tokens = N;
-  std::vector<T> dh(backward ? nd : 0, T(0));
-  {
-    CKPT_ASSIGN_OR_RETURN(const T* embed, params.Acquire(kEmbedId), "output projection");
-    const std::vector<T> embed_t = Transpose(embed, V, d);  // d × V
-    std::vector<T> logits(static_cast<size_t>(N * V), T(0));
-    AddRowsTimesMatrix(normed[L].data(), N, d, embed_t.data(), V, logits.data());
-    const T scale = T(grad_scale);
-    for (int64_t n = 0; n < N; ++n) {
-      T* z = logits.data() + n * V;
-      T zmax = z[0];
-      for (int64_t v = 1; v < V; ++v) zmax = std::max(zmax, z[v]);
-      T sum = T(0);
-      for (int64_t v = 0; v < V; ++v) sum += std::exp(z[v] - zmax);
-      const T lse = zmax + std::log(sum);
-      const int t = batch.target[n];
-      result.loss_sum += static_cast<double>(lse - z[t]);
-      if (backward) {
-        // z becomes dL/dz = (softmax - onehot) * scale.
-        for (int64_t v = 0; v < V; ++v) z[v] = std::exp(z[v] - zmax) / sum * scale;
-        z[t] -= scale;
-      }
-    }
+// The tied output projection and the cross-entropy loss (into result). With backward, the
+// output projection's weight gradient and dL/dh of the last block's output (into dh, nd zeros
+// on entry), each loss term scaled by grad_scale.
+template <typename T>
+ckpt::Status OutputLoss(const ModelShape& shape, const TokenBatch& batch, double grad_scale,
+                        bool backward, ParamAccess<T>& params, const Activations<T>& act,
+                        MicroResult& result, std::vector<T>& dh) {
+  const int64_t d = shape.d_model;
+  const int64_t V = ModelShape::kVocab;
+  const int64_t N = batch.tokens;
+  const int L = shape.layers;
+  const size_t nd = static_cast<size_t>(N * d);
+  CKPT_ASSIGN_OR_RETURN(const T* embed, params.Acquire(kEmbedId), "output projection");
+  const std::vector<T> embed_t = Transpose(embed, V, d);  // d × V
+  std::vector<T> logits(static_cast<size_t>(N * V), T(0));
+  AddRowsTimesMatrix(act.normed[L].data(), N, d, embed_t.data(), V, logits.data());
+  const T scale = T(grad_scale);
+  for (int64_t n = 0; n < N; ++n) {
+    T* z = logits.data() + n * V;
+    T zmax = z[0];
+    for (int64_t v = 1; v < V; ++v) zmax = std::max(zmax, z[v]);
+    T sum = T(0);
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(z[v] - zmax);
+    const T lse = zmax + std::log(sum);
+    const int t = batch.target[n];
+    result.loss_sum += static_cast<double>(lse - z[t]);
     if (backward) {
-      CKPT_ASSIGN_OR_RETURN(T * dembed, params.Grad(kEmbedId), "output projection grad");
-      AddOuterProducts(logits.data(), N, V, normed[L].data(), d, dembed);
-      std::vector<T> dnormed(nd, T(0));
-      AddRowsTimesMatrix(logits.data(), N, V, embed, d, dnormed.data());
-      AddRmsNormGrad(normed[L].data(), inv_rms[L].data(), dnormed.data(), N, d, dh.data());
+      // z becomes dL/dz = (softmax - onehot) * scale.
+      for (int64_t v = 0; v < V; ++v) z[v] = std::exp(z[v] - zmax) / sum * scale;
+      z[t] -= scale;
     }
-    CKPT_RETURN_IF_ERROR(params.Release(kEmbedId), "output projection");
   }
-  if (!backward) return result;
+  if (backward) {
+    CKPT_ASSIGN_OR_RETURN(T * dembed, params.Grad(kEmbedId), "output projection grad");
+    AddOuterProducts(logits.data(), N, V, act.normed[L].data(), d, dembed);
+    std::vector<T> dnormed(nd, T(0));
+    AddRowsTimesMatrix(logits.data(), N, V, embed, d, dnormed.data());
+    AddRmsNormGrad(act.normed[L].data(), act.inv_rms[L].data(), dnormed.data(), N, d, dh.data());
+  }
+  CKPT_RETURN_IF_ERROR(params.Release(kEmbedId), "output projection");
+  return ckpt::Status::Ok();
+}
 
+// The blocks' and the embedding's gradients from dh (dL/dh of the last block's output),
+// last block first; each block's activations are freed once used.
+template <typename T>
+ckpt::Status BackwardBlocks(const ModelShape& shape, const T* pos, const TokenBatch& batch,
+                            const DropoutMasks& masks, ParamAccess<T>& params, Activations<T>& act,
+                            std::vector<T>& dh) {
+  const int64_t d = shape.d_model;
+  const int64_t K = shape.context;
+  const int64_t N = batch.tokens;
+  const int L = shape.layers;
+  const bool dropout = !masks.per_layer.empty();
+  const size_t nd = static_cast<size_t>(N * d);
   std::vector<T> da(nd), dnormed(nd);
   for (int l = L - 1; l >= 0; --l) {
     CKPT_ASSIGN_OR_RETURN(const T* w, params.Acquire(WeightId(l)), "block weight");
     CKPT_ASSIGN_OR_RETURN(const T* b, params.Acquire(BiasId(l)), "block bias");
     (void)b;
-    const T* al = a[l].data();
+    const T* al = act.a[l].data();
     const float* mask = dropout ? masks.per_layer[l].data() : nullptr;
     for (size_t i = 0; i < nd; ++i) {
       T g = dh[i];
@@ -301,7 +318,7 @@ ckpt::Result<MicroResult> Run(const ModelShape& shape, const T* pos, const Token
       da[i] = g * GeluGrad(al[i]);
     }
     CKPT_ASSIGN_OR_RETURN(T * dw, params.Grad(WeightId(l)), "block weight grad");
-    AddOuterProducts(normed[l].data(), N, d, da.data(), d, dw);
+    AddOuterProducts(act.normed[l].data(), N, d, da.data(), d, dw);
     CKPT_ASSIGN_OR_RETURN(T * db, params.Grad(BiasId(l)), "block bias grad");
     for (int64_t n = 0; n < N; ++n) {
       const T* row = da.data() + n * d;
@@ -311,27 +328,50 @@ ckpt::Result<MicroResult> Run(const ModelShape& shape, const T* pos, const Token
     const std::vector<T> w_t = Transpose(w, d, d);
     std::fill(dnormed.begin(), dnormed.end(), T(0));
     AddRowsTimesMatrix(da.data(), N, d, w_t.data(), d, dnormed.data());
-    AddRmsNormGrad(normed[l].data(), inv_rms[l].data(), dnormed.data(), N, d, dh.data());
+    AddRmsNormGrad(act.normed[l].data(), act.inv_rms[l].data(), dnormed.data(), N, d, dh.data());
     CKPT_RETURN_IF_ERROR(params.GradDone(WeightId(l)), "block weight grad");
     CKPT_RETURN_IF_ERROR(params.GradDone(BiasId(l)), "block bias grad");
     CKPT_RETURN_IF_ERROR(params.Release(BiasId(l)), "block bias");
     CKPT_RETURN_IF_ERROR(params.Release(WeightId(l)), "block weight");
-    std::vector<T>().swap(normed[l + 1]);
-    std::vector<T>().swap(a[l]);
+    std::vector<T>().swap(act.normed[l + 1]);
+    std::vector<T>().swap(act.a[l]);
   }
 
-  {
-    CKPT_ASSIGN_OR_RETURN(T * dembed, params.Grad(kEmbedId), "embedding grad");
-    for (int64_t n = 0; n < N; ++n) {
-      const T* g = dh.data() + n * d;
-      for (int64_t j = 0; j < K; ++j) {
-        T* out = dembed + static_cast<int64_t>(batch.ctx[n * K + j]) * d;
-        const T* p = pos + j * d;
-        for (int64_t c = 0; c < d; ++c) out[c] += p[c] * g[c];
-      }
+  CKPT_ASSIGN_OR_RETURN(T * dembed, params.Grad(kEmbedId), "embedding grad");
+  for (int64_t n = 0; n < N; ++n) {
+    const T* g = dh.data() + n * d;
+    for (int64_t j = 0; j < K; ++j) {
+      T* out = dembed + static_cast<int64_t>(batch.ctx[n * K + j]) * d;
+      const T* p = pos + j * d;
+      for (int64_t c = 0; c < d; ++c) out[c] += p[c] * g[c];
     }
-    CKPT_RETURN_IF_ERROR(params.GradDone(kEmbedId), "embedding grad");
   }
+  CKPT_RETURN_IF_ERROR(params.GradDone(kEmbedId), "embedding grad");
+  return ckpt::Status::Ok();
+}
+
+// One micro-batch: the forward pass and the loss, and with backward the gradients.
+template <typename T>
+ckpt::Result<MicroResult> MicroBatchPass(const ModelShape& shape, const T* pos,
+                                         const TokenBatch& batch, const DropoutMasks& masks,
+                                         double grad_scale, bool backward, ParamAccess<T>& params) {
+  const int64_t N = batch.tokens;
+  const int L = shape.layers;
+  if (static_cast<int64_t>(batch.ctx.size()) != N * shape.context ||
+      static_cast<int64_t>(batch.target.size()) != N) {
+    return ckpt::Internal("token batch has inconsistent sizes");
+  }
+  if (!masks.per_layer.empty() && static_cast<int>(masks.per_layer.size()) != L) {
+    return ckpt::Internal("dropout masks do not match the layer count");
+  }
+  Activations<T> act(L);
+  CKPT_RETURN_IF_ERROR(ForwardBlocks(shape, pos, batch, masks, params, act));
+  MicroResult result;
+  result.tokens = N;
+  std::vector<T> dh(backward ? static_cast<size_t>(N * shape.d_model) : 0, T(0));
+  CKPT_RETURN_IF_ERROR(OutputLoss(shape, batch, grad_scale, backward, params, act, result, dh));
+  if (!backward) return result;
+  CKPT_RETURN_IF_ERROR(BackwardBlocks(shape, pos, batch, masks, params, act, dh));
   return result;
 }
 
@@ -341,13 +381,13 @@ template <typename T>
 ckpt::Result<MicroResult> ForwardBackward(const ModelShape& shape, const T* pos,
                                           const TokenBatch& batch, const DropoutMasks& masks,
                                           double grad_scale, ParamAccess<T>& params) {
-  return Run<T>(shape, pos, batch, masks, grad_scale, true, params);
+  return MicroBatchPass<T>(shape, pos, batch, masks, grad_scale, true, params);
 }
 
 template <typename T>
 ckpt::Result<MicroResult> Forward(const ModelShape& shape, const T* pos, const TokenBatch& batch,
                                   const DropoutMasks& masks, ParamAccess<T>& params) {
-  return Run<T>(shape, pos, batch, masks, 0.0, false, params);
+  return MicroBatchPass<T>(shape, pos, batch, masks, 0.0, false, params);
 }
 
 template ckpt::Result<MicroResult> ForwardBackward<float>(const ModelShape&, const float*,

@@ -126,7 +126,9 @@ Result<uint64_t> UncompressedRankFileBytes(const std::string& tag, int rank, int
   return UncompressedRankFileBytes({tag, rank, world}, replica, chunk_bytes);
 }
 
-Result<CheckpointEstimate> EstimateCheckpoint(const CheckpointConfig& c) {
+namespace {
+
+Status CheckCheckpointConfig(const CheckpointConfig& c) {
   if (c.world < 1) {
     return InvalidArgument("checkpoint: world size must be at least 1 (got " +
                            std::to_string(c.world) + ")");
@@ -141,62 +143,73 @@ Result<CheckpointEstimate> EstimateCheckpoint(const CheckpointConfig& c) {
   for (const ParamEntry& p : c.table.params) {
     if (p.numel < 0) return InvalidArgument("checkpoint: negative size for " + p.name);
   }
+  return Status::Ok();
+}
 
-  std::vector<ParamEntry> params = c.table.params;
-  CKPT_ASSIGN_OR_RETURN(
-      Partition partition,
-      BuildPartition(params, static_cast<int>(c.world), c.zero_stage, c.alignment),
-      "checkpoint: partition");
+// The datasets of rank r's file in engine_min's write order: the shard, the auxiliary datasets,
+// rank 0's frozen tensors (or frozen before auxiliary, as the checkpoint recorded).
+std::vector<RankDataset> RankDatasets(const CheckpointConfig& c,
+                                      const std::vector<ParamEntry>& params, int64_t r,
+                                      int64_t shard) {
+  std::vector<RankDataset> ds;
+  if (shard > 0 || c.empty_shard_datasets) {
+    for (std::string_view name : {kMaster, kExpAvg, kExpAvgSq}) {
+      ds.push_back({std::string(name), "tensor", "", DType::kF32, {shard}});
+    }
+    if (c.compute_dtype) {
+      ds.push_back({std::string(kCompute), "tensor", "", *c.compute_dtype, {shard}});
+    }
+  }
+  auto add_aux = [&] {
+    const auto& aux = static_cast<size_t>(r) < c.aux_by_rank.size()
+                          ? c.aux_by_rank[static_cast<size_t>(r)]
+                          : c.aux;
+    for (const AuxDataset& a : aux) {
+      ds.push_back({a.name, a.kind, a.blob_kind, DType::kU8, {static_cast<int64_t>(a.bytes)}});
+    }
+  };
+  auto add_frozen = [&] {
+    if (r != 0) return;
+    for (const ParamEntry& p : params) {
+      if (p.frozen && p.tied_to.empty()) {
+        ds.push_back({std::string(kFrozenPrefix) + p.name, "tensor", "", p.dtype, p.shape});
+      }
+    }
+  };
+  if (c.frozen_before_aux) {
+    add_frozen();
+    add_aux();
+  } else {
+    add_aux();
+    add_frozen();
+  }
+  return ds;
+}
 
-  CheckpointEstimate e;
-  e.world = c.world;
-  e.zero_stage = c.zero_stage;
-  e.partition_scheme = partition.scheme;
-  ParamCounts counts = CountParams(c.table);
-  e.total_params = counts.total_params;
-  e.frozen_params = counts.frozen_params;
-  e.trainable_params = counts.total_params - counts.frozen_params;
+// Ranks with the same datasets have files of the same size (the rank number is an int64
+// attribute of fixed width): the key of a layout, so each distinct one is replayed once.
+std::string LayoutKey(const std::vector<RankDataset>& ds) {
+  std::string key;
+  for (const RankDataset& d : ds) {
+    key += d.name + '\0' + d.kind + '\0' + d.blob_kind + '\0' + std::string(DTypeName(d.dtype));
+    for (int64_t x : d.shape) key += ':' + std::to_string(x);
+    key += '\n';
+  }
+  return key;
+}
 
-  std::vector<std::vector<RankDataset>> per_rank(static_cast<size_t>(c.world));
+// Every rank file's datasets (into per_rank) and size (into e.ranks, e.rank_files_bytes,
+// e.tensor_payload).
+Status EstimateRankFiles(const CheckpointConfig& c, const std::vector<ParamEntry>& params,
+                         const Partition& partition,
+                         std::vector<std::vector<RankDataset>>& per_rank, CheckpointEstimate& e) {
   std::map<std::string, uint64_t> sizes_by_layout;
   for (int64_t r = 0; r < c.world; ++r) {
-    auto& ds = per_rank[static_cast<size_t>(r)];
     RankFileEstimate re;
     re.rank = static_cast<int>(r);
-    const int64_t shard = partition.shard_numel[static_cast<size_t>(r)];
-    re.shard_numel = shard;
-    // engine_min's write order: the shard, the auxiliary datasets, rank 0's frozen tensors.
-    if (shard > 0 || c.empty_shard_datasets) {
-      for (std::string_view name : {kMaster, kExpAvg, kExpAvgSq}) {
-        ds.push_back({std::string(name), "tensor", "", DType::kF32, {shard}});
-      }
-      if (c.compute_dtype) {
-        ds.push_back({std::string(kCompute), "tensor", "", *c.compute_dtype, {shard}});
-      }
-    }
-    auto add_aux = [&] {
-      const auto& aux = static_cast<size_t>(r) < c.aux_by_rank.size()
-                            ? c.aux_by_rank[static_cast<size_t>(r)]
-                            : c.aux;
-      for (const AuxDataset& a : aux) {
-        ds.push_back({a.name, a.kind, a.blob_kind, DType::kU8, {static_cast<int64_t>(a.bytes)}});
-      }
-    };
-    auto add_frozen = [&] {
-      if (r != 0) return;
-      for (const ParamEntry& p : params) {
-        if (p.frozen && p.tied_to.empty()) {
-          ds.push_back({std::string(kFrozenPrefix) + p.name, "tensor", "", p.dtype, p.shape});
-        }
-      }
-    };
-    if (c.frozen_before_aux) {
-      add_frozen();
-      add_aux();
-    } else {
-      add_aux();
-      add_frozen();
-    }
+    re.shard_numel = partition.shard_numel[static_cast<size_t>(r)];
+    auto& ds = per_rank[static_cast<size_t>(r)];
+    ds = RankDatasets(c, params, r, re.shard_numel);
     for (const RankDataset& d : ds) {
       const uint64_t logical = Numel(d.shape) * DTypeSize(d.dtype);
       // Uncompressed data is stored contiguously, byte for byte.
@@ -208,15 +221,7 @@ Result<CheckpointEstimate> EstimateCheckpoint(const CheckpointConfig& c) {
       }
       re.stored_data += stored;
     }
-    // Ranks with the same datasets have files of the same size (the rank number is an int64
-    // attribute of fixed width): replay each distinct layout once.
-    std::string key;
-    for (const RankDataset& d : ds) {
-      key += d.name + '\0' + d.kind + '\0' + d.blob_kind + '\0' +
-             std::string(DTypeName(d.dtype));
-      for (int64_t x : d.shape) key += ':' + std::to_string(x);
-      key += '\n';
-    }
+    std::string key = LayoutKey(ds);
     auto cached = sizes_by_layout.find(key);
     if (cached != sizes_by_layout.end()) {
       re.file_bytes = cached->second;
@@ -232,18 +237,25 @@ Result<CheckpointEstimate> EstimateCheckpoint(const CheckpointConfig& c) {
     e.tensor_payload += re.tensor_payload;
     e.ranks.push_back(re);
   }
-  std::vector<uint64_t> sizes;
-  for (const auto& re : e.ranks) sizes.push_back(re.file_bytes);
-  e.manifest_bytes = ManifestBytes(c, params, partition, per_rank, sizes);
-  e.total_bytes = e.rank_files_bytes + e.manifest_bytes;
+  return Status::Ok();
+}
 
-  // fp32 export, planned as convert/src/export.cc plans it: owners in table order (aliases
-  // recorded in __metadata__["tied_weights"]), floating-point tensors as fp32, a new shard
-  // when the next tensor would overflow max_shard_bytes.
+// The largest tensors the export holds in memory, as the peak-RAM estimates need them.
+struct ExportLargest {
+  uint64_t numel = 0;         // elements of the largest exported tensor
+  uint64_t frozen_bytes = 0;  // stored + fp32 bytes of the largest frozen tensor
+};
+
+// The fp32 export (e.fp32_export_bytes, e.fp32_export_files, e.largest_tensor), planned as
+// convert/src/export.cc plans it: owners in table order (aliases recorded in
+// __metadata__["tied_weights"]), floating-point tensors as fp32, a new shard when the next
+// tensor would overflow max_shard_bytes.
+Result<ExportLargest> EstimateExport(const CheckpointConfig& c,
+                                     const std::vector<ParamEntry>& params, CheckpointEstimate& e) {
   nlohmann::json tied = nlohmann::json::object();
   std::vector<std::vector<safetensors::SafetensorsTensorSpec>> files(1);
   std::vector<uint64_t> file_data(1, 0);
-  uint64_t largest_numel = 0, largest_frozen = 0;
+  ExportLargest largest;
   for (const ParamEntry& p : params) {
     if (!p.tied_to.empty()) {
       tied[p.name] = p.tied_to;
@@ -260,13 +272,14 @@ Result<CheckpointEstimate> EstimateCheckpoint(const CheckpointConfig& c) {
     }
     files.back().push_back({p.name, out, p.shape});
     file_data.back() += bytes;
-    if (static_cast<uint64_t>(p.numel) > largest_numel) {
-      largest_numel = static_cast<uint64_t>(p.numel);
+    if (static_cast<uint64_t>(p.numel) > largest.numel) {
+      largest.numel = static_cast<uint64_t>(p.numel);
       e.largest_tensor = p.name;
     }
     if (p.frozen) {
-      largest_frozen = std::max<uint64_t>(
-          largest_frozen, static_cast<uint64_t>(p.numel) * (DTypeSize(p.dtype) + DTypeSize(out)));
+      largest.frozen_bytes =
+          std::max<uint64_t>(largest.frozen_bytes, static_cast<uint64_t>(p.numel) *
+                                                       (DTypeSize(p.dtype) + DTypeSize(out)));
     }
   }
   std::map<std::string, std::string> metadata = {
@@ -298,7 +311,11 @@ Result<CheckpointEstimate> EstimateCheckpoint(const CheckpointConfig& c) {
     e.fp32_export_bytes += index.dump(2).size() + 1;
     ++e.fp32_export_files;
   }
+  return largest;
+}
 
+// The universal checkpoint's size (e.universal_payload, e.universal_bytes).
+void EstimateUniversal(const std::vector<ParamEntry>& params, CheckpointEstimate& e) {
   e.universal_payload = 3 * 4 * static_cast<uint64_t>(e.trainable_params) +
                         4 * static_cast<uint64_t>(e.frozen_params);
   uint64_t groups = 0;
@@ -306,12 +323,18 @@ Result<CheckpointEstimate> EstimateCheckpoint(const CheckpointConfig& c) {
   uint64_t aux_all = 0;
   for (const RankFileEstimate& r : e.ranks) aux_all += r.aux_payload;
   e.universal_bytes = e.universal_payload + aux_all + 3072 * groups + 4096;
+}
+
+// Peak memory of export-fp32 and reshard (e.export_peak_ram, e.reshard_peak_ram,
+// e.reshard_chunk_cache_max).
+void EstimatePeakRam(const CheckpointConfig& c, const std::vector<ParamEntry>& params,
+                     const ExportLargest& largest, CheckpointEstimate& e) {
   uint64_t cache = 0;
   for (const RankFileEstimate& r : e.ranks) {
     cache += std::min<uint64_t>(16u << 20, static_cast<uint64_t>(r.shard_numel) * 4);
   }
-  e.export_peak_ram = 6 * std::min<uint64_t>(uint64_t{1} << 22, largest_numel) +
-                      largest_frozen + cache;
+  e.export_peak_ram =
+      6 * std::min<uint64_t>(uint64_t{1} << 22, largest.numel) + largest.frozen_bytes + cache;
   uint64_t prepared = 0;
   for (const RankFileEstimate& r : e.ranks) {
     prepared += 12 * static_cast<uint64_t>(r.shard_numel) + r.aux_payload;
@@ -331,6 +354,37 @@ Result<CheckpointEstimate> EstimateCheckpoint(const CheckpointConfig& c) {
   const uint64_t files_read = static_cast<uint64_t>(std::min<int64_t>(
       source_world, (source_world + c.world - 1) / c.world + 1));
   e.reshard_chunk_cache_max = static_cast<uint64_t>(c.world) * files_read * per_file;
+}
+
+}  // namespace
+
+Result<CheckpointEstimate> EstimateCheckpoint(const CheckpointConfig& c) {
+  CKPT_RETURN_IF_ERROR(CheckCheckpointConfig(c));
+  std::vector<ParamEntry> params = c.table.params;
+  CKPT_ASSIGN_OR_RETURN(
+      Partition partition,
+      BuildPartition(params, static_cast<int>(c.world), c.zero_stage, c.alignment),
+      "checkpoint: partition");
+
+  CheckpointEstimate e;
+  e.world = c.world;
+  e.zero_stage = c.zero_stage;
+  e.partition_scheme = partition.scheme;
+  ParamCounts counts = CountParams(c.table);
+  e.total_params = counts.total_params;
+  e.frozen_params = counts.frozen_params;
+  e.trainable_params = counts.total_params - counts.frozen_params;
+
+  std::vector<std::vector<RankDataset>> per_rank(static_cast<size_t>(c.world));
+  CKPT_RETURN_IF_ERROR(EstimateRankFiles(c, params, partition, per_rank, e));
+  std::vector<uint64_t> sizes;
+  for (const auto& re : e.ranks) sizes.push_back(re.file_bytes);
+  e.manifest_bytes = ManifestBytes(c, params, partition, per_rank, sizes);
+  e.total_bytes = e.rank_files_bytes + e.manifest_bytes;
+
+  CKPT_ASSIGN_OR_RETURN(ExportLargest largest, EstimateExport(c, params, e));
+  EstimateUniversal(params, e);
+  EstimatePeakRam(c, params, largest, e);
   return e;
 }
 

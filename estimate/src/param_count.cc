@@ -1,11 +1,9 @@
 #include "estimate/param_count.h"
 
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <optional>
 #include <set>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -20,15 +18,6 @@ namespace fs = std::filesystem;
 std::string ModuleOf(const std::string& name) {
   size_t dot = name.rfind('.');
   return dot == std::string::npos ? std::string() : name.substr(0, dot);
-}
-
-Result<std::string> ReadWholeFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFound(path + ": cannot open");
-  std::ostringstream s;
-  s << in.rdbuf();
-  if (in.bad()) return IOError(path + ": read failed");
-  return s.str();
 }
 
 // Adds `alias` -> `owner` when the owner is a tensor and the alias is not.
@@ -66,16 +55,17 @@ ParamCounts CountParams(const ParamTable& table) {
 }
 
 Result<Manifest> ReadCheckpointManifest(const std::string& path, const std::string& tag,
-                                        std::string* manifest_path) {
-  CKPT_ASSIGN_OR_RETURN(std::string dir, ResolveTagDir(path, tag));
-  CKPT_ASSIGN_OR_RETURN(Manifest m, ReadTagManifest(dir));
+                                        std::string* manifest_path, Env* env) {
+  CKPT_ASSIGN_OR_RETURN(std::string dir, ResolveTagDir(path, tag, env));
+  CKPT_ASSIGN_OR_RETURN(Manifest m, ReadTagManifest(dir, env));
   if (manifest_path) *manifest_path = dir + "/" + std::string(kManifestFile);
   return m;
 }
 
-Result<ParamTable> ParamTableFromCheckpoint(const std::string& path, const std::string& tag) {
+Result<ParamTable> ParamTableFromCheckpoint(const std::string& path, const std::string& tag,
+                                            Env* env) {
   std::string file;
-  CKPT_ASSIGN_OR_RETURN(Manifest m, ReadCheckpointManifest(path, tag, &file), "");
+  CKPT_ASSIGN_OR_RETURN(Manifest m, ReadCheckpointManifest(path, tag, &file, env));
   ParamTable t;
   t.source = file;
   t.params = std::move(m.params);
@@ -83,8 +73,9 @@ Result<ParamTable> ParamTableFromCheckpoint(const std::string& path, const std::
   return t;
 }
 
-Result<ParamTable> ParamTableFromJsonFile(const std::string& path) {
-  CKPT_ASSIGN_OR_RETURN(std::string text, ReadWholeFile(path), "read parameter table");
+Result<ParamTable> ParamTableFromJsonFile(const std::string& path, Env* env) {
+  if (!env) env = Env::Default();
+  CKPT_ASSIGN_OR_RETURN(std::string text, env->ReadFileToString(path), "parameter table");
   nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return DataLoss(path + ": not valid JSON");
   if (j.is_object() && j.contains("params")) j = j["params"];
@@ -136,8 +127,9 @@ Result<ParamTable> ParamTableFromJsonFile(const std::string& path) {
 }
 
 Result<ParamTable> ParamTableFromSafetensors(const std::string& path) {
+  Env* env = Env::Default();
   std::error_code ec;
-  if (!fs::exists(path, ec)) return NotFound(path + ": no such file or directory");
+  if (!env->Exists(path)) return NotFound(path + ": no such file or directory");
   std::vector<std::string> files;
   std::map<std::string, std::string> metadata;
   ParamTable t;
@@ -145,8 +137,8 @@ Result<ParamTable> ParamTableFromSafetensors(const std::string& path) {
   if (fs::is_directory(path, ec)) {
     const fs::path index = fs::path(path) / "model.safetensors.index.json";
     const fs::path single = fs::path(path) / "model.safetensors";
-    if (fs::exists(index, ec)) {
-      CKPT_ASSIGN_OR_RETURN(std::string text, ReadWholeFile(index.string()), "read index");
+    if (env->Exists(index.string())) {
+      CKPT_ASSIGN_OR_RETURN(std::string text, env->ReadFileToString(index.string()));
       nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
       if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") ||
           !j["weight_map"].is_object()) {
@@ -172,7 +164,7 @@ Result<ParamTable> ParamTableFromSafetensors(const std::string& path) {
           if (v.is_object()) metadata.emplace("index:" + k, v.dump());
         }
       }
-    } else if (fs::exists(single, ec)) {
+    } else if (env->Exists(single.string())) {
       files.push_back(single.string());
     } else {
       return NotFound(path + ": neither model.safetensors.index.json nor model.safetensors");

@@ -116,7 +116,9 @@ Result<int64_t> ActivationBytesPerLayer(const TransformerShape& shape, int64_t b
   return Internal("unknown recompute mode");
 }
 
-Result<MemoryEstimate> EstimateTraining(const TrainConfig& c) {
+namespace {
+
+Status CheckTrainConfig(const TrainConfig& c) {
   const TransformerShape& s = c.shape;
   CKPT_RETURN_IF_ERROR(Positive(s.layers, "layers"), "train");
   CKPT_RETURN_IF_ERROR(Positive(s.hidden, "hidden"), "train");
@@ -142,22 +144,16 @@ Result<MemoryEstimate> EstimateTraining(const TrainConfig& c) {
     return InvalidArgument("train: pipeline parallel size (" + I(c.pp) +
                            ") must divide layers (" + I(s.layers) + ")");
   }
-  int wbytes = 0;
-  CKPT_ASSIGN_OR_RETURN(wbytes, ComputeBytes(c.dtype), "train");
-  const bool mixed = c.dtype != DType::kF32;
+  return Status::Ok();
+}
 
-  MemoryEstimate e;
-  if (c.params) {
-    if (*c.params < 1) return InvalidArgument("train: params must be at least 1");
-    e.params = *c.params;
-    e.params_from_shape = false;
-  } else {
-    CKPT_ASSIGN_OR_RETURN(e.params, TransformerParams(s), "train");
-  }
-  const int64_t p = e.params;
+// Weights, gradients and optimizer state of this GPU's share of the `params` parameters
+// (each item partitioned from its ZeRO stage on), `wbytes` bytes per weight.
+Status AddModelStateItems(const TrainConfig& c, int64_t params, int wbytes, bool mixed,
+                          MemoryEstimate& e) {
   const int64_t mp = c.tp * c.pp;
-  const int64_t local = CeilDiv(p, mp);               // this GPU's model-parallel part
-  const int64_t sharded = CeilDiv(local, c.dp);       // its ZeRO share
+  const int64_t local = CeilDiv(params, mp);     // this GPU's model-parallel part
+  const int64_t sharded = CeilDiv(local, c.dp);  // its ZeRO share
   const std::string local_s = "ceil(P/(tp*pp)) = " + I(local);
   const std::string sharded_s = "ceil(P/(tp*pp*dp)) = " + I(sharded);
   const char* what = "training memory";
@@ -184,7 +180,13 @@ Result<MemoryEstimate> EstimateTraining(const TrainConfig& c) {
   e.items.push_back({"optimizer", ob,
                      (c.zero_stage >= 1 ? sharded_s : local_s) + " x " + I(obytes) + " B (" +
                          obreak + ")"});
+  return Status::Ok();
+}
 
+// The activations of all layers with the formula that gave them.
+Result<MemoryItem> ActivationItem(const TrainConfig& c, bool mixed) {
+  const TransformerShape& s = c.shape;
+  const char* what = "training memory";
   int64_t per_layer = 0;
   CKPT_ASSIGN_OR_RETURN(per_layer,
                         ActivationBytesPerLayer(s, c.micro_batch, c.tp, c.sequence_parallel,
@@ -214,7 +216,47 @@ Result<MemoryEstimate> EstimateTraining(const TrainConfig& c) {
     CKPT_ASSIGN_OR_RETURN(act, CheckedMul(act, 2, what), what);
     act_formula += " x 2 (fp32 activations)";
   }
-  e.items.push_back({"activations", act, act_formula});
+  return MemoryItem{"activations", act, act_formula};
+}
+
+nlohmann::json TrainConfigJson(const TrainConfig& c) {
+  const TransformerShape& s = c.shape;
+  return {{"layers", s.layers},
+          {"hidden", s.hidden},
+          {"heads", s.heads},
+          {"vocab", s.vocab},
+          {"seq_len", s.seq_len},
+          {"micro_batch", c.micro_batch},
+          {"dtype", std::string(DTypeName(c.dtype))},
+          {"tp", c.tp},
+          {"pp", c.pp},
+          {"dp", c.dp},
+          {"sequence_parallel", c.sequence_parallel},
+          {"recompute", std::string(RecomputeName(c.recompute))},
+          {"zero_stage", c.zero_stage},
+          {"optimizer", std::string(OptimizerName(c.optimizer))}};
+}
+
+}  // namespace
+
+Result<MemoryEstimate> EstimateTraining(const TrainConfig& c) {
+  CKPT_RETURN_IF_ERROR(CheckTrainConfig(c));
+  int wbytes = 0;
+  CKPT_ASSIGN_OR_RETURN(wbytes, ComputeBytes(c.dtype), "train");
+  const bool mixed = c.dtype != DType::kF32;
+
+  MemoryEstimate e;
+  if (c.params) {
+    if (*c.params < 1) return InvalidArgument("train: params must be at least 1");
+    e.params = *c.params;
+    e.params_from_shape = false;
+  } else {
+    CKPT_ASSIGN_OR_RETURN(e.params, TransformerParams(c.shape), "train");
+  }
+  CKPT_RETURN_IF_ERROR(AddModelStateItems(c, e.params, wbytes, mixed, e));
+  CKPT_ASSIGN_OR_RETURN(MemoryItem activations, ActivationItem(c, mixed));
+  e.items.push_back(std::move(activations));
+  const char* what = "training memory";
   for (const MemoryItem& item : e.items) {
     CKPT_ASSIGN_OR_RETURN(e.total_bytes, CheckedAdd(e.total_bytes, item.bytes, what), what);
   }
@@ -225,20 +267,7 @@ Result<MemoryEstimate> EstimateTraining(const TrainConfig& c) {
       "allocator fragmentation and the CUDA context",
       "embedding/output-layer activations and the logits (about 4sbh/t*(1 + V/h) bytes, "
       "Korthikanti §4.3), and extra in-flight micro-batches of interleaved pipelines"};
-  e.config = {{"layers", s.layers},
-              {"hidden", s.hidden},
-              {"heads", s.heads},
-              {"vocab", s.vocab},
-              {"seq_len", s.seq_len},
-              {"micro_batch", c.micro_batch},
-              {"dtype", std::string(DTypeName(c.dtype))},
-              {"tp", c.tp},
-              {"pp", c.pp},
-              {"dp", c.dp},
-              {"sequence_parallel", c.sequence_parallel},
-              {"recompute", std::string(RecomputeName(c.recompute))},
-              {"zero_stage", c.zero_stage},
-              {"optimizer", std::string(OptimizerName(c.optimizer))}};
+  e.config = TrainConfigJson(c);
   return e;
 }
 

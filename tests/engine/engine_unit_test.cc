@@ -13,6 +13,7 @@
 #include "engine_min/engine.h"
 #include "engine_min/model.h"
 #include "engine_min/random.h"
+#include "engine_min/run_log.h"
 #include "engine_min/schedule.h"
 #include "test_util.h"
 
@@ -426,4 +427,43 @@ TEST_CASE("parameter table: tied head, frozen table, trainable order", "[unit]")
   int64_t trainable = 0;
   for (const auto& p : table) trainable += p.trainable() ? p.numel : 0;
   CHECK(trainable == tiny->TrainableNumel());
+}
+
+// The run log and the corpus are read and written through ckpt::Env: an injected failure is a
+// clean error naming the file, and the log keeps what was written before it.
+TEST_CASE("run log and corpus I/O reach a fault-injecting Env", "[unit]") {
+  using Op = ckpt::FaultInjectionEnv::Op;
+  ckpt::testing::ScratchDir dir("engine-runlog");
+  const std::string path = dir / "trainlog.jsonl";
+  {
+    auto log = RunLog::Open(path);
+    REQUIRE(log.ok());
+    REQUIRE(log->Append("{\"step\": 1}").ok());
+  }
+  {
+    ckpt::FaultInjectionEnv env(nullptr);
+    env.FailAt(Op::kWrite, 1);  // opening the log
+    auto log = RunLog::Open(path, &env);
+    REQUIRE_FALSE(log.ok());
+    CHECK(log.status().message().find(path) != std::string::npos);
+    CHECK(env.failed_step() == "open for appending " + path);
+  }
+  {
+    ckpt::FaultInjectionEnv env(nullptr);
+    env.FailAt(Op::kWrite, 2);  // the first line
+    auto log = RunLog::Open(path, &env);
+    REQUIRE(log.ok());
+    const ckpt::Status s = log->Append("{\"step\": 2}");
+    REQUIRE_FALSE(s.ok());
+    CHECK(s.ToString().find("run log: injected fault at write " + path) != std::string::npos);
+    REQUIRE(log->Append("{\"step\": 2}").ok());  // the next write goes through
+  }
+  CHECK(ckpt::testing::Slurp(path) == "{\"step\": 1}\n{\"step\": 2}\n");
+
+  ckpt::FaultInjectionEnv env(nullptr);
+  env.FailAt(Op::kRead, 1);
+  auto corpus = Corpus::Load(DefaultCorpusPath(), 8, 48, &env);
+  REQUIRE_FALSE(corpus.ok());
+  CHECK(corpus.status().message().find("corpus: injected fault at read " + DefaultCorpusPath()) !=
+        std::string::npos);
 }

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <string>
 
+#include "ckpt/env.h"
 #include "ckpt/synth.h"
 #include "convert/export.h"
 #include "convert/universal.h"
@@ -192,6 +193,47 @@ TEST_CASE("live counts from a checkpoint and from its safetensors export agree",
   CHECK(est::ParamTableFromSafetensors(scratch / "missing").status().code() ==
         ckpt::StatusCode::kNotFound);
   CHECK(!est::ParamTableFromCheckpoint(scratch / "missing").ok());
+}
+
+// The estimator reads through ckpt::Env: an injected read failure is a clean error naming the
+// file, never a crash or a table from nothing.
+TEST_CASE("estimate's reads reach a fault-injecting Env", "[unit]") {
+  ckpt::testing::ScratchDir scratch("estimate-fault");
+  const std::string root = WriteSynth(scratch, "root", 2, 1, 5000, 4u << 20);
+  const std::string table = scratch / "table.json";
+  ckpt::testing::Spit(table, R"([{"name": "w", "shape": [3, 4]}])");
+  REQUIRE(est::ParamTableFromJsonFile(table).ok());
+  ckpt::FaultInjectionEnv env(nullptr);
+  env.FailAt(ckpt::FaultInjectionEnv::Op::kRead, 1);
+  auto t = est::ParamTableFromJsonFile(table, &env);
+  REQUIRE_FALSE(t.ok());
+  CHECK(t.status().message().find("injected fault at read " + table) != std::string::npos);
+  CHECK(env.Count(ckpt::FaultInjectionEnv::Op::kRead) == 1);
+  // Each read of the root (latest, the tags' manifests) fails once: the result is an error
+  // naming the failed step, or (a fault the reader works around, such as an unreadable older
+  // tag) the same table as without faults; never a different one.
+  const auto want = est::ParamTableFromCheckpoint(root);
+  REQUIRE(want.ok());
+  int errors = 0;
+  for (int n = 1; n <= 6; ++n) {
+    ckpt::FaultInjectionEnv fail(nullptr);
+    fail.FailAt(ckpt::FaultInjectionEnv::Op::kRead, n);
+    auto m = est::ParamTableFromCheckpoint(root, "", &fail);
+    INFO("read #" << n << ": " << m.status().ToString());
+    if (!m.ok()) {
+      ++errors;
+      CHECK(m.status().message().find("injected fault at " + fail.failed_step()) !=
+            std::string::npos);
+    } else {
+      CHECK(m->params.size() == want->params.size());
+      CHECK(m->source == want->source);
+    }
+  }
+  CHECK(errors > 0);
+  ckpt::FaultInjectionEnv manifest_read(nullptr);
+  manifest_read.FailAt(ckpt::FaultInjectionEnv::Op::kRead, 1000);
+  REQUIRE(est::ParamTableFromCheckpoint(root, "", &manifest_read).ok());
+  CHECK(manifest_read.Count(ckpt::FaultInjectionEnv::Op::kRead) >= 1);  // it went through env
 }
 
 TEST_CASE("peak RAM estimates bound the measured export-fp32 and reshard", "[io]") {

@@ -18,6 +18,7 @@
 #include "test_util.h"
 #include "verify/nccl_combine.h"
 #include "verify/resume.h"
+#include "verify/trainlog.h"
 #include "verify_test_util.h"
 
 namespace {
@@ -396,6 +397,24 @@ RandomState SplitState() {
   }
   s.params.insert(s.params.begin() + 2, std::move(big));
   return s;
+}
+
+// The reference run log is read through ckpt::Env: an injected read failure is a clean error
+// that names the file (an I/O error, exit 2), not "not found" and not an empty log.
+TEST_CASE("the run log is read through a fault-injecting Env", "[io]") {
+  ScratchDir dir("verify-trainlog-fault");
+  const std::string log = dir / "trainlog.jsonl";
+  Spit(log, R"({"step": 3, "loss": 1.5, "grad_norm": 0.5, "weights_xxh3": "0000000000000001"})"
+            "\n");
+  REQUIRE(ReadTrainlog(log).ok());
+  REQUIRE(ReadTrainlog(log)->count(3) == 1);
+  FaultInjectionEnv env(nullptr);
+  env.FailAt(FaultInjectionEnv::Op::kRead, 1);
+  auto failed = ReadTrainlog(log, &env);
+  REQUIRE_FALSE(failed.ok());
+  CHECK(failed.status().code() == StatusCode::kIOError);
+  CHECK(failed.status().message() == "reference run log: injected fault at read " + log);
+  CHECK(ExitCodeFor(failed.status()) == 2);
 }
 
 TEST_CASE("next-update split over processes gives the single-process report", "[io]") {

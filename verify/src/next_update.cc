@@ -21,6 +21,7 @@
 #include "convert/output_dir.h"
 #include "safetensors/safetensors.h"
 #include "next_update_split.h"
+#include "temp_dir.h"
 #include "verify/trainlog.h"
 
 namespace ckpt::verify {
@@ -84,27 +85,6 @@ Status CheckGradientFile(const Manifest& m, const std::string& path,
   return InvalidArgument(msg);
 }
 
-// A scratch directory removed on destruction.
-class TempDir {
- public:
-  static Result<TempDir> Create(const std::string& label) {
-    std::string tmpl = (fs::temp_directory_path() / (label + "-XXXXXX")).string();
-    if (mkdtemp(tmpl.data()) == nullptr) return ErrnoError("mkdtemp " + tmpl, errno);
-    return TempDir(tmpl);
-  }
-  TempDir(TempDir&& o) noexcept : path_(std::move(o.path_)) { o.path_.clear(); }
-  TempDir& operator=(TempDir&&) = delete;
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  explicit TempDir(std::string p) : path_(std::move(p)) {}
-  std::string path_;
-};
-
 // The checkpoint root of a tag directory (engine_min takes --ckpt-dir ROOT --resume-tag TAG).
 std::string RootOfTagDir(const std::string& tag_dir) {
   return fs::path(tag_dir).lexically_normal().parent_path().string();
@@ -114,7 +94,7 @@ Status RunEngineGrad(const NextUpdateOptions& o, const StateSource& source,
                      const std::string& out_file, const std::string& log) {
   const std::string bin_dir = EngineBinDir(o.bin_dir);
   const std::string engine = bin_dir + "/engine_min";
-  if (!fs::exists(engine)) {
+  if (!Env::Default()->Exists(engine)) {
     return NotFound("no gradient file given (--grad) and engine_min not found at " + engine +
                     " (set CKPT_BIN_DIR)");
   }
@@ -187,6 +167,128 @@ Status RunSingleProcess(StateSource& source, const safetensors::SafetensorsHeade
 
 }  // namespace
 
+namespace {
+
+// The gradient file of the next step: --grad, or for an engine_min checkpoint the one
+// `engine_min grad` writes into a scratch directory (kept alive by *scratch).
+Result<std::string> ObtainGradient(const NextUpdateOptions& o, const StateSource& source,
+                                   NextUpdateReport& r, std::optional<TempDir>& scratch) {
+  if (!o.grad_file.empty()) {
+    r.grad_source = o.grad_file;
+    return o.grad_file;
+  }
+  if (source.kind() == SourceKind::kDeepSpeed) {
+    return FailedPrecondition(o.root +
+                              " is a DeepSpeed checkpoint: its next batch is unknown to ckpt, so "
+                              "pass the gradient (--grad GRADS.safetensors)");
+  }
+  if (!HasEngineConfig(source.manifest().engine_config)) {
+    return FailedPrecondition(NoEngineConfigMessage(
+        r.tag_dir, "its next batch is unknown: pass --grad GRADS.safetensors"));
+  }
+  CKPT_ASSIGN_OR_RETURN(TempDir t, TempDir::Create("ckpt-next-update"), "scratch directory");
+  scratch.emplace(std::move(t));
+  const std::string grad_path = scratch->path() + "/grad.safetensors";
+  CKPT_RETURN_IF_ERROR(RunEngineGrad(o, source, grad_path, scratch->path() + "/engine.log"),
+                       "next gradient");
+  r.grad_source = "engine_min grad";
+  return grad_path;
+}
+
+// Where the pass runs: the device (kAuto resolved) and how many workers (GPUs or processes).
+struct PassPlacement {
+  Device device = Device::kCpu;
+  int workers = 1;
+};
+
+Result<PassPlacement> PlacePass(const NextUpdateOptions& o) {
+  PassPlacement p;
+  p.device = o.device;
+  std::string why;
+  const int gpus_visible = p.device == Device::kCpu ? 0 : CudaDeviceCount(&why);
+  if (p.device == Device::kAuto) p.device = gpus_visible > 0 ? Device::kCuda : Device::kCpu;
+  if (p.device == Device::kCuda) {
+    if (o.procs > 1) {
+      return InvalidArgument("--procs splits the CPU pass; with --device cuda use --gpus");
+    }
+    // Without a GPU, MakeUpdatePass says why.
+    p.workers = gpus_visible == 0 ? 1 : o.gpus > 0 ? o.gpus : gpus_visible;
+    if (gpus_visible > 0 && p.workers > gpus_visible) {
+      return FailedPrecondition("--gpus " + std::to_string(p.workers) + ": only " +
+                                std::to_string(gpus_visible) + " CUDA device(s) visible");
+    }
+    return p;
+  }
+  if (o.gpus > 0) {
+    return o.device == Device::kCpu
+               ? InvalidArgument("--gpus needs --device cuda (or auto with a GPU)")
+               : FailedPrecondition("--gpus " + std::to_string(o.gpus) + ": no CUDA device (" +
+                                    why + ")");
+  }
+  p.workers = std::max(o.procs, 1);
+  return p;
+}
+
+// --out's three result files, streamed one tensor at a time.
+Status OpenResultFiles(const NextUpdateOptions& o, const Manifest& m, const std::string& tag_dir,
+                       const convert::StagedOutput& out, ResultSinks& sinks) {
+  std::vector<safetensors::SafetensorsTensorSpec> specs;
+  for (const ParamEntry& p : m.params) {
+    if (p.trainable()) specs.push_back({p.name, DType::kF32, p.shape});
+  }
+  const std::map<std::string, std::string> meta = {{"source", tag_dir},
+                                                   {"producer", "ckpt next-update"}};
+  auto make = [&](const char* name, const char* path_kind,
+                  std::optional<safetensors::SafetensorsWriter>& w) -> Status {
+    auto meta2 = meta;
+    meta2["path"] = path_kind;
+    auto writer = safetensors::SafetensorsWriter::Create(out.staging() + "/" + name, specs, meta2);
+    CKPT_RETURN_IF_ERROR(writer, std::string("create ") + name);
+    w.emplace(std::move(writer).value());
+    return Status::Ok();
+  };
+  CKPT_RETURN_IF_ERROR(make("full_state.safetensors", "full_state", sinks.full), o.out_dir);
+  CKPT_RETURN_IF_ERROR(make("weights_only.safetensors", "weights_only", sinks.weights_only),
+                       o.out_dir);
+  CKPT_RETURN_IF_ERROR(
+      make("moments_dropped.safetensors", "moments_dropped", sinks.moments_dropped), o.out_dir);
+  return Status::Ok();
+}
+
+// The original run's next weights (r.reference, r.matches_reference): only meaningful when the
+// gradient is the run's own (engine_grad) or a --reference log is given.
+Status CompareWithRunLog(const NextUpdateOptions& o, const Manifest& m, bool engine_grad,
+                         NextUpdateReport& r) {
+  const std::string log_path =
+      !o.reference.empty() ? o.reference : RootOfTagDir(r.tag_dir) + "/trainlog.jsonl";
+  if (!engine_grad && o.reference.empty()) return Status::Ok();
+  const int64_t next = m.counters.global_step + 1;
+  r.reference = {{"log", log_path}, {"step", next}};
+  if (!Env::Default()->Exists(log_path)) {
+    if (!o.reference.empty()) return NotFound("reference run log " + log_path + " not found");
+    r.reference["note"] = "no run log at " + log_path + "; pass --reference";
+    return Status::Ok();
+  }
+  CKPT_ASSIGN_OR_RETURN(auto log, ReadTrainlog(log_path), "reference");
+  auto it = log.find(next);
+  if (it == log.end()) {
+    r.reference["note"] = "the run log has no entry for step " + std::to_string(next);
+    return Status::Ok();
+  }
+  const TrainlogEntry& e = it->second;
+  r.reference["weights_xxh3"] = e.weights_xxh3;
+  r.reference["computed_weights_xxh3"] = r.full_weights_xxh3;
+  r.reference["weights_match"] = e.weights_xxh3 == r.full_weights_xxh3;
+  if (!e.exp_avg_xxh3.empty()) r.reference["exp_avg_match"] = e.exp_avg_xxh3 == r.full_exp_avg_xxh3;
+  if (!e.exp_avg_sq_xxh3.empty())
+    r.reference["exp_avg_sq_match"] = e.exp_avg_sq_xxh3 == r.full_exp_avg_sq_xxh3;
+  if (e.lr != 0) r.reference["logged_lr"] = e.lr;
+  r.matches_reference = e.weights_xxh3 == r.full_weights_xxh3;
+  return Status::Ok();
+}
+
+}  // namespace
+
 // Every kind of checkpoint reads through one StateSource (ckpt/state_source.h): a ckpt
 // checkpoint, a universal directory, a DeepSpeed checkpoint (whose next batch is unknown to
 // ckpt, so its gradient must be given with --grad).
@@ -215,93 +317,24 @@ Result<NextUpdateReport> RunNextUpdate(const NextUpdateOptions& o) {
                       ds->optimizer + ")";
   }
 
-  // The gradient.
   std::optional<TempDir> scratch;
-  std::string grad_path = o.grad_file;
-  const bool engine_grad = grad_path.empty();
-  if (engine_grad) {
-    if (source->kind() == SourceKind::kDeepSpeed) {
-      return FailedPrecondition(o.root +
-                                " is a DeepSpeed checkpoint: its next batch is unknown to ckpt, so "
-                                "pass the gradient (--grad GRADS.safetensors)");
-    }
-    if (!HasEngineConfig(m.engine_config)) {
-      return FailedPrecondition(NoEngineConfigMessage(
-          r.tag_dir, "its next batch is unknown: pass --grad GRADS.safetensors"));
-    }
-    CKPT_ASSIGN_OR_RETURN(TempDir t, TempDir::Create("ckpt-next-update"), "scratch directory");
-    scratch.emplace(std::move(t));
-    grad_path = scratch->path() + "/grad.safetensors";
-    CKPT_RETURN_IF_ERROR(RunEngineGrad(o, *source, grad_path, scratch->path() + "/engine.log"),
-                         "next gradient");
-    r.grad_source = "engine_min grad";
-  } else {
-    r.grad_source = grad_path;
-  }
+  CKPT_ASSIGN_OR_RETURN(const std::string grad_path, ObtainGradient(o, *source, r, scratch));
   CKPT_ASSIGN_OR_RETURN(safetensors::SafetensorsHeader gheader,
                         safetensors::ReadSafetensorsHeader(grad_path), "gradient file");
   CKPT_RETURN_IF_ERROR(CheckGradientFile(m, grad_path, gheader), "next-update");
 
   // One process, or one per GPU / per --procs.
-  Device device = o.device;
-  std::string why;
-  const int gpus_visible = device == Device::kCpu ? 0 : CudaDeviceCount(&why);
-  if (device == Device::kAuto) device = gpus_visible > 0 ? Device::kCuda : Device::kCpu;
-  int workers = 1;
-  if (device == Device::kCuda) {
-    if (o.procs > 1) {
-      return InvalidArgument("--procs splits the CPU pass; with --device cuda use --gpus");
-    }
-    // Without a GPU, MakeUpdatePass below says why.
-    workers = gpus_visible == 0 ? 1 : o.gpus > 0 ? o.gpus : gpus_visible;
-    if (gpus_visible > 0 && workers > gpus_visible) {
-      return FailedPrecondition("--gpus " + std::to_string(workers) + ": only " +
-                                std::to_string(gpus_visible) + " CUDA device(s) visible");
-    }
-  } else {
-    if (o.gpus > 0) {
-      return o.device == Device::kCpu
-                 ? InvalidArgument("--gpus needs --device cuda (or auto with a GPU)")
-                 : FailedPrecondition("--gpus " + std::to_string(o.gpus) + ": no CUDA device (" +
-                                      why + ")");
-    }
-    workers = std::max(o.procs, 1);
-  }
+  CKPT_ASSIGN_OR_RETURN(const PassPlacement place, PlacePass(o));
   std::unique_ptr<UpdatePass> pass;
-  if (workers == 1) {
-    CKPT_ASSIGN_OR_RETURN(pass, MakeUpdatePass(device), "next-update");
-  }
-
-  // Optional result files, streamed one tensor at a time.
-  std::vector<safetensors::SafetensorsTensorSpec> specs;
-  for (const ParamEntry& p : m.params) {
-    if (p.trainable()) specs.push_back({p.name, DType::kF32, p.shape});
+  if (place.workers == 1) {
+    CKPT_ASSIGN_OR_RETURN(pass, MakeUpdatePass(place.device), "next-update");
   }
   ResultSinks sinks;
-  if (out) {
-    const std::map<std::string, std::string> meta = {{"source", r.tag_dir},
-                                                     {"producer", "ckpt next-update"}};
-    auto make = [&](const char* name, const char* path_kind,
-                    std::optional<safetensors::SafetensorsWriter>& w) -> Status {
-      auto meta2 = meta;
-      meta2["path"] = path_kind;
-      auto writer =
-          safetensors::SafetensorsWriter::Create(out->staging() + "/" + name, specs, meta2);
-      CKPT_RETURN_IF_ERROR(writer, std::string("create ") + name);
-      w.emplace(std::move(writer).value());
-      return Status::Ok();
-    };
-    CKPT_RETURN_IF_ERROR(make("full_state.safetensors", "full_state", sinks.full), o.out_dir);
-    CKPT_RETURN_IF_ERROR(make("weights_only.safetensors", "weights_only", sinks.weights_only),
-                         o.out_dir);
-    CKPT_RETURN_IF_ERROR(
-        make("moments_dropped.safetensors", "moments_dropped", sinks.moments_dropped), o.out_dir);
-  }
-
-  if (workers > 1) {
-    r.device = device;
-    CKPT_RETURN_IF_ERROR(RunSplitPass(o, *source, grad_path, device, workers, sinks, r),
-                         "next-update over " + std::to_string(workers) + " processes");
+  if (out) CKPT_RETURN_IF_ERROR(OpenResultFiles(o, m, r.tag_dir, *out, sinks));
+  if (place.workers > 1) {
+    r.device = place.device;
+    CKPT_RETURN_IF_ERROR(RunSplitPass(o, *source, grad_path, place.device, place.workers, sinks, r),
+                         "next-update over " + std::to_string(place.workers) + " processes");
   } else {
     r.device = pass->device();
     if (r.device == Device::kCuda) r.devices = {0};
@@ -316,35 +349,7 @@ Result<NextUpdateReport> RunNextUpdate(const NextUpdateOptions& o) {
   r.full_weights_xxh3 = sinks.weights.HexDigest();
   r.full_exp_avg_xxh3 = sinks.exp_avg.HexDigest();
   r.full_exp_avg_sq_xxh3 = sinks.exp_avg_sq.HexDigest();
-
-  // The original run's next weights: only meaningful when the gradient is the run's own.
-  const std::string log_path =
-      !o.reference.empty() ? o.reference : RootOfTagDir(r.tag_dir) + "/trainlog.jsonl";
-  if (engine_grad || !o.reference.empty()) {
-    const int64_t next = m.counters.global_step + 1;
-    r.reference = {{"log", log_path}, {"step", next}};
-    if (!fs::exists(log_path)) {
-      if (!o.reference.empty()) return NotFound("reference run log " + log_path + " not found");
-      r.reference["note"] = "no run log at " + log_path + "; pass --reference";
-    } else {
-      CKPT_ASSIGN_OR_RETURN(auto log, ReadTrainlog(log_path), "reference");
-      auto it = log.find(next);
-      if (it == log.end()) {
-        r.reference["note"] = "the run log has no entry for step " + std::to_string(next);
-      } else {
-        const TrainlogEntry& e = it->second;
-        r.reference["weights_xxh3"] = e.weights_xxh3;
-        r.reference["computed_weights_xxh3"] = r.full_weights_xxh3;
-        r.reference["weights_match"] = e.weights_xxh3 == r.full_weights_xxh3;
-        if (!e.exp_avg_xxh3.empty())
-          r.reference["exp_avg_match"] = e.exp_avg_xxh3 == r.full_exp_avg_xxh3;
-        if (!e.exp_avg_sq_xxh3.empty())
-          r.reference["exp_avg_sq_match"] = e.exp_avg_sq_xxh3 == r.full_exp_avg_sq_xxh3;
-        if (e.lr != 0) r.reference["logged_lr"] = e.lr;
-        r.matches_reference = e.weights_xxh3 == r.full_weights_xxh3;
-      }
-    }
-  }
+  CKPT_RETURN_IF_ERROR(CompareWithRunLog(o, m, /*engine_grad=*/o.grad_file.empty(), r));
   // Last: nothing after publishing can fail.
   if (out) CKPT_RETURN_IF_ERROR(out->Commit(), "publish " + o.out_dir);
   return r;

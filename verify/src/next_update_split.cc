@@ -27,16 +27,15 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 
 #include "ckpt/manifest.h"
 #include "next_update_split.h"
+#include "temp_dir.h"
 #include "verify/nccl_combine.h"
 #include "verify/trainlog.h"
 
 namespace ckpt::verify {
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -85,47 +84,23 @@ PassStats PassStatsFromJson(const nlohmann::json& j) {
 
 // Writes `text` to path through a temporary name, so a reader never sees half a file.
 Status PublishText(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f << text;
-    f.flush();
-    if (!f) return IOError("write " + tmp);
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) return IOError("rename " + tmp + ": " + ec.message());
-  return Status::Ok();
+  return WriteFileAtomic(Env::Default(), path, text);
 }
 
-// An append-only raw file; Close reports a failed write.
+// An append-only raw file of floats (Env::NewWritableFile); Close reports a failed write.
 class RawWriter {
  public:
   Status Open(const std::string& path) {
-    path_ = path;
-    f_.reset(std::fopen(path.c_str(), "wb"));
-    if (!f_) return ErrnoError("create " + path, errno);
+    CKPT_ASSIGN_OR_RETURN(file_, Env::Default()->NewWritableFile(path));
     return Status::Ok();
   }
   Status Append(const float* data, size_t n) {
-    if (n > 0 && std::fwrite(data, sizeof(float), n, f_.get()) != n) {
-      return ErrnoError("write " + path_, errno);
-    }
-    return Status::Ok();
+    return file_->Append(std::string_view(reinterpret_cast<const char*>(data), n * sizeof(float)));
   }
-  Status Close() {
-    if (std::fclose(f_.release()) != 0) return ErrnoError("close " + path_, errno);
-    return Status::Ok();
-  }
+  Status Close() { return file_->Close(); }
 
  private:
-  struct FileClose {
-    void operator()(std::FILE* f) const {
-      if (f) std::fclose(f);
-    }
-  };
-  std::string path_;
-  std::unique_ptr<std::FILE, FileClose> f_;
+  std::unique_ptr<WritableFile> file_;
 };
 
 // Reads the concatenation of the workers' files of one output kind, in rank order.
@@ -136,24 +111,23 @@ class RankConcatReader {
   // Exactly `n` floats into out; DataLoss when the workers' files hold fewer.
   Status Read(float* out, size_t n) {
     while (n > 0) {
-      if (!in_.is_open() || in_.peek() == std::char_traits<char>::eof()) {
-        if (in_.is_open()) in_.close();
+      if (!file_ || offset_ >= file_->size()) {
         if (next_rank_ >= world_) {
           return DataLoss("worker result files " + dir_ + "/rank*." + kind_ + " end early");
         }
-        in_.clear();
-        in_.open(RankFile(dir_, next_rank_++, kind_), std::ios::binary);
-        if (!in_) return IOError("open " + RankFile(dir_, next_rank_ - 1, kind_));
+        CKPT_ASSIGN_OR_RETURN(
+            file_, Env::Default()->NewRandomAccessFile(RankFile(dir_, next_rank_++, kind_)));
+        offset_ = 0;
+        if (file_->size() % sizeof(float) != 0) {
+          return DataLoss("worker result file " + kind_ + " has a partial element");
+        }
         continue;
       }
-      in_.read(reinterpret_cast<char*>(out), static_cast<std::streamsize>(n * sizeof(float)));
-      const size_t got = static_cast<size_t>(in_.gcount()) / sizeof(float);
-      if (in_.gcount() % sizeof(float) != 0) {
-        return DataLoss("worker result file " + kind_ + " has a partial element");
-      }
-      out += got;
-      n -= got;
-      if (n > 0) in_.clear();
+      const size_t take = std::min<size_t>(n, (file_->size() - offset_) / sizeof(float));
+      CKPT_RETURN_IF_ERROR(file_->Read(offset_, take * sizeof(float), out));
+      offset_ += take * sizeof(float);
+      out += take;
+      n -= take;
     }
     return Status::Ok();
   }
@@ -162,14 +136,15 @@ class RankConcatReader {
   std::string dir_, kind_;
   int world_;
   int next_rank_ = 0;
-  std::ifstream in_;
+  std::unique_ptr<RandomAccessFile> file_;  // the current rank's file
+  uint64_t offset_ = 0;                     // read up to here
 };
 
 // The worker program: next_update_worker in the directory engine_min is looked for
 // ($CKPT_BIN_DIR, or next to this program).
 Result<std::string> WorkerProgram(const std::string& bin_dir) {
   const std::string exe = EngineBinDir(bin_dir) + "/" + kNextUpdateWorkerProgram;
-  if (!fs::exists(exe)) {
+  if (!Env::Default()->Exists(exe)) {
     return NotFound(std::string("a split next-update runs ") + kNextUpdateWorkerProgram +
                     " once per process; not found at " + exe + " (set CKPT_BIN_DIR)");
   }
@@ -195,9 +170,13 @@ nlohmann::json WorkerJobJson(const WorkerJob& j) {
 
 Result<WorkerJob> ReadWorkerJob(const std::string& dir) {
   const std::string path = dir + "/job.json";
-  std::ifstream f(path);
-  if (!f) return NotFound("no split next-update job at " + path);
-  const nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+  auto text = Env::Default()->ReadFileToString(path);
+  if (!text.ok()) {
+    if (text.status().code() == StatusCode::kNotFound)
+      return NotFound("no split next-update job at " + path);
+    return text.status();
+  }
+  const nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
   WorkerJob job;
   try {
     job.tag_dir = j.at("tag_dir").get<std::string>();
@@ -266,8 +245,8 @@ Status RunNextUpdateWorker(const std::string& dir, int rank) {
     std::unique_ptr<NcclStatsCombiner> combiner;
     if (o.device == Device::kCuda) {
       CKPT_RETURN_IF_ERROR(SelectCudaDevice(rank), "worker " + std::to_string(rank));
-      std::ifstream idf(dir + "/nccl_id", std::ios::binary);
-      const std::string id((std::istreambuf_iterator<char>(idf)), std::istreambuf_iterator<char>());
+      CKPT_ASSIGN_OR_RETURN(const std::string id,
+                            Env::Default()->ReadFileToString(dir + "/nccl_id"), "nccl id");
       CKPT_ASSIGN_OR_RETURN(combiner, NcclStatsCombiner::Create(id, rank, world, rank),
                             "worker " + std::to_string(rank));
     }
@@ -371,15 +350,8 @@ Status RunSplitPass(const NextUpdateOptions& o, StateSource& source,
                     const std::string& grad_path, Device device, int workers, ResultSinks& sinks,
                     NextUpdateReport& r) {
   const Manifest& m = source.manifest();
-  std::string dir = (fs::temp_directory_path() / "ckpt-next-update-split-XXXXXX").string();
-  if (mkdtemp(dir.data()) == nullptr) return ErrnoError("mkdtemp " + dir, errno);
-  struct RemoveDir {
-    std::string path;
-    ~RemoveDir() {
-      std::error_code e;
-      fs::remove_all(path, e);
-    }
-  } cleanup{dir};
+  CKPT_ASSIGN_OR_RETURN(const TempDir scratch, TempDir::Create("ckpt-next-update-split"));
+  const std::string& dir = scratch.path();
 
   if (device == Device::kCuda) {
     CKPT_ASSIGN_OR_RETURN(std::string id, NcclStatsCombiner::NewUniqueId(),
@@ -434,8 +406,9 @@ Status RunSplitPass(const NextUpdateOptions& o, StateSource& source,
     pids[rank] = 0;
     --left;
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
-    std::ifstream ef(RankFile(dir, rank, "error"));
-    nlohmann::json err = nlohmann::json::parse(ef, nullptr, false);
+    auto error_text = Env::Default()->ReadFileToString(RankFile(dir, rank, "error"));
+    nlohmann::json err =
+        error_text.ok() ? nlohmann::json::parse(*error_text, nullptr, false) : nlohmann::json();
     if (err.is_object() && err.contains("code") && err.contains("message")) {
       failure = Status(static_cast<StatusCode>(err["code"].get<int>()),
                        "worker " + std::to_string(rank) + ": " + err["message"].get<std::string>());
@@ -463,8 +436,8 @@ Status RunSplitPass(const NextUpdateOptions& o, StateSource& source,
   PassStats overall;
   std::optional<PassStats> reduced;
   for (int rank = 0; rank < workers; ++rank) {
-    std::ifstream f(RankFile(dir, rank, "json"));
-    nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+    auto text = Env::Default()->ReadFileToString(RankFile(dir, rank, "json"));
+    nlohmann::json j = text.ok() ? nlohmann::json::parse(*text, nullptr, false) : nlohmann::json();
     if (!j.is_object()) return DataLoss("worker " + std::to_string(rank) + " left no result");
     try {
       for (const auto& piece : j.at("pieces")) {

@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 
 #include "ckpt/manifest.h"
@@ -17,6 +16,7 @@
 #include "ckpt/root.h"
 #include "convert/reshard.h"
 #include "convert/universal.h"
+#include "temp_dir.h"
 #include "verify/trainlog.h"
 
 namespace ckpt::verify {
@@ -48,28 +48,27 @@ Result<std::vector<std::string>> ParseAblate(const std::string& text) {
 namespace {
 
 // Links (or, across file systems, copies) every file of the tag into run_root/<tag>/ and
-// points run_root/latest at it.
+// points run_root/latest at it. The directory, the listing and `latest` go through Env; a
+// hard link (Env has none) and its copy fallback do not.
 Status StageCheckpoint(const std::string& tag_dir, const std::string& tag,
                        const std::string& run_root) {
-  std::error_code ec;
-  const fs::path dst = fs::path(run_root) / tag;
-  fs::create_directories(dst, ec);
-  if (ec) return IOError("create " + dst.string() + ": " + ec.message());
-  for (const auto& entry : fs::directory_iterator(tag_dir, ec)) {
-    if (!entry.is_regular_file()) continue;
-    const fs::path target = dst / entry.path().filename();
-    fs::create_hard_link(entry.path(), target, ec);
+  Env* env = Env::Default();
+  const std::string dst = run_root + "/" + tag;
+  CKPT_RETURN_IF_ERROR(env->CreateDirs(dst));
+  CKPT_ASSIGN_OR_RETURN(std::vector<DirEntry> entries, env->ListDir(tag_dir));
+  for (const DirEntry& entry : entries) {
+    if (entry.is_dir) continue;
+    const fs::path from = fs::path(tag_dir) / entry.name;
+    const fs::path target = fs::path(dst) / entry.name;
+    std::error_code ec;
+    fs::create_hard_link(from, target, ec);
     if (ec) {
       ec.clear();
-      fs::copy_file(entry.path(), target, ec);
-      if (ec) return IOError("copy " + entry.path().string() + ": " + ec.message());
+      fs::copy_file(from, target, ec);
+      if (ec) return IOError("copy " + from.string() + ": " + ec.message());
     }
   }
-  if (ec) return IOError("list " + tag_dir + ": " + ec.message());
-  std::ofstream latest(fs::path(run_root) / "latest");
-  latest << tag << "\n";
-  if (!latest) return IOError("write " + run_root + "/latest");
-  return Status::Ok();
+  return WriteFileAtomic(env, run_root + "/latest", tag + "\n");
 }
 
 // --dp M: the checkpoint converted once to the universal layout, then resharded for M ranks
@@ -186,35 +185,6 @@ struct RunSpec {
   std::string component;  // empty for the plain run
 };
 
-class ScratchRoot {
- public:
-  static Result<ScratchRoot> Create(const std::string& requested, bool keep) {
-    if (!requested.empty()) {
-      std::error_code ec;
-      fs::create_directories(requested, ec);
-      if (ec) return IOError("create " + requested + ": " + ec.message());
-      return ScratchRoot(requested, true);
-    }
-    std::string tmpl = (fs::temp_directory_path() / "ckpt-verify-resume-XXXXXX").string();
-    if (mkdtemp(tmpl.data()) == nullptr) return ErrnoError("mkdtemp " + tmpl, errno);
-    return ScratchRoot(tmpl, keep);
-  }
-  ScratchRoot(ScratchRoot&& o) noexcept : path_(std::move(o.path_)), keep_(o.keep_) {
-    o.path_.clear();
-  }
-  ScratchRoot& operator=(ScratchRoot&&) = delete;
-  ~ScratchRoot() {
-    std::error_code ec;
-    if (!keep_ && !path_.empty()) fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  ScratchRoot(std::string p, bool keep) : path_(std::move(p)), keep_(keep) {}
-  std::string path_;
-  bool keep_ = false;
-};
-
 }  // namespace
 
 namespace {
@@ -230,8 +200,7 @@ int64_t LoggedStepsAfter(const std::map<int64_t, TrainlogEntry>& log, int64_t st
 
 Result<TagChoice> ChooseTagToVerify(const std::string& root, const std::string& tag,
                                     const std::string& reference, int64_t steps) {
-  std::error_code ec;
-  if (!tag.empty() || fs::exists(fs::path(root) / "manifest.json", ec)) {
+  if (!tag.empty() || Env::Default()->Exists(root + "/" + std::string(kManifestFile))) {
     CKPT_ASSIGN_OR_RETURN(std::string dir, ResolveTagDir(root, tag), "open checkpoint " + root);
     return TagChoice{dir, ""};
   }
@@ -299,6 +268,160 @@ std::string ExpandLaunchTemplate(const std::string& launch, int world, const std
   return out;
 }
 
+namespace {
+
+// engine_min would find a corrupt file too, but as a failed launch (exit 2); corruption is a
+// finding (DataLoss, exit 1), reported before anything runs.
+Status CheckNotCorrupt(const std::string& tag_dir) {
+  CKPT_ASSIGN_OR_RETURN(std::vector<Problem> problems, CheckCheckpoint(tag_dir, /*deep=*/true),
+                        "check " + tag_dir);
+  if (problems.empty()) return Status::Ok();
+  const Problem& p = problems.front();
+  return DataLoss(tag_dir + " is corrupt (" + std::to_string(problems.size()) +
+                  " problem(s); ckpt check --deep lists them): " + p.file +
+                  (p.dataset.empty() ? "" : " " + p.dataset) + ": " + p.what);
+}
+
+// The reference log must hold every step the resumed runs are compared on.
+Status CheckReferenceCovers(const std::map<int64_t, TrainlogEntry>& ref_log,
+                            const std::string& reference, int64_t from_step, int64_t steps) {
+  for (int64_t s = from_step + 1; s <= from_step + steps; ++s) {
+    if (ref_log.count(s)) continue;
+    int64_t last = ref_log.empty() ? -1 : ref_log.rbegin()->first;
+    const std::string advice =
+        last > from_step
+            ? "choose --steps <= " + std::to_string(last - from_step)
+            : "the original run did not continue past this checkpoint; pick an earlier --tag";
+    return FailedPrecondition("reference run log " + reference + " has no entry for step " +
+                              std::to_string(s) + " (it ends at step " + std::to_string(last) +
+                              "): " + advice);
+  }
+  return Status::Ok();
+}
+
+// What every resumed run shares.
+struct ResumeContext {
+  const ResumeOptions& o;
+  const ResumeReport& rep;
+  const std::map<int64_t, TrainlogEntry>& ref_log;
+  const std::optional<ReshardedSource>& resharded;
+  std::string tag;        // the checkpoint's tag
+  std::string orig_root;  // the original run's root
+  std::string bin_dir;
+  std::string scratch;
+  bool launch = false;  // --launch: the user's command instead of engine_min
+};
+
+// The command that resumes `run` into run_root (engine_min, or the --launch template); *what
+// names it in messages.
+std::vector<std::string> ResumeCommand(const ResumeContext& ctx, const RunSpec& run,
+                                       const std::string& run_root, int64_t run_target,
+                                       bool final_save, std::string* what) {
+  const std::string log = run_root + "/trainlog.jsonl";
+  if (ctx.launch) {
+    std::vector<std::string> extra;
+    if (!run.component.empty()) extra = {"--reset-on-resume", run.component};
+    if (!final_save) extra.push_back("--no-final-save");
+    *what = "--launch command";
+    return {"/bin/sh", "-c",
+            ExpandLaunchTemplate(ctx.o.launch, ctx.rep.ranks, run_root, ctx.tag, run_target, log,
+                                 extra)};
+  }
+  std::vector<std::string> args = {
+      "train",        "--ckpt-dir", run_root,     "--resume",
+      "--resume-tag", ctx.tag,      "--steps",    std::to_string(run_target),
+      "--save-every", "0",          "--trainlog", log};
+  if (!final_save) args.push_back("--no-final-save");
+  if (!run.component.empty()) {
+    args.push_back("--reset-on-resume");
+    args.push_back(run.component);
+  }
+  *what = "engine_min train";
+  return EngineCommand(ctx.bin_dir, ctx.rep.ranks, args);
+}
+
+// Stages the checkpoint for `run`, resumes it and compares its run log with the reference and
+// its final state with `plain_final` (ablations) or with the original run's checkpoint at the
+// target step (the plain run, when the original saved one).
+Result<RunOutcome> ResumeOnce(const ResumeContext& ctx, const RunSpec& run,
+                              const std::string& plain_final) {
+  const int64_t from_step = ctx.rep.from_step;
+  const int64_t target = from_step + ctx.o.steps;
+  const std::string run_root = ctx.scratch + "/" + run.name;
+  CKPT_RETURN_IF_ERROR(ctx.resharded ? ctx.resharded->StageRun(run_root)
+                                     : StageCheckpoint(ctx.rep.tag_dir, ctx.tag, run_root),
+                       "stage " + run.name + " run");
+  // A reset step counter starts the run at 0: it runs K steps to global_step K. Its final
+  // save would collide with the staged tag when K equals the checkpoint's step; then it
+  // does not save (and has no weight gap).
+  const bool restarts_step = run.component == "step";
+  const int64_t run_target = restarts_step ? ctx.o.steps : target;
+  const bool final_save = run_target != from_step;
+  std::string what;
+  const std::vector<std::string> argv =
+      ResumeCommand(ctx, run, run_root, run_target, final_save, &what);
+  const std::string engine_log = run_root + "/engine.log";
+  auto rc = RunProcess(argv, engine_log);
+  CKPT_RETURN_IF_ERROR(rc, what + " (" + run.name + ")");
+  if (*rc != 0) {
+    return FailedPrecondition(what + " (" + run.name + " resume) exited with status " +
+                              std::to_string(*rc) + ": " + argv.back() + "\nits output:\n" +
+                              TailOfFile(engine_log));
+  }
+  CKPT_ASSIGN_OR_RETURN(auto run_log, ReadTrainlog(run_root + "/trainlog.jsonl"),
+                        run.name + " run log");
+  RunOutcome out;
+  out.first = CompareLogs(ctx.ref_log, run_log, restarts_step ? 1 : from_step + 1, from_step,
+                          ctx.o.steps, &out.steps_compared);
+  auto final_dir = ResolveTagDir(run_root);
+  if (final_save && final_dir.ok() && fs::path(*final_dir).filename() != ctx.tag) {
+    out.final_tag_dir = *final_dir;
+  }
+  std::string against = plain_final;
+  if (run.component.empty()) {
+    // The original run's own checkpoint at the target step, when it saved one.
+    auto listing = ListRoot(ctx.orig_root);
+    if (listing.ok()) {
+      for (const TagInfo& t : listing->tags) {
+        if (t.global_step == target && t.error.empty()) against = t.path;
+      }
+    }
+  }
+  if (!against.empty() && !out.final_tag_dir.empty()) {
+    CKPT_ASSIGN_OR_RETURN(StateGap g, CompareStates(against, out.final_tag_dir),
+                          run.name + " final state");
+    out.max_weight_gap = g.master;
+    out.max_exp_avg_gap = g.exp_avg;
+    out.max_exp_avg_sq_gap = g.exp_avg_sq;
+    if (out.first && !out.first->gap) {
+      if (out.first->quantity == "weights_xxh3") out.first->gap = g.master;
+      if (out.first->quantity == "exp_avg_xxh3") out.first->gap = g.exp_avg;
+      if (out.first->quantity == "exp_avg_sq_xxh3") out.first->gap = g.exp_avg_sq;
+    }
+  }
+  return out;
+}
+
+// An ablation's outcome with the notes that explain an empty one.
+AblationResult AblationOf(const std::string& component, RunOutcome out) {
+  AblationResult a;
+  a.component = component;
+  if (!out.first) {
+    a.note = "no effect on this run: resetting " + component +
+             " leaves every logged quantity bitwise equal";
+    if (component == "rng") a.note += " (e.g. dropout is off)";
+  }
+  if (!out.max_weight_gap) {
+    a.note += std::string(a.note.empty() ? "" : "; ") +
+              "weight gap not measured: the run ends at the checkpoint's own step, so it "
+              "does not save";
+  }
+  a.outcome = std::move(out);
+  return a;
+}
+
+}  // namespace
+
 Result<ResumeReport> RunVerifyResume(const ResumeOptions& o) {
   if (o.steps < 1) return InvalidArgument("--steps must be at least 1");
   ResumeReport rep;
@@ -310,19 +433,7 @@ Result<ResumeReport> RunVerifyResume(const ResumeOptions& o) {
   const Manifest& m = reader.manifest();
   rep.tag_dir = reader.dir();
   rep.from_step = m.counters.global_step;
-  // engine_min would find a corrupt file too, but as a failed launch (exit 2); corruption is a
-  // finding (DataLoss, exit 1), reported before anything runs.
-  std::vector<Problem> problems;
-  if (!o.checked) {
-    CKPT_ASSIGN_OR_RETURN(problems, CheckCheckpoint(rep.tag_dir, /*deep=*/true),
-                          "check " + rep.tag_dir);
-  }
-  if (!problems.empty()) {
-    const Problem& p = problems.front();
-    return DataLoss(rep.tag_dir + " is corrupt (" + std::to_string(problems.size()) +
-                    " problem(s); ckpt check --deep lists them): " + p.file +
-                    (p.dataset.empty() ? "" : " " + p.dataset) + ": " + p.what);
-  }
+  if (!o.checked) CKPT_RETURN_IF_ERROR(CheckNotCorrupt(rep.tag_dir));
   rep.steps = o.steps;
   rep.source_ranks = std::max(1, m.topology.dp_world_size);
   if (o.dp < 0) return InvalidArgument("--dp must be at least 1");
@@ -337,125 +448,28 @@ Result<ResumeReport> RunVerifyResume(const ResumeOptions& o) {
   const std::string orig_root = fs::path(rep.tag_dir).lexically_normal().parent_path().string();
   rep.reference = o.reference.empty() ? orig_root + "/trainlog.jsonl" : o.reference;
   CKPT_ASSIGN_OR_RETURN(auto ref_log, ReadTrainlog(rep.reference), "reference");
-  for (int64_t s = rep.from_step + 1; s <= rep.from_step + o.steps; ++s) {
-    if (!ref_log.count(s)) {
-      int64_t last = ref_log.empty() ? -1 : ref_log.rbegin()->first;
-      const std::string advice =
-          last > rep.from_step
-              ? "choose --steps <= " + std::to_string(last - rep.from_step)
-              : "the original run did not continue past this checkpoint; pick an earlier --tag";
-      return FailedPrecondition("reference run log " + rep.reference + " has no entry for step " +
-                                std::to_string(s) + " (it ends at step " + std::to_string(last) +
-                                "): " + advice);
-    }
-  }
+  CKPT_RETURN_IF_ERROR(CheckReferenceCovers(ref_log, rep.reference, rep.from_step, o.steps));
   const std::string bin_dir = EngineBinDir(o.bin_dir);
-  if (!launch && !fs::exists(bin_dir + "/engine_min")) {
+  if (!launch && !Env::Default()->Exists(bin_dir + "/engine_min")) {
     return NotFound("engine_min not found at " + bin_dir + "/engine_min (set CKPT_BIN_DIR)");
   }
-  CKPT_ASSIGN_OR_RETURN(ScratchRoot scratch, ScratchRoot::Create(o.scratch, o.keep_scratch),
+  CKPT_ASSIGN_OR_RETURN(TempDir scratch,
+                        o.scratch.empty() ? TempDir::Create("ckpt-verify-resume", o.keep_scratch)
+                                          : TempDir::At(o.scratch),
                         "scratch directory");
-
   std::optional<ReshardedSource> resharded;
   if (o.dp > 0) {
     CKPT_ASSIGN_OR_RETURN(resharded, ReshardedSource::Create(rep.tag_dir, scratch.path(), o.dp),
                           "--dp " + std::to_string(o.dp));
   }
-  std::vector<RunSpec> runs = {{"plain", ""}};
-  for (const auto& c : o.ablate) runs.push_back({"ablate-" + c, c});
-  const int64_t target = rep.from_step + o.steps;
-  std::string plain_final;
-  for (const RunSpec& run : runs) {
-    const std::string run_root = scratch.path() + "/" + run.name;
-    CKPT_RETURN_IF_ERROR(resharded ? resharded->StageRun(run_root)
-                                   : StageCheckpoint(rep.tag_dir, reader.tag(), run_root),
-                         "stage " + run.name + " run");
-    const std::string log = run_root + "/trainlog.jsonl";
-    // A reset step counter starts the run at 0: it runs K steps to global_step K. Its final
-    // save would collide with the staged tag when K equals the checkpoint's step; then it
-    // does not save (and has no weight gap).
-    const bool restarts_step = run.component == "step";
-    const int64_t run_target = restarts_step ? o.steps : target;
-    const bool final_save = run_target != rep.from_step;
-    std::vector<std::string> args = {
-        "train",        "--ckpt-dir", run_root,     "--resume",
-        "--resume-tag", reader.tag(), "--steps",    std::to_string(run_target),
-        "--save-every", "0",          "--trainlog", log};
-    if (!final_save) args.push_back("--no-final-save");
-    if (!run.component.empty()) {
-      args.push_back("--reset-on-resume");
-      args.push_back(run.component);
-    }
-    const std::string engine_log = run_root + "/engine.log";
-    std::vector<std::string> argv = EngineCommand(bin_dir, rep.ranks, args);
-    std::string what = "engine_min train";
-    if (launch) {
-      std::vector<std::string> extra;
-      if (!run.component.empty()) extra = {"--reset-on-resume", run.component};
-      if (!final_save) extra.push_back("--no-final-save");
-      argv = {"/bin/sh", "-c",
-              ExpandLaunchTemplate(o.launch, rep.ranks, run_root, reader.tag(), run_target, log,
-                                   extra)};
-      what = "--launch command";
-    }
-    auto rc = RunProcess(argv, engine_log);
-    CKPT_RETURN_IF_ERROR(rc, what + " (" + run.name + ")");
-    if (*rc != 0) {
-      return FailedPrecondition(what + " (" + run.name + " resume) exited with status " +
-                                std::to_string(*rc) + ": " + argv.back() + "\nits output:\n" +
-                                TailOfFile(engine_log));
-    }
-    CKPT_ASSIGN_OR_RETURN(auto run_log, ReadTrainlog(log), run.name + " run log");
-    RunOutcome out;
-    out.first = CompareLogs(ref_log, run_log, restarts_step ? 1 : rep.from_step + 1, rep.from_step,
-                            o.steps, &out.steps_compared);
-    auto final_dir = ResolveTagDir(run_root);
-    if (final_save && final_dir.ok() && fs::path(*final_dir).filename() != reader.tag()) {
-      out.final_tag_dir = *final_dir;
-    }
-    std::string against;
-    if (run.component.empty()) {
-      plain_final = out.final_tag_dir;
-      // The original run's own checkpoint at the target step, when it saved one.
-      auto listing = ListRoot(orig_root);
-      if (listing.ok()) {
-        for (const TagInfo& t : listing->tags) {
-          if (t.global_step == target && t.error.empty()) against = t.path;
-        }
-      }
-    } else {
-      against = plain_final;
-    }
-    if (!against.empty() && !out.final_tag_dir.empty()) {
-      CKPT_ASSIGN_OR_RETURN(StateGap g, CompareStates(against, out.final_tag_dir),
-                            run.name + " final state");
-      out.max_weight_gap = g.master;
-      out.max_exp_avg_gap = g.exp_avg;
-      out.max_exp_avg_sq_gap = g.exp_avg_sq;
-      if (out.first && !out.first->gap) {
-        if (out.first->quantity == "weights_xxh3") out.first->gap = g.master;
-        if (out.first->quantity == "exp_avg_xxh3") out.first->gap = g.exp_avg;
-        if (out.first->quantity == "exp_avg_sq_xxh3") out.first->gap = g.exp_avg_sq;
-      }
-    }
-    if (run.component.empty()) {
-      rep.plain = std::move(out);
-    } else {
-      AblationResult a;
-      a.component = run.component;
-      if (!out.first) {
-        a.note = "no effect on this run: resetting " + run.component +
-                 " leaves every logged quantity bitwise equal";
-        if (run.component == "rng") a.note += " (e.g. dropout is off)";
-      }
-      if (!out.max_weight_gap) {
-        a.note += std::string(a.note.empty() ? "" : "; ") +
-                  "weight gap not measured: the run ends at the checkpoint's own step, so it "
-                  "does not save";
-      }
-      a.outcome = std::move(out);
-      rep.ablations.push_back(std::move(a));
-    }
+
+  const ResumeContext ctx{o,         rep,     ref_log,        resharded, reader.tag(),
+                          orig_root, bin_dir, scratch.path(), launch};
+  CKPT_ASSIGN_OR_RETURN(rep.plain, ResumeOnce(ctx, {"plain", ""}, ""));
+  for (const auto& c : o.ablate) {
+    CKPT_ASSIGN_OR_RETURN(RunOutcome out,
+                          ResumeOnce(ctx, {"ablate-" + c, c}, rep.plain.final_tag_dir));
+    rep.ablations.push_back(AblationOf(c, std::move(out)));
   }
   return rep;
 }

@@ -9,7 +9,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -17,13 +16,18 @@ extern char** environ;
 
 namespace ckpt::verify {
 
-Result<std::map<int64_t, TrainlogEntry>> ReadTrainlog(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) {
-    return NotFound("reference run log " + path +
-                    " not found (engine_min writes ROOT/trainlog.jsonl; pass --reference)");
+Result<std::map<int64_t, TrainlogEntry>> ReadTrainlog(const std::string& path, Env* env) {
+  if (!env) env = Env::Default();
+  auto text = env->ReadFileToString(path);
+  if (!text.ok()) {
+    if (text.status().code() == StatusCode::kNotFound) {
+      return NotFound("reference run log " + path +
+                      " not found (engine_min writes ROOT/trainlog.jsonl; pass --reference)");
+    }
+    return text.status().WithContext("reference run log");
   }
   std::map<int64_t, TrainlogEntry> entries;
+  std::istringstream in(*text);
   std::string line;
   int line_no = 0;
   while (std::getline(in, line)) {
@@ -101,11 +105,9 @@ Result<int> RunProcess(const std::vector<std::string>& argv, const std::string& 
 }
 
 std::string TailOfFile(const std::string& path, size_t max_bytes) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return "";
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string s = ss.str();
+  auto text = Env::Default()->ReadFileToString(path);
+  if (!text.ok()) return "";
+  std::string s = std::move(*text);
   if (s.size() > max_bytes) s = "..." + s.substr(s.size() - max_bytes);
   return s;
 }

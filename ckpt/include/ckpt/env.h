@@ -82,6 +82,8 @@ class Env {
 
   // Creates or truncates path.
   virtual Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) = 0;
+  // Opens path for appending, creating it when missing (a run log).
+  virtual Result<std::unique_ptr<WritableFile>> NewAppendableFile(const std::string& path) = 0;
   // Announces that a library (HDF5) is about to create and write path by itself.
   virtual Status BeginExternalWrite(const std::string& path) = 0;
   // fsyncs an existing file by path (used after HDF5 closed it).
@@ -126,6 +128,9 @@ class EnvWrapper : public Env {
 
   Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
     return target_->NewWritableFile(path);
+  }
+  Result<std::unique_ptr<WritableFile>> NewAppendableFile(const std::string& path) override {
+    return target_->NewAppendableFile(path);
   }
   Status BeginExternalWrite(const std::string& path) override {
     return target_->BeginExternalWrite(path);
@@ -196,6 +201,10 @@ class FaultInjectionEnv : public EnvWrapper {
   Status DropUnsyncedData();
 
   Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override;
+  // Opening is a kWrite step, each Append a kWrite, Sync a kSync. A file it creates is
+  // unsynced until its fsync; data appended to an existing file is not dropped by
+  // DropUnsyncedData.
+  Result<std::unique_ptr<WritableFile>> NewAppendableFile(const std::string& path) override;
   Status BeginExternalWrite(const std::string& path) override;
   Status SyncFile(const std::string& path) override;
   Status SyncDir(const std::string& path) override;

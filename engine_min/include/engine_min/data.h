@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/env.h"
 #include "ckpt/status.h"
 #include "engine_min/model.h"
 
@@ -28,7 +29,9 @@ class Corpus {
  public:
   // Reads `path` and cuts it into samples with lengths uniform in [min_len, max_len] drawn
   // from a generator with a fixed seed (the cut depends only on the corpus and the lengths).
-  static ckpt::Result<Corpus> Load(const std::string& path, int min_len, int max_len);
+  // The file is read through env (nullptr: ckpt::Env::Default()).
+  static ckpt::Result<Corpus> Load(const std::string& path, int min_len, int max_len,
+                                   ckpt::Env* env = nullptr);
   // For tests: an in-memory corpus.
   static ckpt::Result<Corpus> FromBytes(std::string bytes, int min_len, int max_len);
 

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/env.h"
 #include "ckpt/manifest.h"
 #include "ckpt/status.h"
 
@@ -35,19 +36,22 @@ struct ParamCounts {
 ParamCounts CountParams(const ParamTable& table);
 
 // manifest.json of a committed checkpoint, parsed and validated; `path` is a root (its
-// `latest`, or `tag`) or a tag directory. `manifest_path` receives the file read.
+// `latest`, or `tag`) or a tag directory. `manifest_path` receives the file read. Read through
+// env (nullptr: Env::Default()); a missing manifest is NotFound (ckpt::ReadTagManifest).
 Result<Manifest> ReadCheckpointManifest(const std::string& path, const std::string& tag,
-                                        std::string* manifest_path = nullptr);
+                                        std::string* manifest_path = nullptr, Env* env = nullptr);
 
 // The parameter table of a committed checkpoint: `path` is a root (its `latest`, or `tag`) or
 // a tag directory. Reads and validates manifest.json only. NotFound / DataLoss naming the file.
-Result<ParamTable> ParamTableFromCheckpoint(const std::string& path, const std::string& tag = "");
+Result<ParamTable> ParamTableFromCheckpoint(const std::string& path, const std::string& tag = "",
+                                            Env* env = nullptr);
 
 // A parameter table written by hand or by a script: a JSON file holding either an array of
 // {"name", "shape": [..], "dtype"?: "fp32", "frozen"?: false, "tied_to"?: ""} objects or an
 // object with such an array under "params" (a ckpt manifest.json qualifies).
-// InvalidArgument / DataLoss naming the file and entry.
-Result<ParamTable> ParamTableFromJsonFile(const std::string& path);
+// InvalidArgument / DataLoss naming the file and entry. Read through env (nullptr:
+// Env::Default()).
+Result<ParamTable> ParamTableFromJsonFile(const std::string& path, Env* env = nullptr);
 
 // The parameter table of a safetensors export: a .safetensors file, or a directory holding
 // model.safetensors.index.json (every file its weight_map names) or a single

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ckpt/env.h"
 #include "ckpt/status.h"
 
 namespace ckpt::verify {
@@ -28,8 +29,9 @@ struct TrainlogEntry {
 
 // Entries by step. A step logged twice (a run resumed from an earlier checkpoint into the same
 // log) keeps the last entry. NotFound when the file is missing; DataLoss naming the line when
-// a line is not a valid entry.
-Result<std::map<int64_t, TrainlogEntry>> ReadTrainlog(const std::string& path);
+// a line is not a valid entry. Read through env (nullptr: Env::Default()); other read errors
+// keep the Env's code.
+Result<std::map<int64_t, TrainlogEntry>> ReadTrainlog(const std::string& path, Env* env = nullptr);
 
 // Whether engine_min wrote the checkpoint: its engine_config is engine_min's (it holds
 // global_batch), the condition for relaunching engine_min on it. Other writers may store

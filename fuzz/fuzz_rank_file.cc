@@ -7,7 +7,8 @@
 // seal before libhdf5 parses them, as in a real checkpoint; inputs that change only raw data
 // (contiguous regions, compressed chunks) reach HDF5, the zstd filter and our readers. Then the
 // checkpoint is checked (ckpt::CheckCheckpoint, deep) and read the way a resume does (every
-// dataset whole, with its XXH3; every parameter). Any outcome but a crash or a sanitizer
+// dataset whole, with its XXH3; every parameter) and the way a resharded load does (a slice of
+// every 1-D dataset, verified by its pieces). Any outcome but a crash or a sanitizer
 // report is fine: corrupt input must come back as an error value.
 //
 // The harness asserts that it reaches the reader: the seeds themselves must load completely
@@ -64,6 +65,7 @@ std::string WriteRoot(const std::string& root, const char* compression) {
   o.params = 300;
   o.zero_stage = 2;
   o.chunk_bytes = 256;  // several chunks per tensor
+  o.piece_bytes = 64;   // several checksummed pieces per tensor (format 1.3)
   o.compression = ckpt::Compression::Parse(compression).value();
   auto tags = ckpt::WriteSynthetic(root, o);
   if (!tags.ok()) std::abort();
@@ -132,6 +134,16 @@ bool RunOne(const uint8_t* data, size_t size) {
       }
     }
     if (past_seal) ++counts.past_seal;
+    // Slice reads verify the pieces they touch (format 1.3): a middle range of every 1-D
+    // dataset.
+    for (const auto& file : reader->manifest().files) {
+      for (const auto& d : file.datasets) {
+        if (d.shape.size() != 1 || d.shape[0] < 3) continue;
+        std::vector<uint8_t> buf(d.bytes);
+        all_ok = reader->ReadSlice(file.rank, d.name, 1, d.shape[0] - 2, buf.data()).ok() &&
+                 all_ok;
+      }
+    }
     for (const auto& p : reader->manifest().params)
       all_ok = reader->ReadParamFull(p.name).ok() && all_ok;
   } else {

@@ -59,6 +59,10 @@ json FileRecordToJson(const FileRecord& f) {
                {"bytes", d.bytes},
                {"xxh3", d.xxh3}};
     if (!d.blob_kind.empty()) dj["blob_kind"] = d.blob_kind;
+    if (d.has_pieces()) {
+      dj["piece_bytes"] = d.piece_bytes;
+      dj["piece_xxh3"] = d.piece_xxh3;
+    }
     ds.push_back(dj);
   }
   json out = {{"rank", f.rank},     {"path", f.path},
@@ -256,6 +260,18 @@ FileRecord ParseFileRecord(const json& fj, const std::string& where) {
     if (db < 0) throw SchemaError{dw + ".bytes is negative"};
     d.bytes = static_cast<uint64_t>(db);
     d.xxh3 = Str(dj, "xxh3", dw);
+    if (dj.contains("piece_bytes")) {
+      const int64_t pb = Int(dj, "piece_bytes", dw);
+      if (pb <= 0) throw SchemaError{dw + ".piece_bytes must be positive"};
+      d.piece_bytes = static_cast<uint64_t>(pb);
+      const json& pj = Field(dj, "piece_xxh3", dw);
+      if (!pj.is_array()) throw SchemaError{dw + ".piece_xxh3 is not an array"};
+      for (const auto& h : pj) {
+        if (!h.is_string() || h.get_ref<const std::string&>().size() != 16)
+          throw SchemaError{dw + ".piece_xxh3: each entry is a 16-digit hex string"};
+        d.piece_xxh3.push_back(h.get<std::string>());
+      }
+    }
     f.datasets.push_back(std::move(d));
   }
   if (fj.contains("metadata_xxh3")) {
@@ -563,6 +579,13 @@ Status ValidateManifest(const Manifest& m) {
           return InvalidArgument(f.path + ": dataset '" + d.name + "' records " +
                                  std::to_string(d.bytes) + " bytes, dtype × shape is " +
                                  std::to_string(expect));
+        if (d.has_pieces() && (d.piece_bytes % DTypeSize(d.dtype) != 0 ||
+                               d.piece_xxh3.size() != d.piece_count()))
+          return InvalidArgument(f.path + ": dataset '" + d.name + "': piece_bytes " +
+                                 std::to_string(d.piece_bytes) + " with " +
+                                 std::to_string(d.piece_xxh3.size()) +
+                                 " piece digests (expected a multiple of the element size and " +
+                                 std::to_string(d.piece_count()) + " digests)");
       }
       const int64_t shard = m.partition.shard_numel[static_cast<size_t>(f.rank)];
       for (std::string_view state : {kMaster, kExpAvg, kExpAvgSq}) {

@@ -19,6 +19,31 @@
 
 namespace ckpt::internal {
 
+void PieceDigests::Update(const void* data, size_t n) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  while (n > 0) {
+    const size_t take = static_cast<size_t>(std::min<uint64_t>(n, piece_bytes_ - filled_));
+    current_.Update(p, take);
+    filled_ += take;
+    p += take;
+    n -= take;
+    if (filled_ == piece_bytes_) {
+      done_.push_back(current_.HexDigest());
+      current_ = Xxh3Stream();
+      filled_ = 0;
+    }
+  }
+}
+
+std::vector<std::string> PieceDigests::Finish() {
+  if (filled_ > 0) done_.push_back(current_.HexDigest());
+  filled_ = 0;
+  current_ = Xxh3Stream();
+  return std::move(done_);
+}
+
+uint64_t EffectivePieceBytes(uint64_t requested) { return std::max<uint64_t>(8, requested / 8 * 8); }
+
 namespace {
 
 // HDF5's shuffle filter: byte j of every element goes to plane j. The 2- and 4-byte cases
@@ -184,7 +209,7 @@ Status CreateOne(hid_t file, const DatasetSpec& spec, size_t record, const SaveO
 // The unit of the data pass: hashed (once or twice) and copied to or from the kernel while it
 // is in the core's L2. 8 MiB pieces, which spill to L3 and DRAM between the passes, saved
 // 25-40 % slower (4 ranks, 1 GiB, paired with the raw floor: 3 A/B runs of 3 pairs each).
-constexpr size_t kPieceBytes = 1u << 20;
+constexpr size_t kBlockBytes = 1u << 20;
 
 // Phase 1: the HDF5 structure (attributes, every dataset, compressed chunks); the file is
 // closed when it returns, with its uncompressed regions allocated but not yet written.
@@ -261,13 +286,18 @@ Result<RankFileWritten> WriteRankFile(const std::string& path, const RankFileHea
   // the space it needed (file systems without fallocate just skip the reservation).
   CKPT_RETURN_IF_ERROR(file->Reserve(size));
   std::vector<std::optional<Xxh3Stream>> digests(out.datasets.size());
-  for (const auto& seg : direct) digests[seg.record].emplace();
+  const uint64_t piece_bytes = EffectivePieceBytes(options.piece_bytes);
+  std::vector<std::optional<PieceDigests>> pieces(out.datasets.size());
+  for (const auto& seg : direct) {
+    digests[seg.record].emplace();
+    pieces[seg.record].emplace(piece_bytes);
+  }
   std::optional<Xxh3Stream> file_digest;
   if (options.file_checksum) file_digest.emplace();
   std::vector<uint8_t> gap;
   auto hash_gap = [&](uint64_t from, uint64_t to) -> Status {
     while (file_digest && from < to) {
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(to - from, kPieceBytes));
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(to - from, kBlockBytes));
       gap.resize(n);
       CKPT_RETURN_IF_ERROR(file->Read(from, n, gap.data()));
       file_digest->Update(gap.data(), n);
@@ -278,10 +308,11 @@ Result<RankFileWritten> WriteRankFile(const std::string& path, const RankFileHea
   uint64_t pos = 0;
   for (const auto& seg : direct) {
     CKPT_RETURN_IF_ERROR(hash_gap(pos, seg.offset), "");
-    for (uint64_t done = 0; done < seg.bytes; done += kPieceBytes) {
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(seg.bytes - done, kPieceBytes));
+    for (uint64_t done = 0; done < seg.bytes; done += kBlockBytes) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(seg.bytes - done, kBlockBytes));
       const uint8_t* p = seg.data + done;
       digests[seg.record]->Update(p, n);
+      pieces[seg.record]->Update(p, n);
       if (file_digest) file_digest->Update(p, n);
       CKPT_RETURN_IF_ERROR(
           file->Write(seg.offset + done, std::string_view(reinterpret_cast<const char*>(p), n)),
@@ -296,8 +327,20 @@ Result<RankFileWritten> WriteRankFile(const std::string& path, const RankFileHea
   CKPT_RETURN_IF_ERROR(hash_gap(pos, size), "");
   CKPT_RETURN_IF_ERROR(file->Close());
   for (size_t i = 0; i < out.datasets.size(); ++i) {
-    out.datasets[i].xxh3 = digests[i] ? digests[i]->HexDigest()
-                                      : DigestHex(Xxh3(datasets[i].data, out.datasets[i].bytes));
+    DatasetRecord& rec = out.datasets[i];
+    if (!digests[i]) {  // compressed or empty: hashed here, piece by piece while in cache
+      digests[i].emplace();
+      pieces[i].emplace(piece_bytes);
+      const auto* p = static_cast<const uint8_t*>(datasets[i].data);
+      for (uint64_t done = 0; done < rec.bytes; done += piece_bytes) {
+        const size_t n = static_cast<size_t>(std::min<uint64_t>(rec.bytes - done, piece_bytes));
+        digests[i]->Update(p + done, n);
+        pieces[i]->Update(p + done, n);
+      }
+    }
+    rec.xxh3 = digests[i]->HexDigest();
+    rec.piece_bytes = piece_bytes;
+    rec.piece_xxh3 = pieces[i]->Finish();
   }
   if (file_digest) out.file_xxh3 = file_digest->HexDigest();
   out.bytes = size;
@@ -337,6 +380,12 @@ struct RankFile::Impl {
   std::map<std::string, std::optional<uint64_t>> direct;  // name -> file offset, if direct
   std::set<std::string> shape_ok;  // datasets whose stored shape and type match their record
   std::map<std::string, size_t> chunk_bytes;  // chunked datasets: bytes of one chunk
+  // ReadSliceVerified: the last verified piece a read covered only partly, per dataset.
+  struct EdgePiece {
+    uint64_t index = 0;
+    std::vector<uint8_t> bytes;
+  };
+  std::map<std::string, EdgePiece> edge;
   Result<hid_t> Dataset(const DatasetRecord& rec, bool whole = false);
   // The file offset of the dataset's bytes when they can be read as they are: contiguous, no
   // filter, the record's little-endian type, allocated to exactly rec.bytes inside the file.
@@ -469,8 +518,8 @@ Status RankFile::ReadAll(const DatasetRecord& rec, void* out, Xxh3Stream* digest
   if (at) {
     // Read in pieces and hash each while it is in cache: one pass over the bytes.
     auto* p = static_cast<uint8_t*>(out);
-    for (uint64_t done = 0; done < rec.bytes; done += kPieceBytes) {
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(rec.bytes - done, kPieceBytes));
+    for (uint64_t done = 0; done < rec.bytes; done += kBlockBytes) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(rec.bytes - done, kBlockBytes));
       CKPT_RETURN_IF_ERROR(impl_->data->Read(*at + done, n, p + done), "dataset /" + rec.name);
       if (digest) digest->Update(p + done, n);
     }
@@ -482,6 +531,59 @@ Status RankFile::ReadAll(const DatasetRecord& rec, void* out, Xxh3Stream* digest
     return DataLoss(impl_->label + ": dataset /" + rec.name + ": read failed (" +
                     h5::ErrorText() + ")");
   if (digest) digest->Update(out, rec.bytes);
+  return Status::Ok();
+}
+
+Status RankFile::ReadSliceVerified(const DatasetRecord& rec, int64_t offset, int64_t count,
+                                   void* out, uint64_t* bytes_read) const {
+  if (!rec.has_pieces() || rec.piece_xxh3.size() != rec.piece_count())
+    return InvalidArgument(impl_->label + ": dataset /" + rec.name + " records no piece digests");
+  if (rec.shape.size() != 1)
+    return InvalidArgument(impl_->label + ": dataset /" + rec.name + " is not 1-D");
+  if (offset < 0 || count < 0 || offset + count > rec.shape[0])
+    return InvalidArgument(impl_->label + ": dataset /" + rec.name + ": slice [" +
+                           std::to_string(offset) + ", " + std::to_string(offset + count) +
+                           ") outside length " + std::to_string(rec.shape[0]));
+  if (count == 0) return Status::Ok();
+  const uint64_t elem = DTypeSize(rec.dtype);
+  const uint64_t piece = rec.piece_bytes;  // a multiple of elem (ValidateManifest)
+  const uint64_t begin = static_cast<uint64_t>(offset) * elem;
+  const uint64_t end = static_cast<uint64_t>(offset + count) * elem;
+  auto* dst = static_cast<uint8_t*>(out);
+  // Reads piece k whole into `to` and checks it.
+  auto read_piece = [&](uint64_t k, uint8_t* to) -> Status {
+    const uint64_t pb = k * piece, pe = std::min(pb + piece, rec.bytes);
+    CKPT_RETURN_IF_ERROR(ReadSlice(rec, static_cast<int64_t>(pb / elem),
+                                   static_cast<int64_t>((pe - pb) / elem), to),
+                         "");
+    if (bytes_read) *bytes_read += pe - pb;
+    const std::string got = DigestHex(Xxh3(to, pe - pb));
+    if (got != rec.piece_xxh3[k])
+      return DataLoss(impl_->label + ": dataset /" + rec.name + ": checksum mismatch in piece " +
+                      std::to_string(k) + " of " + std::to_string(rec.piece_count()) +
+                      " (bytes [" + std::to_string(pb) + ", " + std::to_string(pe) +
+                      "); manifest " + rec.piece_xxh3[k] + ", data " + got + ")");
+    return Status::Ok();
+  };
+  for (uint64_t k = begin / piece; k * piece < end; ++k) {
+    const uint64_t pb = k * piece, pe = std::min(pb + piece, rec.bytes);
+    const uint64_t lo = std::max(begin, pb), hi = std::min(end, pe);
+    if (lo == pb && hi == pe) {  // the whole piece is wanted: straight into the caller's buffer
+      CKPT_RETURN_IF_ERROR(read_piece(k, dst + (lo - begin)), "");
+      continue;
+    }
+    auto& cached = impl_->edge[rec.name];
+    if (cached.bytes.empty() || cached.index != k) {
+      cached.bytes.resize(pe - pb);
+      Status s = read_piece(k, cached.bytes.data());
+      if (!s.ok()) {
+        impl_->edge.erase(rec.name);
+        return s;
+      }
+      cached.index = k;
+    }
+    std::memcpy(dst + (lo - begin), cached.bytes.data() + (lo - pb), hi - lo);
+  }
   return Status::Ok();
 }
 

@@ -16,6 +16,25 @@
 
 namespace ckpt::internal {
 
+// The per-piece digests of one dataset's logical bytes (format 1.3): bytes arrive in order in
+// any cut, each piece_bytes-long piece gets its own XXH3-64.
+class PieceDigests {
+ public:
+  explicit PieceDigests(uint64_t piece_bytes) : piece_bytes_(piece_bytes) {}
+  void Update(const void* data, size_t n);
+  // The digests so far, the unfinished last piece included (the stream ends here).
+  std::vector<std::string> Finish();
+
+ private:
+  uint64_t piece_bytes_;
+  uint64_t filled_ = 0;  // bytes of the current piece hashed
+  Xxh3Stream current_;
+  std::vector<std::string> done_;
+};
+
+// What a writer records: SaveOptions::piece_bytes rounded down to a multiple of 8, at least 8.
+uint64_t EffectivePieceBytes(uint64_t requested);
+
 struct RankFileHeader {
   int rank = 0;
   int world = 1;
@@ -61,10 +80,17 @@ class RankFile {
   Status CheckShape(const DatasetRecord& rec) const;
   // The whole dataset; with `digest`, every byte read is also fed to it as it arrives.
   Status ReadAll(const DatasetRecord& rec, void* out, Xxh3Stream* digest = nullptr) const;
-  // Elements [offset, offset + count) of a 1-D dataset. `sequential`: the caller streams the
-  // dataset in chunk-aligned blocks, so the chunk cache is bypassed.
+  // Elements [offset, offset + count) of a 1-D dataset, unverified. `sequential`: the caller
+  // streams the dataset in chunk-aligned blocks, so the chunk cache is bypassed.
   Status ReadSlice(const DatasetRecord& rec, int64_t offset, int64_t count, void* out,
                    bool sequential = false) const;
+  // The same, verified against the record's piece digests (rec.has_pieces() required): every
+  // piece the range touches is read whole and hashed before any of its bytes are returned; a
+  // piece the range covers only partly (at most one at each end) is kept, one per dataset, so
+  // the next read that starts in it does not read it again. DataLoss naming the file, the
+  // dataset and the piece on a mismatch. *bytes_read gets the bytes read from the file.
+  Status ReadSliceVerified(const DatasetRecord& rec, int64_t offset, int64_t count, void* out,
+                           uint64_t* bytes_read) const;
 
  private:
   RankFile() = default;

@@ -132,6 +132,8 @@ Status CheckpointReader::ReadSlice(int rank, std::string_view name, int64_t offs
                                    void* out) const {
   CKPT_ASSIGN_OR_RETURN(const DatasetRecord* rec, impl_->Record(rank, name), "");
   CKPT_ASSIGN_OR_RETURN(internal::RankFile * f, impl_->File(rank), "");
+  if (impl_->options.verify_checksums && rec->has_pieces())
+    return f->ReadSliceVerified(*rec, offset, count, out, &impl_->bytes_read);
   CKPT_RETURN_IF_ERROR(f->ReadSlice(*rec, offset, count, out), "");
   impl_->bytes_read += static_cast<uint64_t>(count) * DTypeSize(rec->dtype);
   return Status::Ok();
@@ -147,12 +149,30 @@ Status CheckpointReader::VerifyDataset(int rank, std::string_view name) const {
     const int64_t block = std::max<int64_t>(1, (1 << 20) / static_cast<int64_t>(elem));  // in L2
     std::vector<uint8_t> buf(static_cast<size_t>(std::min<int64_t>(block, rec->shape[0])) * elem);
     Xxh3Stream h;
+    std::optional<internal::PieceDigests> pieces;
+    if (rec->has_pieces()) pieces.emplace(rec->piece_bytes);
     for (int64_t off = 0; off < rec->shape[0]; off += block) {
       const int64_t n = std::min(block, rec->shape[0] - off);
       CKPT_RETURN_IF_ERROR(f->ReadSlice(*rec, off, n, buf.data(), /*sequential=*/true), "");
       h.Update(buf.data(), static_cast<size_t>(n) * elem);
+      if (pieces) pieces->Update(buf.data(), static_cast<size_t>(n) * elem);
     }
     got = h.HexDigest();
+    if (pieces) {
+      // Name the first damaged piece: what a slice read of it would report.
+      const std::vector<std::string> digests = pieces->Finish();
+      for (size_t k = 0; k < digests.size() && k < rec->piece_xxh3.size(); ++k) {
+        if (digests[k] == rec->piece_xxh3[k]) continue;
+        const uint64_t pb = k * rec->piece_bytes;
+        const uint64_t pe = std::min(pb + rec->piece_bytes, rec->bytes);
+        impl_->bytes_read += rec->bytes;
+        return DataLoss(impl_->Label(rank) + ": dataset /" + rec->name +
+                        ": checksum mismatch in piece " + std::to_string(k) + " of " +
+                        std::to_string(rec->piece_count()) + " (bytes [" + std::to_string(pb) +
+                        ", " + std::to_string(pe) + "); manifest " + rec->piece_xxh3[k] +
+                        ", data " + digests[k] + ")");
+      }
+    }
   } else {
     std::vector<uint8_t> buf(rec->bytes);
     Xxh3Stream h;

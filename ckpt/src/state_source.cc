@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "ckpt/deepspeed.h"
 #include "ckpt/hash.h"
@@ -73,8 +74,8 @@ Status FrozenToF32(const ParamEntry& p, const std::vector<uint8_t>& raw, int64_t
 
 class ShardedSource final : public StateSource {
  public:
-  ShardedSource(CheckpointReader reader, bool verify)
-      : reader_(std::move(reader)), verify_(verify) {}
+  ShardedSource(CheckpointReader reader, bool verify, bool verify_reads)
+      : reader_(std::move(reader)), verify_(verify), verify_reads_(verify_reads) {}
 
   SourceKind kind() const override { return SourceKind::kSharded; }
   const Manifest& manifest() const override { return reader_.manifest(); }
@@ -169,7 +170,15 @@ class ShardedSource final : public StateSource {
   }
 
   Status Feed(int rank, const std::string& state, int64_t offset, int64_t count, float* out) {
-    if (!verify_) return reader_.ReadSlice(rank, state, offset, count, out);
+    if (!verify_) {
+      // ReadSlice checks the pieces it touches; a dataset without them is verified whole once.
+      const DatasetRecord* rec = manifest().FindDataset(rank, state);
+      if (verify_reads_ && rec && !rec->has_pieces() && !verified_.count({rank, state})) {
+        CKPT_RETURN_IF_ERROR(reader_.VerifyDataset(rank, state), "");
+        verified_.insert({rank, state});
+      }
+      return reader_.ReadSlice(rank, state, offset, count, out);
+    }
     HashStream& s = streams_[{rank, state}];
     if (!s.broken && offset < s.cursor) s.broken = true;
     if (!s.broken) CKPT_RETURN_IF_ERROR(HashUpTo(rank, state, s, offset), "");
@@ -183,6 +192,8 @@ class ShardedSource final : public StateSource {
 
   CheckpointReader reader_;
   bool verify_;
+  bool verify_reads_;
+  std::set<std::pair<int, std::string>> verified_;  // verify_reads: datasets checked whole
   std::map<std::pair<int, std::string>, HashStream> streams_;
   std::vector<float> gap_;
 };
@@ -191,8 +202,8 @@ class ShardedSource final : public StateSource {
 
 class UniversalSource final : public StateSource {
  public:
-  UniversalSource(UniversalReader reader, bool verify)
-      : reader_(std::move(reader)), verify_(verify) {}
+  UniversalSource(UniversalReader reader, bool verify, bool verify_reads)
+      : reader_(std::move(reader)), verify_(verify), verify_reads_(verify_reads) {}
 
   SourceKind kind() const override { return SourceKind::kUniversal; }
   const Manifest& manifest() const override { return reader_.manifest(); }
@@ -204,8 +215,12 @@ class UniversalSource final : public StateSource {
                         int64_t end, float* out) override {
     CKPT_ASSIGN_OR_RETURN(const ParamEntry* p, Resolve(manifest(), dir(), param, state, begin, end),
                           "");
-    if (!verify_ || p->frozen) return reader_.ReadParamRange(p->name, state, begin, end, out);
     const std::string name = UniversalParamGroup(p->name) + "/" + std::string(state);
+    if (!verify_ && verify_reads_ && !p->frozen && !verified_.count(name)) {
+      CKPT_RETURN_IF_ERROR(reader_.VerifyDataset(name), "");
+      verified_.insert(name);
+    }
+    if (!verify_ || p->frozen) return reader_.ReadParamRange(p->name, state, begin, end, out);
     HashStream& s = streams_[name];
     if (!s.broken && begin < s.cursor) s.broken = true;
     if (!s.broken) CKPT_RETURN_IF_ERROR(HashUpTo(*p, state, s, begin), "");
@@ -275,6 +290,8 @@ class UniversalSource final : public StateSource {
 
   UniversalReader reader_;
   bool verify_;
+  bool verify_reads_;
+  std::set<std::string> verified_;  // verify_reads: datasets checked whole
   std::map<std::string, HashStream> streams_;
   std::vector<float> gap_;
 };
@@ -435,7 +452,8 @@ Result<std::unique_ptr<StateSource>> OpenStateSource(const std::string& path,
   CKPT_ASSIGN_OR_RETURN(std::string dir, ResolveTagDir(path, options.tag, env), "");
   if (IsUniversal(dir, "", env)) {
     CKPT_ASSIGN_OR_RETURN(UniversalReader r, UniversalReader::Open(dir, env), "");
-    return std::unique_ptr<StateSource>(new UniversalSource(std::move(r), options.stream_verify));
+    return std::unique_ptr<StateSource>(
+        new UniversalSource(std::move(r), options.stream_verify, options.verify_reads));
   }
   OpenOptions o;
   o.env = env;
@@ -443,7 +461,8 @@ Result<std::unique_ptr<StateSource>> OpenStateSource(const std::string& path,
   CKPT_ASSIGN_OR_RETURN(CheckpointReader r, CheckpointReader::Open(dir, "", o), "");
   // A missing or truncated rank file is reported before any output is written.
   if (options.check_files) CKPT_RETURN_IF_ERROR(r.CheckFiles(), "");
-  return std::unique_ptr<StateSource>(new ShardedSource(std::move(r), options.stream_verify));
+  return std::unique_ptr<StateSource>(
+      new ShardedSource(std::move(r), options.stream_verify, options.verify_reads));
 }
 
 }  // namespace ckpt

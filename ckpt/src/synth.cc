@@ -153,6 +153,7 @@ Result<std::vector<std::string>> WriteSynthetic(const std::string& root, const S
       so.compression = o.compression;
       so.keep_last = o.keep_last;
       so.chunk_bytes = o.chunk_bytes;
+      so.piece_bytes = o.piece_bytes;
       results[static_cast<size_t>(rank)] =
           SaveCheckpoint(root, meta, mine, group.ForRank(rank), so);
       if (o.on_bytes) o.on_bytes(static_cast<uint64_t>(shard) * 12);

@@ -7,11 +7,13 @@
 //  2. Build the new manifest: the source's parameter table repartitioned with
 //     ckpt::BuildPartition for the new world size and stage; topology and engine_config
 //     updated; counters, optimizer, client_state kept.
-//  3. Prepare, one thread per new rank, each with its own reader: the rank's shard of the
-//     three states, filled only from the source slices it owns (hyperslab reads); rank 0 also
-//     the frozen parameters; data_position and scheduler; the RNG blobs when the world size is
-//     unchanged; a `reshard` json dataset recording what was done. No collective runs yet, so a
-//     failing rank cannot leave the others waiting.
+//  3. Prepare, one thread per new rank: ckpt::LoadResharded (the load a resumed run on the new
+//     topology does) reads only the slices the rank owns, each verified by the pieces it
+//     touches (or, for a source without piece digests, each dataset it reads from whole,
+//     once), so even without step 1's pass no unverified byte is copied; rank 0 also gets the
+//     frozen parameters; data_position and scheduler; the RNG blobs when the world size is
+//     unchanged; a `reshard` json dataset recording what was done. No collective runs yet, so
+//     a failing rank cannot leave the others waiting.
 //  4. Save: every thread calls ckpt::SaveCheckpoint on a ThreadGroup, rooted in the staging
 //     directory (the ckpt commit protocol writes the tag and `latest`).
 //  5. Rename the staging directory to OUT (output_dir.h).
@@ -23,6 +25,7 @@
 
 #include "ckpt/collective.h"
 #include "ckpt/deepspeed.h"
+#include "ckpt/load_resharded.h"
 #include "ckpt/manifest.h"
 #include "ckpt/progress.h"
 #include "ckpt/state_source.h"
@@ -44,63 +47,44 @@ struct PreparedRank {
 };
 
 Status PrepareRank(const std::string& src_path, const ReshardOptions& opts, Env* env,
-                   const Manifest& target, const nlohmann::json& note, bool copy_rng,
-                   int source_ranks, Progress& progress, PreparedRank& out) {
+                   const ReshardTarget& target, const nlohmann::json& note, Progress& progress,
+                   PreparedRank& out) {
   const int j = out.stats.rank;
-  SourceOptions so;
-  so.tag = opts.tag;
-  so.env = env;
-  CKPT_ASSIGN_OR_RETURN(auto src, OpenStateSource(src_path, so), "");
-  const size_t n = static_cast<size_t>(target.partition.shard_numel[static_cast<size_t>(j)]);
-  out.master.assign(n, 0.0f);
-  out.exp_avg.assign(n, 0.0f);
-  out.exp_avg_sq.assign(n, 0.0f);
-  for (const auto& p : target.params) {
-    if (!p.trainable()) continue;
-    for (const auto& r : p.ranges) {
-      if (r.rank != j) continue;
-      CKPT_RETURN_IF_ERROR(
-          src->ReadParamRange(p.name, kMaster, r.begin, r.end, out.master.data() + r.shard_offset));
-      CKPT_RETURN_IF_ERROR(src->ReadParamRange(p.name, kExpAvg, r.begin, r.end,
-                                               out.exp_avg.data() + r.shard_offset));
-      CKPT_RETURN_IF_ERROR(src->ReadParamRange(p.name, kExpAvgSq, r.begin, r.end,
-                                               out.exp_avg_sq.data() + r.shard_offset));
-      out.stats.bytes_owned += static_cast<uint64_t>(r.end - r.begin) * 12;
-      progress.Add(static_cast<uint64_t>(r.end - r.begin) * 12);
-    }
-  }
+  // The same load a resumed run does (ckpt/load_resharded.h): only the slices this rank owns,
+  // each verified by its pieces; a source without piece digests was checked whole in step 1,
+  // or (--no-verify) each dataset this rank reads from is checked whole once.
+  LoadReshardOptions lo;
+  lo.source.tag = opts.tag;
+  lo.source.env = env;
+  lo.optimizer_type.clear();  // a converter copies whatever moments the source holds
+  lo.source_verified = opts.verify_source;  // step 1 checked every dataset whole
+  CKPT_ASSIGN_OR_RETURN(ReshardedRank loaded, LoadResharded(src_path, target, j, lo), "");
+  out.master = std::move(loaded.master);
+  out.exp_avg = std::move(loaded.exp_avg);
+  out.exp_avg_sq = std::move(loaded.exp_avg_sq);
+  out.stats.bytes_owned = loaded.accounting.bytes_owned + loaded.accounting.small_bytes;
+  out.stats.bytes_read = loaded.accounting.bytes_read + loaded.accounting.small_bytes;
+  out.stats.slices = loaded.accounting.slices;
+  out.stats.piece_bytes = loaded.accounting.piece_bytes;
+  progress.Add(loaded.accounting.bytes_owned);
   auto& ds = out.contents.datasets;
-  const std::vector<int64_t> shape = {static_cast<int64_t>(n)};
+  const std::vector<int64_t> shape = {static_cast<int64_t>(out.master.size())};
   ds.push_back(DatasetSpec::Tensor(std::string(kMaster), DType::kF32, shape, out.master.data()));
   ds.push_back(DatasetSpec::Tensor(std::string(kExpAvg), DType::kF32, shape, out.exp_avg.data()));
   ds.push_back(
       DatasetSpec::Tensor(std::string(kExpAvgSq), DType::kF32, shape, out.exp_avg_sq.data()));
-  if (j == 0) {
-    // Reserve first: DatasetSpec keeps raw pointers into these buffers.
-    size_t frozen_count = 0;
-    for (const auto& p : target.params) frozen_count += p.frozen && p.tied_to.empty();
-    out.frozen.reserve(frozen_count);
-    for (const auto& p : target.params) {
-      if (!p.frozen || !p.tied_to.empty()) continue;
-      CKPT_ASSIGN_OR_RETURN(auto raw, src->ReadFrozenBytes(p.name));  // names the parameter
-      out.stats.bytes_owned += raw.size();
-      out.frozen.push_back(std::move(raw));
-      ds.push_back(DatasetSpec::Tensor(std::string(kFrozenPrefix) + p.name, p.dtype, p.shape,
-                                       out.frozen.back().data()));
-    }
+  // Reserve first: DatasetSpec keeps raw pointers into these buffers.
+  out.frozen.reserve(loaded.frozen.size());
+  for (auto& [name, raw] : loaded.frozen) {
+    const ParamEntry* p = nullptr;
+    for (const auto& q : target.params)
+      if (q.name == name) p = &q;
+    out.frozen.push_back(std::move(raw));
+    ds.push_back(DatasetSpec::Tensor(std::string(kFrozenPrefix) + name, p->dtype, p->shape,
+                                     out.frozen.back().data()));
   }
-  // Per-rank state: the same rank's when the world size is unchanged, else rank 0's
-  // (engine_min keeps data_position and the scheduler global); RNG only when unchanged.
-  const int from = copy_rng ? j : 0;
-  std::vector<RankExtra> extras =
-      from < source_ranks ? src->RankExtras(from) : std::vector<RankExtra>{};
-  out.texts.reserve(extras.size() + 1);
-  for (const auto& ex : extras) {
-    if (ex.name == kReshardDataset) continue;  // replaced by this reshard's record
-    if (ex.name.rfind(kRngPrefix, 0) == 0 && !copy_rng) continue;
-    CKPT_ASSIGN_OR_RETURN(auto bytes, src->ReadRankExtra(from, ex),
-                          "source rank " + std::to_string(from) + " dataset " + ex.name);
-    out.stats.bytes_owned += bytes.size();
+  out.texts.reserve(loaded.extras.size() + 1);
+  for (auto& [ex, bytes] : loaded.extras) {
     out.texts.emplace_back(bytes.begin(), bytes.end());
     if (ex.record.kind == "json")
       ds.push_back(DatasetSpec::Json(ex.name, out.texts.back()));
@@ -109,7 +93,6 @@ Status PrepareRank(const std::string& src_path, const ReshardOptions& opts, Env*
   }
   out.texts.push_back(note.dump());
   ds.push_back(DatasetSpec::Json(std::string(kReshardDataset), out.texts.back()));
-  out.stats.bytes_read = src->bytes_read();
   return Status::Ok();
 }
 
@@ -191,10 +174,29 @@ Result<ReshardReport> Reshard(const std::string& src_path, const std::string& ou
         ec["global_batch"].is_number_integer() && ec["micro_batch"].is_number_integer()) {
       const int64_t gb = ec["global_batch"].get<int64_t>();
       const int64_t mb = ec["micro_batch"].get<int64_t>();
-      if (mb > 0 && gb % (mb * opts.dp) == 0) ec["grad_accum"] = gb / (mb * opts.dp);
+      if (mb > 0 && gb % (mb * opts.dp) == 0) {
+        ec["grad_accum"] = gb / (mb * opts.dp);
+      } else if (mb > 0 && gb > 0) {
+        report.warnings.push_back(
+            "micro-batch " + std::to_string(mb) + " x " + std::to_string(opts.dp) +
+            " ranks does not divide the global batch " + std::to_string(gb) +
+            ": engine_min will resume with micro-batch 1 and grad-accum " +
+            std::to_string(gb / opts.dp) + " unless --micro-batch / --grad-accum say otherwise");
+      }
     }
   }
+  if (report.zero_stage == 0 && opts.dp > 1)
+    report.warnings.push_back("ZeRO-0 on " + std::to_string(opts.dp) +
+                              " ranks: rank 0 holds all optimizer state (the other rank files "
+                              "hold none)");
+  if (opts.on_warning)
+    for (const auto& w : report.warnings) opts.on_warning(w);
   CKPT_RETURN_IF_ERROR(ValidateManifest(m), "resharded manifest");
+  ReshardTarget target;
+  target.world = opts.dp;
+  target.zero_stage = report.zero_stage;
+  target.params = m.params;
+  target.partition = m.partition;
 
   std::string comp_text = opts.compression;
   if (comp_text.empty() && src->kind() != SourceKind::kUniversal && !sm.files.empty())
@@ -230,8 +232,7 @@ Result<ReshardReport> Reshard(const std::string& src_path, const std::string& ou
       ranks[static_cast<size_t>(j)].stats.rank = j;
       threads.emplace_back([&, j] {
         PreparedRank& r = ranks[static_cast<size_t>(j)];
-        r.status = PrepareRank(src_path, opts, env, m, note, report.rng_copied, report.source_dp,
-                               progress, r);
+        r.status = PrepareRank(src_path, opts, env, target, note, progress, r);
       });
     }
     for (auto& t : threads) t.join();
@@ -246,6 +247,7 @@ Result<ReshardReport> Reshard(const std::string& src_path, const std::string& ou
     SaveOptions so;
     so.env = env;
     so.compression = comp;
+    so.piece_bytes = opts.piece_bytes;
     std::vector<Status> saved(static_cast<size_t>(opts.dp));
     std::vector<std::thread> threads;
     for (int j = 0; j < opts.dp; ++j) {

@@ -11,6 +11,7 @@
 #include "ckpt/dtype.h"
 #include "ckpt/env.h"
 #include "ckpt/hash.h"
+#include "ckpt/load_resharded.h"
 #include "ckpt/shape.h"
 #include "ckpt/utc_time.h"
 #include "engine_min/random.h"
@@ -77,22 +78,19 @@ void ApplyAdamW(const EngineConfig& config, double lr, int64_t step, float* w, f
 
 ckpt::Status CheckResumeTopology(const ckpt::Manifest& m, const std::string& where, int world,
                                  int zero_stage) {
-  const std::string reshard_hint =
-      "; convert it with `ckpt reshard` to this topology first (nothing on disk was changed)";
   if (m.kind != "sharded") {
     return ckpt::FailedPrecondition(where + " is a '" + m.kind +
-                                    "' checkpoint, not a sharded "
-                                    "training checkpoint" +
-                                    reshard_hint);
+                                    "' checkpoint, not a sharded training checkpoint; convert it "
+                                    "with `ckpt reshard` first (nothing on disk was changed)");
   }
-  if (m.topology.dp_world_size != world || m.topology.zero_stage != zero_stage ||
-      m.topology.tp != 1 || m.topology.pp != 1) {
+  if (m.topology.tp != 1 || m.topology.pp != 1) {
     return ckpt::FailedPrecondition(
         where + " was saved by " + std::to_string(m.topology.dp_world_size) +
         " data-parallel ranks with ZeRO-" + std::to_string(m.topology.zero_stage) + " (tp " +
         std::to_string(m.topology.tp) + ", pp " + std::to_string(m.topology.pp) +
         "); this run has " + std::to_string(world) + " ranks with ZeRO-" +
-        std::to_string(zero_stage) + reshard_hint);
+        std::to_string(zero_stage) + " and no tensor or pipeline parallelism (nothing on disk "
+        "was changed)");
   }
   return ckpt::Status::Ok();
 }
@@ -857,25 +855,24 @@ ckpt::Status Engine::Restore(const ckpt::CheckpointReader& reader,
                              const std::set<std::string>& reset) {
   const ckpt::Manifest& m = reader.manifest();
   const std::string where = reader.dir();
-  const std::string reshard_hint =
-      "; convert it with `ckpt reshard` to this topology first (nothing on disk was changed)";
   CKPT_RETURN_IF_ERROR(CheckResumeTopology(m, where, world_, stage_), "resume");
-  // Same model: the same table, names, shapes, frozen and tied flags, and the same layout.
-  if (m.params.size() != params_.size()) {
-    return ckpt::FailedPrecondition(
-        where + " has " + std::to_string(m.params.size()) + " parameters, this model has " +
-        std::to_string(params_.size()) + " (a different --layers?)" + reshard_hint);
-  }
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const auto& a = m.params[i];
-    const auto& b = params_[i];
-    if (a.name != b.name || a.shape != b.shape || a.frozen != b.frozen || a.tied_to != b.tied_to) {
-      return ckpt::FailedPrecondition("model shape differs: " + where + " has " + a.name + " " +
-                                      ckpt::ShapeText(a.shape, ",") + ", this run has " +
-                                      b.name + " " + ckpt::ShapeText(b.shape, ",") +
-                                      reshard_hint);
-    }
-    if (b.trainable()) {
+  const bool resharding =
+      m.topology.dp_world_size != world_ || m.topology.zero_stage != stage_;
+  const std::string hint = " (nothing on disk was changed)";
+  // Same model: the same table, names, shapes, frozen and tied flags (and, on the same
+  // topology, the same layout).
+  ckpt::ReshardTarget target;
+  target.world = world_;
+  target.zero_stage = stage_;
+  target.params = params_;
+  target.partition = partition_;
+  if (ckpt::Status s = ckpt::CheckReshardable(m, target, "adamw", where); !s.ok())
+    return ckpt::Status(s.code(), s.message() + hint);
+  if (!resharding) {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const auto& a = m.params[i];
+      const auto& b = params_[i];
+      if (!b.trainable()) continue;
       bool same = a.ranges.size() == b.ranges.size();
       for (size_t k = 0; same && k < a.ranges.size(); ++k) {
         same = a.ranges[k].rank == b.ranges[k].rank && a.ranges[k].begin == b.ranges[k].begin &&
@@ -884,13 +881,13 @@ ckpt::Status Engine::Restore(const ckpt::CheckpointReader& reader,
       }
       if (!same) {
         return ckpt::FailedPrecondition(where + " partitions " + a.name +
-                                        " differently from this run" + reshard_hint);
+                                        " differently from this run" + hint);
       }
     }
-  }
-  if (m.partition.shard_numel != partition_.shard_numel) {
-    return ckpt::FailedPrecondition(where + " has shard lengths that differ from this run's" +
-                                    reshard_hint);
+    if (m.partition.shard_numel != partition_.shard_numel) {
+      return ckpt::FailedPrecondition(where + " has shard lengths that differ from this run's" +
+                                      hint);
+    }
   }
   const int64_t n_samples = static_cast<int64_t>(corpus_.samples().size());
   if (m.engine_config.contains("corpus_xxh3") &&
@@ -900,26 +897,61 @@ ckpt::Status Engine::Restore(const ckpt::CheckpointReader& reader,
                                     corpus_.digest() + ")");
   }
 
-  // Optimizer state: each rank reads its own shard; ZeRO-0's lives in rank 0's file.
-  const int64_t ckpt_len = partition_.shard_numel[rank_];
-  auto read_state = [&](std::string_view name, std::vector<float>& dst) -> ckpt::Status {
-    if (stage_ == 0) {
-      std::vector<float> buf(static_cast<size_t>(partition_.shard_numel[0]));
-      if (rank_ == 0) {
-        CKPT_RETURN_IF_ERROR(reader.ReadDataset(0, name, buf.data(), buf.size() * sizeof(float)),
-                             std::string(name));
-      }
-      CKPT_RETURN_IF_ERROR(mpi_.Broadcast(buf.data(), buf.size() * sizeof(float), 0),
-                           std::string(name));
-      std::copy(buf.begin(), buf.begin() + flat_numel_, dst.begin());
-      return ckpt::Status::Ok();
+  // Optimizer state. Same topology: each rank reads its own shard (ZeRO-0's lives in rank 0's
+  // file). Another world size or stage: each rank loads the slices its new partition owns from
+  // the old rank files (ckpt::LoadResharded, verified piece by piece); nothing is converted or
+  // written. ZeRO-0: rank 0 reads, then broadcasts.
+  if (resharding) {
+    std::vector<float>* states[] = {&master_, &exp_avg_, &exp_avg_sq_};
+    std::optional<ckpt::ReshardedRank> loaded;
+    if (stage_ != 0 || rank_ == 0) {
+      ckpt::LoadReshardOptions lo;
+      lo.frozen = false;
+      lo.extras = false;
+      CKPT_ASSIGN_OR_RETURN(loaded, ckpt::LoadResharded(where, target, rank_, lo),
+                            "resume on " + std::to_string(world_) + " ranks with ZeRO-" +
+                                std::to_string(stage_) + " from " +
+                                std::to_string(m.topology.dp_world_size) + " with ZeRO-" +
+                                std::to_string(m.topology.zero_stage));
+      last_load_ = loaded->accounting;
     }
-    return reader.ReadDataset(rank_, name, dst.data(), ckpt_len * sizeof(float))
-        .WithContext(std::string(name));
-  };
-  CKPT_RETURN_IF_ERROR(read_state(ckpt::kMaster, master_), "restore");
-  CKPT_RETURN_IF_ERROR(read_state(ckpt::kExpAvg, exp_avg_), "restore");
-  CKPT_RETURN_IF_ERROR(read_state(ckpt::kExpAvgSq, exp_avg_sq_), "restore");
+    std::vector<float>* from[] = {nullptr, nullptr, nullptr};
+    if (loaded) from[0] = &loaded->master, from[1] = &loaded->exp_avg, from[2] = &loaded->exp_avg_sq;
+    for (int k = 0; k < 3; ++k) {
+      if (stage_ == 0) {
+        std::vector<float> buf(static_cast<size_t>(partition_.shard_numel[0]));
+        if (rank_ == 0) buf = std::move(*from[k]);
+        CKPT_RETURN_IF_ERROR(mpi_.Broadcast(buf.data(), buf.size() * sizeof(float), 0),
+                             "restore");
+        std::copy(buf.begin(), buf.begin() + flat_numel_, states[k]->begin());
+      } else {
+        if (from[k]->size() != states[k]->size())
+          return ckpt::Internal("resharded shard has the wrong length");
+        *states[k] = std::move(*from[k]);
+      }
+    }
+  } else {
+    const int64_t ckpt_len = partition_.shard_numel[rank_];
+    auto read_state = [&](std::string_view name, std::vector<float>& dst) -> ckpt::Status {
+      if (stage_ == 0) {
+        std::vector<float> buf(static_cast<size_t>(partition_.shard_numel[0]));
+        if (rank_ == 0) {
+          CKPT_RETURN_IF_ERROR(
+              reader.ReadDataset(0, name, buf.data(), buf.size() * sizeof(float)),
+              std::string(name));
+        }
+        CKPT_RETURN_IF_ERROR(mpi_.Broadcast(buf.data(), buf.size() * sizeof(float), 0),
+                             std::string(name));
+        std::copy(buf.begin(), buf.begin() + flat_numel_, dst.begin());
+        return ckpt::Status::Ok();
+      }
+      return reader.ReadDataset(rank_, name, dst.data(), ckpt_len * sizeof(float))
+          .WithContext(std::string(name));
+    };
+    CKPT_RETURN_IF_ERROR(read_state(ckpt::kMaster, master_), "restore");
+    CKPT_RETURN_IF_ERROR(read_state(ckpt::kExpAvg, exp_avg_), "restore");
+    CKPT_RETURN_IF_ERROR(read_state(ckpt::kExpAvgSq, exp_avg_sq_), "restore");
+  }
 
   // Frozen table from rank 0's frozen/<name>, broadcast.
   {
@@ -937,7 +969,10 @@ ckpt::Status Engine::Restore(const ckpt::CheckpointReader& reader,
   auto has = [&](int rank, std::string_view name) { return m.FindDataset(rank, name) != nullptr; };
   // Per-rank generator; a rank file without one gets a deterministic fresh generator.
   // Invariant mode's dropout is stateless; its generator below is never drawn from.
-  if (!config_.invariant && has(rank_, kRngDropout)) {
+  // A new world size gets no generator states (as `ckpt reshard` writes none): fresh
+  // deterministic ones, and the shuffle generator replayed from the seed (it is global).
+  const bool same_world = m.topology.dp_world_size == world_;
+  if (!config_.invariant && same_world && has(rank_, kRngDropout)) {
     CKPT_ASSIGN_OR_RETURN(std::string blob, reader.ReadBlob(rank_, kRngDropout), "restore");
     CKPT_ASSIGN_OR_RETURN(dropout_rng_, ParseRng(blob), "restore rng/dropout");
   } else {
@@ -954,7 +989,7 @@ ckpt::Status Engine::Restore(const ckpt::CheckpointReader& reader,
                                     std::to_string(n_samples));
   }
   std::mt19937_64 shuffle;
-  if (has(rank_, kRngShuffle)) {
+  if (same_world && has(rank_, kRngShuffle)) {
     CKPT_ASSIGN_OR_RETURN(std::string blob, reader.ReadBlob(rank_, kRngShuffle), "restore");
     CKPT_ASSIGN_OR_RETURN(shuffle, ParseRng(blob), "restore rng/shuffle");
   } else {

@@ -144,6 +144,21 @@ ckpt::Result<ckpt::CheckpointReader> OpenResumeCheckpoint(const CommandLine& cl,
                                              : reader->manifest().topology.zero_stage;
   CKPT_RETURN_IF_ERROR(
       CheckResumeTopology(reader->manifest(), reader->dir(), mpi.world_size(), zero));
+  // Another world size resumes directly (Engine::Restore reshards at load time), but the
+  // global batch is kept, so the new world size must divide it.
+  const int64_t gb =
+      base["global_batch"].is_number_integer() ? base["global_batch"].get<int64_t>() : 0;
+  if (gb > 0 && gb % mpi.world_size() != 0) {
+    std::string divisors;
+    for (int64_t d = 1; d <= gb; ++d)
+      if (gb % d == 0) divisors += (divisors.empty() ? "" : ", ") + std::to_string(d);
+    return ckpt::FailedPrecondition(
+        reader->dir() + " was saved with global batch " + std::to_string(gb) + " (" +
+        std::to_string(reader->manifest().topology.dp_world_size) +
+        " ranks); a resumed run keeps it, and " + std::to_string(mpi.world_size()) +
+        " data-parallel ranks cannot split it: resume on a world size that divides it (" +
+        divisors + ") (nothing on disk was changed)");
+  }
   return reader;
 }
 
@@ -304,6 +319,18 @@ int RunCommand(MpiComm& mpi, int argc, char** argv) {
     if (!s.ok()) {
       if (s.code() == ckpt::StatusCode::kFailedPrecondition) return Fail(s);
       AbortJob(s);
+    }
+    const ckpt::Topology& t = reader->manifest().topology;
+    if (mpi.rank() == 0 &&
+        (t.dp_world_size != mpi.world_size() || t.zero_stage != config->zero_stage)) {
+      const ckpt::ReadAccounting& a = engine.last_load();
+      std::printf("engine_min: %s resharded at load: saved by %d ranks with ZeRO-%d, loaded on "
+                  "%d ranks with ZeRO-%d; rank 0 read %llu bytes of optimizer state for %llu "
+                  "owned (%.3fx), every byte verified\n",
+                  reader->tag().c_str(), t.dp_world_size, t.zero_stage, mpi.world_size(),
+                  config->zero_stage, static_cast<unsigned long long>(a.bytes_read),
+                  static_cast<unsigned long long>(a.bytes_owned), a.ratio());
+      std::fflush(stdout);
     }
   } else {
     ckpt::Status s = engine.InitFresh();

@@ -8,6 +8,7 @@ Low level, mirroring the C++ API:
   save_shard(root, manifest, datasets, collective)   -> collective atomic save of one rank's shard
   AsyncSaver().save(root, manifest, datasets, ...)   -> the same, persisted in the background
   Reader(path, tag="")                                -> read a committed checkpoint
+  load_resharded(path, world, zero_stage, rank, tag="") -> one rank's state on another topology
   ls(root), inspect(path, tag=""), check(path, tag="", deep=False) -> dicts as the CLI's --json
   xxh3(array), Xxh3()                                 -> the digests the format and run logs use
   write_safetensors(path, [(name, array)]), read_safetensors(path)
@@ -27,6 +28,7 @@ from ._ckpt import (  # noqa: F401  (re-exported)
     Xxh3,
     check,
     inspect,
+    load_resharded,
     ls,
     plan,
     read_safetensors as _read_safetensors,
@@ -36,7 +38,7 @@ from ._ckpt import (  # noqa: F401  (re-exported)
 from . import _ckpt
 
 __all__ = [
-    "Error", "CorruptionError", "Reader", "Dataset", "plan", "save_shard", "AsyncSaver", "ls", "inspect",
+    "Error", "CorruptionError", "Reader", "Dataset", "plan", "save_shard", "AsyncSaver", "load_resharded", "ls", "inspect",
     "check", "xxh3", "Xxh3", "write_safetensors", "read_safetensors", "SingleCollective",
 ]
 

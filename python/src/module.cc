@@ -7,6 +7,7 @@
 // lacks). Errors become ckpt.CorruptionError (DataLoss) or ckpt.Error carrying the Status text;
 // nothing aborts the interpreter. The GIL is released during I/O; a collective implemented in
 // Python re-acquires it for each call.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -24,9 +25,11 @@
 #include "ckpt/collective.h"
 #include "ckpt/dtype.h"
 #include "ckpt/hash.h"
+#include "ckpt/load_resharded.h"
 #include "ckpt/manifest.h"
 #include "ckpt/reader.h"
 #include "ckpt/root.h"
+#include "ckpt/state_source.h"
 #include "ckpt/status.h"
 #include "ckpt/writer.h"
 #include "safetensors/safetensors.h"
@@ -263,6 +266,68 @@ py::object Plan(py::handle params, int world, py::object zero_stage, py::object 
   }
   json j = ManifestToJson(m);
   return ToPython({{"partition", j["partition"]}, {"params", j["params"]}});
+}
+
+// A float32 numpy array owning `v` (no copy).
+py::array_t<float> FloatArray(std::vector<float> v) {
+  auto heap = std::make_unique<std::vector<float>>(std::move(v));
+  std::vector<float>* raw = heap.get();
+  py::capsule owner(heap.release(), [](void* p) { delete static_cast<std::vector<float>*>(p); });
+  return py::array_t<float>({static_cast<py::ssize_t>(raw->size())}, {sizeof(float)}, raw->data(),
+                            owner);
+}
+
+// load_resharded(path, world, zero_stage, rank, tag="") -> dict: rank `rank`'s state for
+// `world` ranks with ZeRO `zero_stage`, read from the checkpoint at `path` as it was saved
+// (ckpt::LoadResharded; docs/python.md).
+py::object LoadReshardedPy(const std::string& path, int world, int zero_stage, int rank,
+                           const std::string& tag) {
+  ReshardedRank loaded;
+  Manifest target_json;
+  WithoutGil([&] {
+    SourceOptions so;
+    so.tag = tag;
+    so.check_files = false;
+    auto src = OpenStateSource(path, so);
+    if (!src.ok()) throw StatusError{src.status()};
+    auto target = PlanReshard((*src)->manifest(), world, zero_stage);
+    if (!target.ok()) throw StatusError{target.status()};
+    src->reset();
+    LoadReshardOptions o;
+    o.source.tag = tag;
+    o.optimizer_type.clear();
+    auto r = LoadResharded(path, *target, rank, o);
+    if (!r.ok()) throw StatusError{r.status()};
+    loaded = std::move(*r);
+    target_json.params = target->params;
+    target_json.partition = target->partition;
+    return 0;
+  });
+  json j = ManifestToJson(target_json);
+  py::dict out;
+  out["rank"] = rank;
+  out["world"] = world;
+  out["zero_stage"] = zero_stage;
+  out["partition"] = ToPython(j["partition"]);
+  out["params"] = ToPython(j["params"]);
+  out["master"] = FloatArray(std::move(loaded.master));
+  out["exp_avg"] = FloatArray(std::move(loaded.exp_avg));
+  out["exp_avg_sq"] = FloatArray(std::move(loaded.exp_avg_sq));
+  py::dict frozen, extras;
+  for (auto& [name, bytes] : loaded.frozen)
+    frozen[py::str(name)] = py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  for (auto& [ex, bytes] : loaded.extras)
+    extras[py::str(ex.name)] = py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  out["frozen"] = frozen;
+  out["extras"] = extras;
+  const ReadAccounting& a = loaded.accounting;
+  out["accounting"] = ToPython({{"bytes_read", a.bytes_read},
+                                {"bytes_owned", a.bytes_owned},
+                                {"slices", a.slices},
+                                {"piece_bytes", a.piece_bytes},
+                                {"small_bytes", a.small_bytes},
+                                {"ratio", a.ratio()}});
+  return out;
 }
 
 // The manifest a saver passes (rank 0's is written; files[], format and times are the writer's).
@@ -614,6 +679,8 @@ PYBIND11_MODULE(_ckpt, m) {
       .def("read_json", &Reader::ReadJson)
       .def("read_param_range_into", &Reader::ReadParamRangeInto)
       .def("verify_dataset", &Reader::VerifyDataset);
+  m.def("load_resharded", &LoadReshardedPy, py::arg("path"), py::arg("world"),
+        py::arg("zero_stage"), py::arg("rank"), py::arg("tag") = "");
   m.def("ls", &Ls, py::arg("root"));
   m.def("inspect", &Inspect, py::arg("path"), py::arg("tag") = "");
   m.def("check", &Check, py::arg("path"), py::arg("tag") = "", py::arg("deep") = false);

@@ -21,6 +21,7 @@ inline Status MakeSynthetic(const std::string& root, int ranks, int zero, int64_
   o.params = params;
   o.largest_tensor = largest;
   o.seed = 7;
+  o.piece_bytes = 256;  // many pieces per dataset, so slice reads verify partial ranges
   auto c = Compression::Parse(compress);
   if (!c.ok()) return c.status();
   o.compression = *c;

@@ -6,6 +6,8 @@
 // second. The full matrix (world sizes 1-4 × ZeRO 0-3, every resume pair) is the hidden
 // "[full]" case, run with `engine_invariant_test "[full]"` (docs/engine.md has its result).
 #include <catch2/catch.hpp>
+#include <algorithm>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "ckpt/reader.h"
@@ -13,6 +15,7 @@
 #include "test_util.h"
 
 using namespace ckpt::testing;
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -144,6 +147,77 @@ TEST_CASE("invariant mode: save, reshard to another world size or split, resume:
     CHECK(reader->manifest().engine_config.value("invariant", false));
   }
   CHECK(Slurp(dir / "case0-dst.log").find("invariant mode") != std::string::npos);
+}
+
+// Resumes the checkpoint in `src` directly on `to` (no conversion: Engine::Restore loads the
+// old rank files resharded) with the run log written elsewhere and no save, and checks that
+// nothing under `src` changed; returns the source's run-log lines followed by the resumed ones.
+std::vector<std::string> ResumeDirectly(const ScratchDir& dir, const std::string& src,
+                                        const std::string& name, const Layout& to,
+                                        std::string* log = nullptr) {
+  auto listing = [&]() {
+    std::vector<std::string> names;
+    for (const auto& e : fs::recursive_directory_iterator(src))
+      names.push_back(e.path().string() + ":" +
+                      (e.is_regular_file() ? std::to_string(fs::file_size(e.path())) : "d"));
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  const auto before = listing();
+  const std::string trainlog = dir / (name + ".jsonl");
+  std::string out;
+  const int rc = Engine(to.ranks,
+                        "train --resume" + to.Flags() + " --steps " + std::to_string(kSteps) +
+                            " --no-final-save --save-every 0 --trainlog " + trainlog +
+                            " --ckpt-dir " + src,
+                        dir / (name + ".log"), &out);
+  INFO(out);
+  REQUIRE(rc == 0);
+  CHECK(listing() == before);  // nothing written before the first save
+  if (log) *log = out;
+  std::vector<std::string> lines = Lines(src + "/trainlog.jsonl");
+  for (const std::string& l : Lines(trainlog)) lines.push_back(l);
+  return lines;
+}
+
+TEST_CASE("invariant mode: --resume on another world size or stage loads directly: bitwise",
+          "[mpi]") {
+  ScratchDir dir("invariant-direct");
+  const auto ref = Straight(dir, "ref", {4, 2, 3}, kInvariant);
+  struct Case {
+    Layout from, to;
+  };
+  const Case cases[] = {
+      {{4, 2, 3}, {3, 2, 2}},   // 4 -> 3
+      {{3, 3, 4}, {1, 0, 3}},   // 3 -> 1, ZeRO-3 -> ZeRO-0
+      {{1, 0, 12}, {4, 1, 1}},  // 1 -> 4, ZeRO-0 -> ZeRO-1
+      {{2, 1, 6}, {2, 3, 1}},   // same world size, ZeRO-1 -> ZeRO-3
+  };
+  int i = 0;
+  for (const Case& c : cases) {
+    INFO(c.from.Name() << " -> " << c.to.Name());
+    const std::string name = "case" + std::to_string(i++);
+    const std::string src = SaveAtK(dir, name + "-src", c.from, kInvariant);
+    std::string log;
+    RequireSameTrajectory(ref, ResumeDirectly(dir, src, name + "-resume", c.to, &log));
+    CHECK(log.find("resharded at load") != std::string::npos);
+  }
+}
+
+TEST_CASE("default mode: a direct resume on 3 ranks is the `ckpt reshard` resume, bit for bit",
+          "[mpi]") {
+  if (!HaveBinary("ckpt")) {
+    WARN("skipped: build/bin/ckpt (to-universal, reshard) is not built");
+    return;
+  }
+  // Same generators for the new ranks (seeded from seed, global_step, rank), same data
+  // position, same state: the two ways to change the world size are one trajectory.
+  ScratchDir dir("default-direct");
+  const std::string src = SaveAtK(dir, "src", {4, 2, 3}, "");
+  const auto via_reshard = ReshardAndResume(dir, src, "dst", {3, 2, 2});
+  const auto direct = ResumeDirectly(dir, src, "direct", {3, 2, 2});
+  REQUIRE(direct.size() == static_cast<size_t>(kSteps));
+  CHECK(direct == via_reshard);
 }
 
 TEST_CASE("default mode resharded the same way diverges (the control)", "[mpi]") {

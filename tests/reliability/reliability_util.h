@@ -47,6 +47,7 @@ inline std::vector<std::string> WriteSmallRoot(const std::string& root, int rank
   o.zero_stage = zero;
   o.tags = tags;
   o.chunk_bytes = 2048;  // many chunks per tensor, so flips land in distinct chunks
+  o.piece_bytes = 1024;  // many checksummed pieces per tensor (format 1.3)
   o.compression = Compression::Parse(compression).value();
   auto written = WriteSynthetic(root, o);
   if (!written.ok()) throw std::runtime_error(written.status().ToString());

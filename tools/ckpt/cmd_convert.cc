@@ -158,7 +158,8 @@ std::function<int()> SetupReshard(CLI::App& sub) {
   sub.add_option("--compress", a->compress,
                  "none | zstd[:LEVEL][+shuffle] (default: the source's)");
   sub.add_flag("--no-verify", a->no_verify,
-               "skip the up-front XXH3 pass over the source's optimizer state");
+               "skip the up-front XXH3 pass over the source's optimizer state (every slice "
+               "copied is still verified as it is read)");
   sub.add_flag("--json", a->json, "machine-readable output");
   return [a] {
     ReshardOptions o;
@@ -168,6 +169,9 @@ std::function<int()> SetupReshard(CLI::App& sub) {
     o.compression = a->compress;
     o.verify_source = !a->no_verify;
     o.progress = !a->json;
+    o.on_warning = [](const std::string& w) {
+      std::fprintf(stderr, "ckpt reshard: warning: %s\n", w.c_str());
+    };
     auto r = Reshard(a->src, a->out, o);
     if (!r.ok()) return ReportError("reshard", r.status(), a->json);
     if (a->json) {
@@ -189,7 +193,8 @@ std::function<int()> SetupReshard(CLI::App& sub) {
                  {"verify_bytes", r->verify_bytes},
                  {"ranks", ranks},
                  {"max_ratio", r->max_ratio()},
-                 {"skipped", r->skipped}});
+                 {"skipped", r->skipped},
+                 {"warnings", r->warnings}});
     } else {
       std::printf("resharded %s (%s, %d rank(s), ZeRO-%d) -> %s/%s (%d rank(s), ZeRO-%d)\n",
                   r->source_dir.c_str(), std::string(SourceKindName(r->source_kind)).c_str(),

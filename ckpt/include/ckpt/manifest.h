@@ -21,8 +21,12 @@ inline constexpr int kFormatMajor = 1;
 // 1.1: the param_owner partition scheme, and manifest_xxh3 over the file's bytes with its own
 // value replaced by 16 '0' (any JSON writer can seal a manifest); 1.0 manifests keep verifying
 // under 1.0's rule. 1.2: the HDF5 metadata seal of each rank file, `latest` with its global step
-// and a checksum, manifest_xxh3 required (docs/format.md). Older files keep reading.
-inline constexpr int kFormatMinor = 2;
+// and a checksum, manifest_xxh3 required (docs/format.md). 1.3: per-piece checksums of every
+// dataset (DatasetRecord::piece_xxh3), so a slice read is verified without reading the whole
+// dataset. Older files keep reading.
+inline constexpr int kFormatMinor = 3;
+// Default size of a checksummed piece of a dataset's logical bytes (format 1.3).
+inline constexpr uint64_t kDefaultPieceBytes = 4u << 20;
 inline constexpr std::string_view kDigestPlaceholder = "0000000000000000";
 inline constexpr std::string_view kWriterVersion = "ckpt 0.1.0";
 inline constexpr std::string_view kManifestFile = "manifest.json";
@@ -105,6 +109,13 @@ struct DatasetRecord {
   std::vector<int64_t> shape;
   uint64_t bytes = 0;     // logical bytes (numel × dtype size)
   std::string xxh3;       // of the logical little-endian bytes
+  // Since format 1.3: the logical bytes cut into pieces of piece_bytes (the last one shorter),
+  // and the XXH3-64 of each piece, ceil(bytes / piece_bytes) of them. piece_bytes 0: none
+  // recorded (an older file); slice reads then cannot be verified piece by piece.
+  uint64_t piece_bytes = 0;
+  std::vector<std::string> piece_xxh3;
+  bool has_pieces() const { return piece_bytes > 0; }
+  uint64_t piece_count() const { return piece_bytes ? (bytes + piece_bytes - 1) / piece_bytes : 0; }
 };
 
 struct FileRecord {

@@ -44,8 +44,11 @@ class CheckpointReader {
   // Blob or json dataset as a string / parsed JSON.
   Result<std::string> ReadBlob(int rank, std::string_view name) const;
   Result<nlohmann::json> ReadJson(int rank, std::string_view name) const;
-  // Elements [offset, offset + count) of a 1-D dataset (HDF5 hyperslab; no checksum, since a
-  // partial read cannot check one).
+  // Elements [offset, offset + count) of a 1-D dataset. When verify_checksums and the dataset
+  // records piece digests (format 1.3), every piece the range touches is read whole and
+  // checked (at most one partly wanted piece at each end; the last one per dataset is kept
+  // for the next read): DataLoss naming the file, dataset and piece. Without piece digests
+  // (files before 1.3) the slice is not checked: verify the dataset (VerifyDataset) instead.
   Status ReadSlice(int rank, std::string_view name, int64_t offset, int64_t count,
                    void* out) const;
   // Elements [begin, end) of a trainable parameter's `state` (kMaster, kExpAvg, kExpAvgSq) as
@@ -56,14 +59,15 @@ class CheckpointReader {
   // frozen/<name> (converted from its stored dtype), aliases from their owner.
   Result<std::vector<float>> ReadParamFull(std::string_view param,
                                            std::string_view state = "master") const;
-  // Streams a dataset in bounded memory (1 MiB blocks) and checks its XXH3 against the
-  // manifest. DataLoss naming the file and dataset on mismatch.
+  // Streams a dataset in bounded memory (1 MiB blocks) and checks its XXH3 and, when recorded,
+  // each piece's against the manifest. DataLoss naming the file and dataset (and the first
+  // damaged piece) on mismatch.
   Status VerifyDataset(int rank, std::string_view name) const;
   // Every rank file the manifest lists exists with its recorded size: what every command that
   // opens a checkpoint checks before it writes anything (a truncated file it would not read is
   // still a damaged checkpoint). DataLoss naming the file.
   Status CheckFiles() const;
-  // Data bytes read from rank files so far (for reshard's read accounting).
+  // Data bytes read from rank files so far, whole pieces included (read accounting).
   uint64_t bytes_read() const;
 
  private:

@@ -55,6 +55,10 @@ struct SourceOptions {
   std::string tag;             // empty: what `latest` names (or the directory itself)
   Env* env = nullptr;          // nullptr: Env::Default()
   bool stream_verify = false;  // hash ordered reads as they pass (see above)
+  // Every ReadParamRange is verified before it returns: a dataset that records piece digests
+  // (format 1.3) by the pieces the range touches, an older one by one whole-dataset pass the
+  // first time it is read (what LoadResharded opens with). Ignored with stream_verify.
+  bool verify_reads = false;
   // false: open for the tables only (inspect), without first checking that every rank file
   // exists with its recorded size; data reads still fail on a damaged file.
   bool check_files = true;

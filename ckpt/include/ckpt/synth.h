@@ -26,6 +26,7 @@ struct SynthOptions {
   Compression compression;
   int keep_last = 0;
   uint64_t chunk_bytes = 4u << 20;
+  uint64_t piece_bytes = kDefaultPieceBytes;  // SaveOptions::piece_bytes
   Env* env = nullptr;
   // Called after each rank file is written with its logical bytes (any thread).
   std::function<void(uint64_t)> on_bytes;

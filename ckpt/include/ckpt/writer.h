@@ -55,6 +55,10 @@ struct SaveOptions {
   bool update_latest = true;
   bool file_checksum = true;       // XXH3 of each whole rank file (one read-back pass)
   int compress_threads = 0;        // 0: hardware concurrency / world size, at least 1
+  // Format 1.3: every dataset's logical bytes are hashed in pieces of this many bytes (the
+  // last one shorter), in the same pass as the dataset digest; slice reads verify the pieces
+  // they touch. Rounded down to a multiple of 8 (every element size divides it), at least 8.
+  uint64_t piece_bytes = kDefaultPieceBytes;
 };
 
 // Collective over `comm`: every rank passes its own contents; `meta` must be the same on

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -17,16 +18,30 @@ struct ReshardOptions {
   int dp = 0;                 // new world size, >= 1
   int zero_stage = -1;        // -1: the source's
   std::string compression;    // empty: the source's (rank 0's file)
-  bool verify_source = true;  // stream every source dataset once and check its XXH3 first
+  // Stream every source dataset once and check its XXH3 first. Without it every byte copied
+  // is still verified as it is read (LoadResharded: by its pieces, or for a source without
+  // piece digests by one whole pass over each dataset a new rank reads from).
+  bool verify_source = true;
+  uint64_t piece_bytes = kDefaultPieceBytes;  // of the output (SaveOptions::piece_bytes)
   Env* env = nullptr;         // nullptr: Env::Default()
   bool progress = false;
+  // Called with each warning about resuming the output (before anything is written); the
+  // warnings are also in ReshardReport::warnings.
+  std::function<void(const std::string&)> on_warning;
 };
 
 struct RankReadStats {
   int rank = 0;
   uint64_t bytes_read = 0;   // source data bytes this new rank read
   uint64_t bytes_owned = 0;  // bytes of source state it holds (no padding)
+  uint64_t slices = 0;       // source slices of optimizer state it read
+  uint64_t piece_bytes = 0;  // the source's largest piece (0: none recorded)
   double ratio() const { return bytes_owned ? double(bytes_read) / double(bytes_owned) : 1.0; }
+  // The read bound of issue 15: bytes_read <= 1.05 x bytes_owned + one piece per slice edge.
+  bool within_bound() const {
+    return static_cast<double>(bytes_read) <=
+           1.05 * static_cast<double>(bytes_owned) + 2.0 * double(slices) * double(piece_bytes);
+  }
 };
 
 struct ReshardReport {
@@ -43,6 +58,9 @@ struct ReshardReport {
   std::vector<RankReadStats> ranks;
   double max_ratio() const;
   std::vector<std::string> skipped;  // source datasets not carried over
+  // What a resume of the output will do differently (e.g. another micro-batch), found before
+  // anything was written.
+  std::vector<std::string> warnings;
 };
 
 // Writes a normal checkpoint root at `out` (must not exist or be empty) holding the source's

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "ckpt/async_saver.h"
+#include "ckpt/load_resharded.h"
 #include "ckpt/manifest.h"
 #include "ckpt/reader.h"
 #include "ckpt/status.h"
@@ -68,9 +69,9 @@ struct StepStats {
 void ApplyAdamW(const EngineConfig& config, double lr, int64_t step, float* w, float* m, float* v,
                 const float* g, size_t n);
 
-// Refuses (FailedPrecondition, pointing to `ckpt reshard`) a checkpoint written by another
-// data-parallel size, ZeRO stage or tensor/pipeline layout, or one that is not a sharded
-// training checkpoint. Reads nothing but the manifest.
+// Refuses (FailedPrecondition) a checkpoint that is not a sharded training checkpoint or was
+// written with tensor or pipeline parallelism. Another data-parallel size or ZeRO stage is
+// fine: Restore loads it resharded. Reads nothing but the manifest.
 ckpt::Status CheckResumeTopology(const ckpt::Manifest& m, const std::string& where, int world,
                                  int zero_stage);
 
@@ -94,11 +95,15 @@ class Engine {
 
   // Fresh start: seeded initialization, identical on every rank.
   ckpt::Status InitFresh();
-  // Checks that `reader`'s checkpoint matches this run's world size, ZeRO stage, model and
-  // format (FailedPrecondition pointing to `ckpt reshard` otherwise, before anything is
-  // read), then restores every rank's state. `reset` names components to reset afterwards:
-  // moments, step, rng, data, scheduler.
+  // Checks that `reader`'s checkpoint holds this run's model and optimizer
+  // (FailedPrecondition otherwise, before anything is read), then restores every rank's state.
+  // A checkpoint of another world size or ZeRO stage is loaded resharded
+  // (ckpt::LoadResharded: each rank reads the slices it owns, verified; nothing is written);
+  // its new ranks get fresh generators seeded from (seed, global_step, rank). `reset` names
+  // components to reset afterwards: moments, step, rng, data, scheduler.
   ckpt::Status Restore(const ckpt::CheckpointReader& reader, const std::set<std::string>& reset);
+  // What the last resharded Restore read on this rank (zero otherwise; ZeRO-0: rank 0 only).
+  const ckpt::ReadAccounting& last_load() const { return last_load_; }
 
   // DeepSpeed's managed accumulation: ForwardBackward then Step after every micro-batch; the
   // optimizer update happens inside the Step that closes the accumulation window, which then
@@ -184,6 +189,7 @@ class Engine {
   int world_;
   int stage_;
 
+  ckpt::ReadAccounting last_load_;
   std::vector<ckpt::ParamEntry> params_;  // manifest table, with ranges
   ckpt::Partition partition_;
   std::vector<int64_t> flat_offset_;   // per trainable id, unpadded flat offset

@@ -5,6 +5,8 @@ Compressed chunks are read twice: through HDF5's filter pipeline (the ckpt_h5zst
 HDF5_PLUGIN_PATH) and independently with h5py's read_direct_chunk + python zstandard, undoing
 the HDF5 byte shuffle in numpy.
 """
+import ctypes
+import ctypes.util
 import json
 import os
 import sys
@@ -43,11 +45,20 @@ def read_by_chunks(ds):
     return out
 
 
+def xxh3_hex(data):
+    """XXH3-64 from the reference C library (Debian's python has no xxhash module)."""
+    lib = ctypes.CDLL(ctypes.util.find_library("xxhash") or "libxxhash.so.0")
+    lib.XXH3_64bits.restype = ctypes.c_uint64
+    lib.XXH3_64bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    return "%016x" % lib.XXH3_64bits(data, len(data))
+
+
 def main(tag_dir, expect_dir):
     manifest = json.load(open(os.path.join(tag_dir, "manifest.json")))
     assert manifest["format"] == "ckpt", manifest["format"]
     assert manifest["format_version"].split(".")[0] == "1"
     checked = 0
+    pieced = manifest["format_version"] < "1.3"
     for f in manifest["files"]:
         h = h5py.File(os.path.join(tag_dir, f["path"]), "r")
         assert h.attrs["rank"] == f["rank"]
@@ -61,6 +72,12 @@ def main(tag_dir, expect_dir):
             name = "%d__%s" % (f["rank"], d["name"].replace("/", "@"))
             expect = open(os.path.join(expect_dir, name), "rb").read()
             assert got == expect, "filter pipeline read differs: " + d["name"]
+            assert xxh3_hex(got) == d["xxh3"], "dataset digest: " + d["name"]
+            if "piece_bytes" in d:  # format 1.3: the digest of every piece of the logical bytes
+                pb = d["piece_bytes"]
+                pieces = [xxh3_hex(got[k:k + pb]) for k in range(0, len(got), pb)]
+                assert pieces == d["piece_xxh3"], "piece digests: " + d["name"]
+                pieced = True
             if ds.chunks is not None and ds.size > 0:
                 raw = read_by_chunks(ds).tobytes()
                 assert raw == expect, "raw chunk read differs: " + d["name"]
@@ -75,6 +92,7 @@ def main(tag_dir, expect_dir):
             n = r["end"] - r["begin"]
             full[r["begin"]:r["end"]] = files[r["rank"]]["master"][r["shard_offset"]:r["shard_offset"] + n]
         assert np.isfinite(full).all()
+    assert pieced, "a 1.3 manifest records piece digests"
     print("h5py cross-check: %d datasets identical" % checked)
 
 

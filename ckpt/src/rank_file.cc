@@ -380,12 +380,6 @@ struct RankFile::Impl {
   std::map<std::string, std::optional<uint64_t>> direct;  // name -> file offset, if direct
   std::set<std::string> shape_ok;  // datasets whose stored shape and type match their record
   std::map<std::string, size_t> chunk_bytes;  // chunked datasets: bytes of one chunk
-  // ReadSliceVerified: the last verified piece a read covered only partly, per dataset.
-  struct EdgePiece {
-    uint64_t index = 0;
-    std::vector<uint8_t> bytes;
-  };
-  std::map<std::string, EdgePiece> edge;
   Result<hid_t> Dataset(const DatasetRecord& rec, bool whole = false);
   // The file offset of the dataset's bytes when they can be read as they are: contiguous, no
   // filter, the record's little-endian type, allocated to exactly rec.bytes inside the file.
@@ -534,8 +528,45 @@ Status RankFile::ReadAll(const DatasetRecord& rec, void* out, Xxh3Stream* digest
   return Status::Ok();
 }
 
+const std::vector<uint8_t>* PieceCache::Find(const void* file, const std::string& dataset,
+                                             uint64_t index) {
+  for (Entry& e : entries_) {
+    if (e.file == file && e.index == index && e.dataset == dataset) {
+      e.used = ++clock_;
+      return &e.bytes;
+    }
+  }
+  return nullptr;
+}
+
+std::vector<uint8_t>& PieceCache::Insert(const void* file, const std::string& dataset,
+                                         uint64_t index) {
+  Entry* slot = nullptr;
+  if (entries_.size() < capacity_) {
+    slot = &entries_.emplace_back();
+  } else {
+    slot = &*std::min_element(entries_.begin(), entries_.end(),
+                              [](const Entry& a, const Entry& b) { return a.used < b.used; });
+  }
+  slot->file = file;
+  slot->dataset = dataset;
+  slot->index = index;
+  slot->used = ++clock_;
+  return slot->bytes;
+}
+
+void PieceCache::Erase(const void* file, const std::string& dataset, uint64_t index) {
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    if (entries_[i].file == file && entries_[i].index == index &&
+        entries_[i].dataset == dataset) {
+      entries_.erase(entries_.begin() + static_cast<std::ptrdiff_t>(i));
+      return;
+    }
+  }
+}
+
 Status RankFile::ReadSliceVerified(const DatasetRecord& rec, int64_t offset, int64_t count,
-                                   void* out, uint64_t* bytes_read) const {
+                                   void* out, uint64_t* bytes_read, PieceCache* cache) const {
   if (!rec.has_pieces() || rec.piece_xxh3.size() != rec.piece_count())
     return InvalidArgument(impl_->label + ": dataset /" + rec.name + " records no piece digests");
   if (rec.shape.size() != 1)
@@ -572,17 +603,19 @@ Status RankFile::ReadSliceVerified(const DatasetRecord& rec, int64_t offset, int
       CKPT_RETURN_IF_ERROR(read_piece(k, dst + (lo - begin)), "");
       continue;
     }
-    auto& cached = impl_->edge[rec.name];
-    if (cached.bytes.empty() || cached.index != k) {
-      cached.bytes.resize(pe - pb);
-      Status s = read_piece(k, cached.bytes.data());
+    const std::vector<uint8_t>* piece_bytes = cache ? cache->Find(this, rec.name, k) : nullptr;
+    std::vector<uint8_t> scratch;
+    if (!piece_bytes) {
+      std::vector<uint8_t>& buf = cache ? cache->Insert(this, rec.name, k) : scratch;
+      buf.resize(pe - pb);
+      Status s = read_piece(k, buf.data());
       if (!s.ok()) {
-        impl_->edge.erase(rec.name);
+        if (cache) cache->Erase(this, rec.name, k);
         return s;
       }
-      cached.index = k;
+      piece_bytes = &buf;
     }
-    std::memcpy(dst + (lo - begin), cached.bytes.data() + (lo - pb), hi - lo);
+    std::memcpy(dst + (lo - begin), piece_bytes->data() + (lo - pb), hi - lo);
   }
   return Status::Ok();
 }

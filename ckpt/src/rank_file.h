@@ -32,6 +32,32 @@ class PieceDigests {
   std::vector<std::string> done_;
 };
 
+// Verified pieces kept for the next slice read (RankFile::ReadSliceVerified): the last
+// `capacity` pieces that reads covered only partly, over all of a reader's files, least
+// recently used first out. Memory: capacity × piece size. Not thread-safe.
+class PieceCache {
+ public:
+  explicit PieceCache(size_t capacity) : capacity_(capacity) {}
+  // The piece's bytes, or nullptr.
+  const std::vector<uint8_t>* Find(const void* file, const std::string& dataset, uint64_t index);
+  // A buffer for the piece (replacing the least recently used entry when full); call Erase if
+  // it is not filled with verified bytes.
+  std::vector<uint8_t>& Insert(const void* file, const std::string& dataset, uint64_t index);
+  void Erase(const void* file, const std::string& dataset, uint64_t index);
+
+ private:
+  struct Entry {
+    const void* file = nullptr;
+    std::string dataset;
+    uint64_t index = 0;
+    uint64_t used = 0;
+    std::vector<uint8_t> bytes;
+  };
+  size_t capacity_;
+  uint64_t clock_ = 0;
+  std::vector<Entry> entries_;
+};
+
 // What a writer records: SaveOptions::piece_bytes rounded down to a multiple of 8, at least 8.
 uint64_t EffectivePieceBytes(uint64_t requested);
 
@@ -86,11 +112,12 @@ class RankFile {
                    bool sequential = false) const;
   // The same, verified against the record's piece digests (rec.has_pieces() required): every
   // piece the range touches is read whole and hashed before any of its bytes are returned; a
-  // piece the range covers only partly (at most one at each end) is kept, one per dataset, so
-  // the next read that starts in it does not read it again. DataLoss naming the file, the
-  // dataset and the piece on a mismatch. *bytes_read gets the bytes read from the file.
+  // piece the range covers only partly (at most one at each end) goes into `cache` (may be
+  // null), so the next read that starts in it does not read it again. DataLoss naming the
+  // file, the dataset and the piece on a mismatch. *bytes_read gets the bytes read from the
+  // file.
   Status ReadSliceVerified(const DatasetRecord& rec, int64_t offset, int64_t count, void* out,
-                           uint64_t* bytes_read) const;
+                           uint64_t* bytes_read, PieceCache* cache) const;
 
  private:
   RankFile() = default;

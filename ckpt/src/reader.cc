@@ -23,6 +23,9 @@ struct CheckpointReader::Impl {
   Manifest manifest;
   mutable std::vector<std::unique_ptr<internal::RankFile>> files;
   mutable uint64_t bytes_read = 0;
+  // Edge pieces of verified slice reads: two per state of a resharded load's interleaved
+  // master / exp_avg / exp_avg_sq reads, whatever the number of files (memory: 6 pieces).
+  mutable internal::PieceCache pieces{6};
 
   std::string Label(int rank) const {
     const FileRecord* f = manifest.FileForRank(rank);
@@ -133,7 +136,14 @@ Status CheckpointReader::ReadSlice(int rank, std::string_view name, int64_t offs
   CKPT_ASSIGN_OR_RETURN(const DatasetRecord* rec, impl_->Record(rank, name), "");
   CKPT_ASSIGN_OR_RETURN(internal::RankFile * f, impl_->File(rank), "");
   if (impl_->options.verify_checksums && rec->has_pieces())
-    return f->ReadSliceVerified(*rec, offset, count, out, &impl_->bytes_read);
+    return f->ReadSliceVerified(*rec, offset, count, out, &impl_->bytes_read, &impl_->pieces);
+  return ReadSliceUnverified(rank, name, offset, count, out);
+}
+
+Status CheckpointReader::ReadSliceUnverified(int rank, std::string_view name, int64_t offset,
+                                             int64_t count, void* out) const {
+  CKPT_ASSIGN_OR_RETURN(const DatasetRecord* rec, impl_->Record(rank, name), "");
+  CKPT_ASSIGN_OR_RETURN(internal::RankFile * f, impl_->File(rank), "");
   CKPT_RETURN_IF_ERROR(f->ReadSlice(*rec, offset, count, out), "");
   impl_->bytes_read += static_cast<uint64_t>(count) * DTypeSize(rec->dtype);
   return Status::Ok();

@@ -162,7 +162,8 @@ class ShardedSource final : public StateSource {
     while (s.cursor < target) {
       const int64_t n = std::min(kGapChunk, target - s.cursor);
       gap_.resize(static_cast<size_t>(n));
-      CKPT_RETURN_IF_ERROR(reader_.ReadSlice(rank, state, s.cursor, n, gap_.data()), "");
+      CKPT_RETURN_IF_ERROR(reader_.ReadSliceUnverified(rank, state, s.cursor, n, gap_.data()),
+                           "");
       s.hash.Update(gap_.data(), static_cast<size_t>(n) * 4);
       s.cursor += n;
     }
@@ -182,7 +183,12 @@ class ShardedSource final : public StateSource {
     HashStream& s = streams_[{rank, state}];
     if (!s.broken && offset < s.cursor) s.broken = true;
     if (!s.broken) CKPT_RETURN_IF_ERROR(HashUpTo(rank, state, s, offset), "");
-    CKPT_RETURN_IF_ERROR(reader_.ReadSlice(rank, state, offset, count, out), "");
+    // In order: hashed here, checked against the dataset digest by Verify; out of order: the
+    // pieces check it now (and Verify streams the dataset).
+    if (s.broken)
+      CKPT_RETURN_IF_ERROR(reader_.ReadSlice(rank, state, offset, count, out), "");
+    else
+      CKPT_RETURN_IF_ERROR(reader_.ReadSliceUnverified(rank, state, offset, count, out), "");
     if (!s.broken) {
       s.hash.Update(out, static_cast<size_t>(count) * 4);
       s.cursor = offset + count;

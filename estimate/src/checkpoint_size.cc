@@ -49,6 +49,8 @@ uint64_t ManifestBytes(const CheckpointConfig& c, const std::vector<ParamEntry>&
       rec.shape = d.shape;
       rec.bytes = Numel(d.shape) * DTypeSize(d.dtype);
       rec.xxh3 = std::string(16, '0');
+      rec.piece_bytes = kDefaultPieceBytes;  // format 1.3: one digest per piece
+      rec.piece_xxh3.assign(rec.piece_count(), std::string(16, '0'));
       f.datasets.push_back(std::move(rec));
     }
     m.files.push_back(std::move(f));

@@ -44,7 +44,7 @@ TEST_CASE("synth, ls, inspect, check, diff and gc through the CLI", "[io]") {
 
   auto in = Json(RunCkpt("inspect " + root + " --json"));
   CHECK(in["tag"] == "global_step200");
-  CHECK(in["format_version"] == "1.2");
+  CHECK(in["format_version"] == "1.3");
   CHECK(in["global_step"] == 200);
   CHECK(in["dp_world_size"] == 3);
   CHECK(in["zero_stage"] == 3);

@@ -265,3 +265,95 @@ TEST_CASE("reshard updates an engine_min engine_config", "[io]") {
   CHECK(ec["global_batch"] == 8);
   CHECK(ec["seed"] == 5);
 }
+
+// Issue 15: `reshard --no-verify` copied corrupt source bytes and wrote a checkpoint whose own
+// checksums were computed over them, so `check --deep` on the output said ok.
+TEST_CASE("reshard --no-verify still verifies every piece it copies", "[io]") {
+  testing::ScratchDir dir("rt-noverify");
+  const std::string src = dir / "src";
+  REQUIRE(testing::MakeSynthetic(src, 2, 1).ok());
+  auto rd = CheckpointReader::Open(src);
+  REQUIRE(rd.ok());
+  const std::string tag_dir = rd->dir();
+  // Flip a byte of rank 1's exp_avg on disk: find 32 of its bytes in the (uncompressed) file.
+  auto bytes = rd->ReadDatasetBytes(1, "exp_avg");
+  REQUIRE(bytes.ok());
+  REQUIRE(bytes->size() > 1100);
+  const std::string file = tag_dir + "/rank_00001.h5";
+  std::string content;
+  {
+    std::FILE* f = std::fopen(file.c_str(), "rb");
+    REQUIRE(f != nullptr);
+    char buf[1 << 16];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) content.append(buf, n);
+    std::fclose(f);
+  }
+  const std::string needle(reinterpret_cast<const char*>(bytes->data()) + 1000, 32);
+  const size_t at = content.find(needle);
+  REQUIRE(at != std::string::npos);
+  REQUIRE(content.find(needle, at + 1) == std::string::npos);
+  content[at + 3] = static_cast<char>(content[at + 3] ^ 0x08);
+  {
+    std::FILE* f = std::fopen(file.c_str(), "wb");
+    REQUIRE(f != nullptr);
+    REQUIRE(std::fwrite(content.data(), 1, content.size(), f) == content.size());
+    std::fclose(f);
+  }
+  for (int dp : {1, 3}) {
+    INFO("--dp " << dp);
+    ReshardOptions o;
+    o.dp = dp;
+    o.verify_source = false;
+    const std::string out = dir / ("out" + std::to_string(dp));
+    auto r = Reshard(src, out, o);
+    REQUIRE(!r.ok());
+    INFO(r.status().ToString());
+    CHECK(r.status().code() == StatusCode::kDataLoss);
+    CHECK(r.status().message().find("rank_00001.h5: dataset /exp_avg: checksum mismatch in piece " +
+                                    std::to_string(1000 / 256) + " of") != std::string::npos);
+    CHECK(testing::EmptyOrMissing(out));
+  }
+  // The CLI: exit 1 (corruption found), nothing written.
+  const std::string out = dir / "cli";
+  CHECK(testing::RunShell(testing::BinDir() + "/ckpt reshard " + src + " " + out +
+                          " --dp 3 --no-verify --json > " + (dir / "cli.json") + " 2>&1") == 1);
+  CHECK(testing::EmptyOrMissing(out));
+}
+
+TEST_CASE("reshard warns before writing when the resumed run cannot keep its micro-batch", "[io]") {
+  testing::ScratchDir dir("rt-warn");
+  const std::string src = dir / "src";
+  REQUIRE(testing::MakeSynthetic(src, 2, 1).ok());
+  auto rd = CheckpointReader::Open(src);
+  REQUIRE(rd.ok());
+  nlohmann::json j = ManifestToJson(rd->manifest());
+  j["engine_config"] = {{"global_batch", 12}, {"micro_batch", 2}, {"grad_accum", 3},
+                        {"dp_world_size", 2}, {"zero", 1}};
+  REQUIRE(testing::RewriteManifest(rd->dir() + "/manifest.json", j).ok());
+  std::vector<std::string> warned;
+  ReshardOptions o;
+  o.dp = 4;
+  o.zero_stage = 0;
+  o.on_warning = [&](const std::string& w) {
+    // Called before anything is written.
+    CHECK(testing::EmptyOrMissing(dir / "out"));
+    warned.push_back(w);
+  };
+  auto r = Reshard(src, dir / "out", o);
+  REQUIRE(r.ok());
+  CHECK(r->warnings == warned);
+  REQUIRE(warned.size() == 2);
+  CHECK(warned[0].find("micro-batch 2 x 4 ranks does not divide the global batch 12") !=
+        std::string::npos);
+  CHECK(warned[1].find("ZeRO-0 on 4 ranks") != std::string::npos);
+  o.dp = 2;
+  o.zero_stage = 3;
+  o.on_warning = nullptr;
+  auto quiet = Reshard(src, dir / "out2", o);
+  REQUIRE(quiet.ok());
+  CHECK(quiet->warnings.empty());
+  // An indivisible global batch is refused, as before.
+  o.dp = 5;
+  CHECK(Reshard(src, dir / "out5", o).status().code() == StatusCode::kInvalidArgument);
+}

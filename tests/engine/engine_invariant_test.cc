@@ -7,6 +7,7 @@
 // "[full]" case, run with `engine_invariant_test "[full]"` (docs/engine.md has its result).
 #include <catch2/catch.hpp>
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -202,6 +203,34 @@ TEST_CASE("invariant mode: --resume on another world size or stage loads directl
     RequireSameTrajectory(ref, ResumeDirectly(dir, src, name + "-resume", c.to, &log));
     CHECK(log.find("resharded at load") != std::string::npos);
   }
+  // A flipped byte in a piece a new rank reads: that rank names it and the job fails.
+  const std::string src = dir / "case0-src";
+  auto reader = ckpt::CheckpointReader::Open(src);
+  REQUIRE(reader.ok());
+  auto bytes = reader->ReadDatasetBytes(3, "exp_avg");
+  REQUIRE(bytes.ok());
+  const std::string file = reader->dir() + "/rank_00003.h5";
+  std::string content = ckpt::testing::Slurp(file);
+  const std::string needle(reinterpret_cast<const char*>(bytes->data()) + 64, 32);
+  const size_t at = content.find(needle);
+  REQUIRE(at != std::string::npos);
+  content[at + 5] = static_cast<char>(content[at + 5] ^ 0x20);
+  {
+    std::FILE* f = std::fopen(file.c_str(), "wb");
+    REQUIRE(f != nullptr);
+    REQUIRE(std::fwrite(content.data(), 1, content.size(), f) == content.size());
+    std::fclose(f);
+  }
+  std::string log;
+  const int rc = Engine(2,
+                        "train --resume --zero 3 --micro-batch 6 --grad-accum 1 --steps 4 "
+                        "--no-final-save --trainlog " + (dir / "corrupt.jsonl") +
+                            " --ckpt-dir " + src,
+                        dir / "corrupt.log", &log);
+  INFO(log);
+  CHECK(rc != 0);
+  CHECK(log.find("rank_00003.h5: dataset /exp_avg: checksum mismatch in piece 0 of 1") !=
+        std::string::npos);
 }
 
 TEST_CASE("default mode: a direct resume on 3 ranks is the `ckpt reshard` resume, bit for bit",

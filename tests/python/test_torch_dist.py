@@ -66,7 +66,7 @@ class TorchDistributed(unittest.TestCase):
         info = ckpt.inspect(root)
         self.assertEqual(info["partition"]["scheme"], "param_owner")
         self.assertEqual(info["zero_stage"], 1)
-        self.assertEqual(info["format_version"], "1.2")
+        self.assertEqual(info["format_version"], "1.3")
         self.assertEqual(info["optimizer"]["torch_class"], "ZeroRedundancyOptimizer")
         m = ckpt.Reader(root).manifest
         owners = {p["name"]: {r["rank"] for r in p["ranges"]} for p in m["params"] if p["ranges"]}

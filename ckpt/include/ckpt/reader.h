@@ -46,11 +46,15 @@ class CheckpointReader {
   Result<nlohmann::json> ReadJson(int rank, std::string_view name) const;
   // Elements [offset, offset + count) of a 1-D dataset. When verify_checksums and the dataset
   // records piece digests (format 1.3), every piece the range touches is read whole and
-  // checked (at most one partly wanted piece at each end; the last one per dataset is kept
-  // for the next read): DataLoss naming the file, dataset and piece. Without piece digests
+  // checked (at most one partly wanted piece at each end; the reader keeps the last six such
+  // pieces for the next reads): DataLoss naming the file, dataset and piece. Without piece digests
   // (files before 1.3) the slice is not checked: verify the dataset (VerifyDataset) instead.
   Status ReadSlice(int rank, std::string_view name, int64_t offset, int64_t count,
                    void* out) const;
+  // The same without any check: for a caller that hashes the whole dataset itself
+  // (StateSource's stream_verify), so pieces are not read and hashed twice.
+  Status ReadSliceUnverified(int rank, std::string_view name, int64_t offset, int64_t count,
+                             void* out) const;
   // Elements [begin, end) of a trainable parameter's `state` (kMaster, kExpAvg, kExpAvgSq) as
   // fp32, gathered from the owning ranks with hyperslab reads. A tied alias reads its owner.
   Status ReadParamRange(std::string_view param, std::string_view state, int64_t begin,

@@ -261,6 +261,19 @@ Result<std::vector<DirectSegment>> WriteStructure(const std::string& path,
   return direct;
 }
 
+// A slice [offset, offset + count) of a 1-D dataset, in elements: InvalidArgument naming the
+// file and dataset when the dataset is not 1-D or the slice runs outside it.
+Status CheckSlice(const std::string& label, const DatasetRecord& rec, int64_t offset,
+                  int64_t count) {
+  if (rec.shape.size() != 1)
+    return InvalidArgument(label + ": dataset /" + rec.name + " is not 1-D");
+  if (offset < 0 || count < 0 || offset + count > rec.shape[0])
+    return InvalidArgument(label + ": dataset /" + rec.name + ": slice [" +
+                           std::to_string(offset) + ", " + std::to_string(offset + count) +
+                           ") outside length " + std::to_string(rec.shape[0]));
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<RankFileWritten> WriteRankFile(const std::string& path, const RankFileHeader& header,
@@ -569,12 +582,7 @@ Status RankFile::ReadSliceVerified(const DatasetRecord& rec, int64_t offset, int
                                    void* out, uint64_t* bytes_read, PieceCache* cache) const {
   if (!rec.has_pieces() || rec.piece_xxh3.size() != rec.piece_count())
     return InvalidArgument(impl_->label + ": dataset /" + rec.name + " records no piece digests");
-  if (rec.shape.size() != 1)
-    return InvalidArgument(impl_->label + ": dataset /" + rec.name + " is not 1-D");
-  if (offset < 0 || count < 0 || offset + count > rec.shape[0])
-    return InvalidArgument(impl_->label + ": dataset /" + rec.name + ": slice [" +
-                           std::to_string(offset) + ", " + std::to_string(offset + count) +
-                           ") outside length " + std::to_string(rec.shape[0]));
+  CKPT_RETURN_IF_ERROR(CheckSlice(impl_->label, rec, offset, count));
   if (count == 0) return Status::Ok();
   const uint64_t elem = DTypeSize(rec.dtype);
   const uint64_t piece = rec.piece_bytes;  // a multiple of elem (ValidateManifest)
@@ -622,12 +630,7 @@ Status RankFile::ReadSliceVerified(const DatasetRecord& rec, int64_t offset, int
 
 Status RankFile::ReadSlice(const DatasetRecord& rec, int64_t offset, int64_t count, void* out,
                            bool sequential) const {
-  if (rec.shape.size() != 1)
-    return InvalidArgument(impl_->label + ": dataset /" + rec.name + " is not 1-D");
-  if (offset < 0 || count < 0 || offset + count > rec.shape[0])
-    return InvalidArgument(impl_->label + ": dataset /" + rec.name + ": slice [" +
-                           std::to_string(offset) + ", " + std::to_string(offset + count) +
-                           ") outside length " + std::to_string(rec.shape[0]));
+  CKPT_RETURN_IF_ERROR(CheckSlice(impl_->label, rec, offset, count));
   if (count == 0) return Status::Ok();
   CKPT_RETURN_IF_ERROR(CheckShape(rec), "");
   CKPT_ASSIGN_OR_RETURN(std::optional<uint64_t> at, impl_->DirectOffset(rec), "");

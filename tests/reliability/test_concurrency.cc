@@ -30,15 +30,22 @@ struct SaverReport {
   int locked = 0;  // refused because another saver or gc held the lock
 };
 
-// Child process: saves tags global_step<first + k * stride> for `seconds`, writes
-// "ok locked" to report_path; exits 3 (message in the report) on any other error.
-[[noreturn]] void SaverLoop(const std::string& root, int first, int stride, double seconds,
-                            const std::string& report_path) {
+// Child process: saves tags global_step<first + k * stride> until `stop_path` exists (or 300 s
+// pass), rewriting "ok locked" to report_path (atomically) after every attempt; exits 3 (message
+// in the report) on any other error. The tests stop it once they have seen what they test, so a
+// slow machine (sanitizers, load) gives a longer run, not a test that never reached its target.
+[[noreturn]] void SaverLoop(const std::string& root, int first, int stride,
+                            const std::string& stop_path, const std::string& report_path) {
   SaverReport rep;
   SaveOptions o;
   o.keep_last = 4;
-  const auto end = Clock::now() + std::chrono::duration<double>(seconds);
-  for (int step = first; Clock::now() < end; step += stride) {
+  const auto cap = Clock::now() + std::chrono::seconds(300);
+  auto report = [&](const std::string& text) {
+    { std::ofstream(report_path + ".tmp") << text; }
+    std::filesystem::rename(report_path + ".tmp", report_path);
+  };
+  for (int step = first; !std::filesystem::exists(stop_path) && Clock::now() < cap;
+       step += stride) {
     Manifest m = ckpt::testing::SmallModel("global_step" + std::to_string(step), 2, 1 + step % 3);
     m.counters.global_step = step;
     Status s = SaveWithThreads(root, m, o, step);
@@ -48,33 +55,58 @@ struct SaverReport {
                s.message().find(".lock") != std::string::npos) {
       ++rep.locked;
     } else {
-      std::ofstream(report_path) << "error " << s.ToString();
+      report("error " + s.ToString());
       _exit(3);
     }
+    report(std::to_string(rep.ok) + " " + std::to_string(rep.locked));
     // A gap between saves, as training has between checkpoints: gc and the other saver get
     // their chance at the lock even when a save takes long (sanitizers, a loaded machine).
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  std::ofstream(report_path) << rep.ok << " " << rep.locked;
+  report(std::to_string(rep.ok) + " " + std::to_string(rep.locked));
   _exit(0);
 }
 
-pid_t StartSaver(const std::string& root, int first, int stride, double seconds,
-                 const std::string& report) {
-  pid_t pid = fork();
-  if (pid == 0) SaverLoop(root, first, stride, seconds, report);
-  return pid;
+struct Saver {
+  pid_t pid;
+  std::string stop;
+  std::string report;
+};
+
+Saver StartSaver(const std::string& root, int first, int stride, const std::string& dir,
+                 const std::string& name) {
+  Saver s{0, dir + "/" + name + ".stop", dir + "/" + name + ".txt"};
+  s.pid = fork();
+  if (s.pid == 0) SaverLoop(root, first, stride, s.stop, s.report);
+  return s;
 }
 
-SaverReport JoinSaver(pid_t pid, const std::string& report) {
+// The saver's counts so far (zero before its first report).
+SaverReport PeekSaver(const Saver& s) {
+  SaverReport rep;
+  std::ifstream(s.report) >> rep.ok >> rep.locked;
+  return rep;
+}
+
+SaverReport JoinSaver(const Saver& s) {
+  { std::ofstream(s.stop) << "stop"; }
   int status = 0;
-  waitpid(pid, &status, 0);
-  INFO("saver report: " << Slurp(report));
+  waitpid(s.pid, &status, 0);
+  INFO("saver report: " << Slurp(s.report));
   REQUIRE(WIFEXITED(status));
   REQUIRE(WEXITSTATUS(status) == 0);
-  SaverReport rep;
-  std::ifstream(report) >> rep.ok >> rep.locked;
-  return rep;
+  return PeekSaver(s);
+}
+
+// Runs `step` for at least 3 s and then until `reached()` says the test saw what it tests,
+// for at most 240 s; returns the seconds it ran.
+template <class Step, class Reached>
+double RunAtLeast3s(Step step, Reached reached) {
+  const auto start = Clock::now();
+  const auto min_end = start + std::chrono::seconds(3);
+  const auto cap = start + std::chrono::seconds(240);
+  while (Clock::now() < cap && (Clock::now() < min_end || !reached())) step();
+  return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
 // Every committed tag passes the deep check and `latest` names one of them.
@@ -100,13 +132,19 @@ int ExpectRootHealthy(const std::string& root) {
 TEST_CASE("two savers on one root: each save commits or is refused at the lock", "[io]") {
   ScratchDir d("ckpt-two-savers");
   const std::string root = d / "root";
-  pid_t a = StartSaver(root, 1, 2, 3.0, d / "a.txt");
-  pid_t b = StartSaver(root, 2, 2, 3.0, d / "b.txt");
-  SaverReport ra = JoinSaver(a, d / "a.txt");
-  SaverReport rb = JoinSaver(b, d / "b.txt");
+  Saver a = StartSaver(root, 1, 2, d.str(), "a");
+  Saver b = StartSaver(root, 2, 2, d.str(), "b");
+  const double seconds = RunAtLeast3s(
+      [] { std::this_thread::sleep_for(std::chrono::milliseconds(50)); },
+      [&] {
+        SaverReport pa = PeekSaver(a), pb = PeekSaver(b);
+        return pa.ok + pb.ok > 0 && pa.locked + pb.locked > 0;
+      });
+  SaverReport ra = JoinSaver(a);
+  SaverReport rb = JoinSaver(b);
   const int tags = ExpectRootHealthy(root);
-  std::printf("two savers, 3 s: %d + %d commits, %d + %d refused at the lock, %d tags kept\n",
-              ra.ok, rb.ok, ra.locked, rb.locked, tags);
+  std::printf("two savers, %.1f s: %d + %d commits, %d + %d refused at the lock, %d tags kept\n",
+              seconds, ra.ok, rb.ok, ra.locked, rb.locked, tags);
   CHECK(ra.ok + rb.ok > 0);  // progress (the counts depend on the machine's load)
   CHECK(ra.locked + rb.locked > 0);  // they did contend
 }
@@ -115,38 +153,39 @@ TEST_CASE("a reader during saves always finds a complete latest checkpoint", "[i
   ScratchDir d("ckpt-reader");
   const std::string root = d / "root";
   REQUIRE(SaveWithThreads(root, ckpt::testing::SmallModel("global_step0", 2, 2), {}, 0).ok());
-  pid_t saver = StartSaver(root, 1, 1, 3.0, d / "s.txt");
+  Saver saver = StartSaver(root, 1, 1, d.str(), "s");
   int reads = 0, retired = 0;
-  const auto end = Clock::now() + std::chrono::seconds(3);
-  while (Clock::now() < end) {
-    auto dir = ResolveTagDir(root);
-    if (!dir.ok()) {
-      // Only acceptable when `latest` moved on and retention retired what we had read.
-      auto again = ResolveTagDir(root);
-      INFO(dir.status().ToString());
-      REQUIRE(again.ok());
-      ++retired;
-      continue;
-    }
-    auto problems = CheckCheckpoint(*dir, true);
-    auto r = CheckpointReader::Open(*dir);
-    Status load = r.ok() ? r->ReadDatasetBytes(0, "master").status() : r.status();
-    const bool healthy = problems.ok() && problems->empty() && load.ok();
-    if (!healthy && !std::filesystem::exists(*dir)) {
-      // Retention (keep_last 4) deleted the tag while we read it: an error value, not damage.
-      ++retired;
-      continue;
-    }
-    INFO(*dir << ": " << (problems.ok() ? std::to_string(problems->size()) + " problem(s)"
-                                        : problems.status().ToString())
-              << ", load " << load.ToString());
-    REQUIRE(healthy);
-    ++reads;
-  }
-  SaverReport rep = JoinSaver(saver, d / "s.txt");
+  const double seconds = RunAtLeast3s(
+      [&] {
+        auto dir = ResolveTagDir(root);
+        if (!dir.ok()) {
+          // Only acceptable when `latest` moved on and retention retired what we had read.
+          auto again = ResolveTagDir(root);
+          INFO(dir.status().ToString());
+          REQUIRE(again.ok());
+          ++retired;
+          return;
+        }
+        auto problems = CheckCheckpoint(*dir, true);
+        auto r = CheckpointReader::Open(*dir);
+        Status load = r.ok() ? r->ReadDatasetBytes(0, "master").status() : r.status();
+        const bool healthy = problems.ok() && problems->empty() && load.ok();
+        if (!healthy && !std::filesystem::exists(*dir)) {
+          // Retention (keep_last 4) deleted the tag while we read it: an error value, not damage.
+          ++retired;
+          return;
+        }
+        INFO(*dir << ": " << (problems.ok() ? std::to_string(problems->size()) + " problem(s)"
+                                            : problems.status().ToString())
+                  << ", load " << load.ToString());
+        REQUIRE(healthy);
+        ++reads;
+      },
+      [&] { return reads > 0 && PeekSaver(saver).ok > 1; });
+  SaverReport rep = JoinSaver(saver);
   ExpectRootHealthy(root);
-  std::printf("reader during saves, 3 s: %d deep reads of latest ok, %d hit a tag retired by "
-              "retention, %d commits\n", reads, retired, rep.ok);
+  std::printf("reader during saves, %.1f s: %d deep reads of latest ok, %d hit a tag retired by "
+              "retention, %d commits\n", seconds, reads, retired, rep.ok);
   CHECK(reads > 0);
   CHECK(rep.ok > 0);
 }
@@ -154,41 +193,42 @@ TEST_CASE("a reader during saves always finds a complete latest checkpoint", "[i
 TEST_CASE("gc during saves removes nothing a saver needs", "[io]") {
   ScratchDir d("ckpt-gc-during");
   const std::string root = d / "root";
-  pid_t saver = StartSaver(root, 1, 1, 3.0, d / "s.txt");
-  int gc_ok = 0, gc_locked = 0, cli_ok = 0, cli_locked = 0, removed_tags = 0;
-  const auto end = Clock::now() + std::chrono::seconds(3);
-  for (int i = 0; Clock::now() < end; ++i) {
-    if (i % 10 == 9) {
-      std::string out;
-      const int rc = RunCli("gc --keep-last 2 " + root, &out);
-      INFO("ckpt gc: exit " << rc << ": " << out);
-      REQUIRE((rc == 0 || rc == 2));
-      if (rc == 0) ++cli_ok;
-      else {
-        CHECK(out.find(".lock") != std::string::npos);
-        ++cli_locked;
-      }
-      continue;
-    }
-    if (!std::filesystem::exists(root)) continue;
-    auto gc = CollectGarbage(root, 2);
-    if (gc.ok()) {
-      ++gc_ok;
-      removed_tags += static_cast<int>(gc->removed_tags.size());
-    } else {
-      INFO(gc.status().ToString());
-      REQUIRE(gc.status().code() == StatusCode::kFailedPrecondition);
-      CHECK(gc.status().message().find(".lock") != std::string::npos);
-      ++gc_locked;
-    }
-  }
-  SaverReport rep = JoinSaver(saver, d / "s.txt");
+  Saver saver = StartSaver(root, 1, 1, d.str(), "s");
+  int gc_ok = 0, gc_locked = 0, cli_ok = 0, cli_locked = 0, removed_tags = 0, i = 0;
+  const double seconds = RunAtLeast3s(
+      [&] {
+        if (i++ % 10 == 9) {
+          std::string out;
+          const int rc = RunCli("gc --keep-last 2 " + root, &out);
+          INFO("ckpt gc: exit " << rc << ": " << out);
+          REQUIRE((rc == 0 || rc == 2));
+          if (rc == 0) ++cli_ok;
+          else {
+            CHECK(out.find(".lock") != std::string::npos);
+            ++cli_locked;
+          }
+          return;
+        }
+        if (!std::filesystem::exists(root)) return;
+        auto gc = CollectGarbage(root, 2);
+        if (gc.ok()) {
+          ++gc_ok;
+          removed_tags += static_cast<int>(gc->removed_tags.size());
+        } else {
+          INFO(gc.status().ToString());
+          REQUIRE(gc.status().code() == StatusCode::kFailedPrecondition);
+          CHECK(gc.status().message().find(".lock") != std::string::npos);
+          ++gc_locked;
+        }
+      },
+      [&] { return gc_ok > 0 && cli_ok + cli_locked > 0 && PeekSaver(saver).ok > 1; });
+  SaverReport rep = JoinSaver(saver);
   ExpectRootHealthy(root);
   REQUIRE(CollectGarbage(root, 0).ok());
   CHECK(ListRoot(root)->temporary.empty());
-  std::printf("gc during saves, 3 s: gc ran %d times (%d refused at the lock), ckpt gc %d (%d "
+  std::printf("gc during saves, %.1f s: gc ran %d times (%d refused at the lock), ckpt gc %d (%d "
               "refused), %d tags retired; saver %d commits, %d refused at the lock\n",
-              gc_ok, gc_locked, cli_ok, cli_locked, removed_tags, rep.ok, rep.locked);
+              seconds, gc_ok, gc_locked, cli_ok, cli_locked, removed_tags, rep.ok, rep.locked);
   CHECK(rep.ok > 0);
   CHECK(gc_ok + cli_ok > 0);
 }

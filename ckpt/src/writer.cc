@@ -29,11 +29,14 @@
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
+#include <mutex>
 #include <random>
+#include <thread>
 
 #include "ckpt/h5.h"
 #include "ckpt/hash.h"
 #include "ckpt/root.h"
+#include "ckpt/save_ranks.h"
 #include "ckpt/utc_time.h"
 #include "rank_file.h"
 
@@ -204,6 +207,78 @@ Status Commit(const std::string& root, const std::string& tmp_dir, Manifest meta
 }
 
 }  // namespace
+
+Status SaveRanks(const std::string& root, const Manifest& meta, int threads,
+                 const ProduceRankFn& produce, const SaveOptions& options_in) {
+  SaveOptions options = options_in;
+  Env* env = options.env ? options.env : Env::Default();
+  const int world = meta.topology.dp_world_size;
+  const std::string what = "save " + root + "/" + meta.tag;
+  if (world < 1) return InvalidArgument(what + ": dp_world_size " + std::to_string(world));
+  threads = std::clamp(threads, 1, world);
+  if (options.compress_threads <= 0)
+    options.compress_threads =
+        std::max(1, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())) / threads);
+
+  // Step 1.
+  CKPT_RETURN_IF_ERROR(env->CreateDirs(root), what + ": create checkpoint root " + root);
+  CKPT_ASSIGN_OR_RETURN(RootLock lock, RootLock::TryAcquire(root, env), what);
+  CKPT_ASSIGN_OR_RETURN(Prepared prepared, Prepare(root, meta, env), what);
+  const std::string& tmp_dir = prepared.tmp_dir;
+
+  // Steps 2-3, rank after rank on `threads` threads; a rank's contents live only inside its
+  // produce() call.
+  std::vector<Result<FileRecord>> records(static_cast<size_t>(world),
+                                          Internal("rank not written"));
+  std::mutex mu;
+  int next = 0;
+  bool failed = false;
+  auto worker = [&] {
+    for (;;) {
+      int r;
+      {
+        std::lock_guard<std::mutex> l(mu);
+        if (failed || next == world) return;
+        r = next++;
+      }
+      Result<FileRecord>& rec = records[static_cast<size_t>(r)];
+      bool written = false;
+      const Status s = produce(r, [&](const RankContents& contents) -> Status {
+        if (written) return Internal("rank " + std::to_string(r) + " written twice");
+        written = true;
+        rec = WriteMyFile(tmp_dir, meta, contents, r, world, env, options);
+        return rec.status().WithContext("rank " + std::to_string(r));
+      });
+      if (!s.ok()) {
+        rec = s;
+      } else if (!written) {
+        rec = Internal("rank " + std::to_string(r) + ": no contents were written");
+      }
+      if (!rec.ok()) {
+        std::lock_guard<std::mutex> l(mu);
+        failed = true;
+      }
+    }
+  };
+  {
+    std::vector<std::thread> pool;
+    for (int t = 1; t < threads; ++t) pool.emplace_back(worker);
+    worker();
+    for (auto& t : pool) t.join();
+  }
+
+  // Steps 5-8.
+  Status s = [&]() -> Status {
+    std::vector<FileRecord> files;
+    for (auto& rec : records) {
+      CKPT_RETURN_IF_ERROR(rec.status(), "");
+      files.push_back(std::move(rec).value());
+    }
+    return Commit(root, tmp_dir, meta, std::move(files), env, options);
+  }();
+  if (!s.ok() && env->Exists(tmp_dir)) env->RemoveDirRecursive(tmp_dir).IgnoreError();
+  return s.WithContext(what);
+}
 
 Status SaveCheckpoint(const std::string& root, const Manifest& meta, const RankContents& mine,
                       Collective& comm, const SaveOptions& options_in) {

@@ -7,15 +7,17 @@
 //  2. Build the new manifest: the source's parameter table repartitioned with
 //     ckpt::BuildPartition for the new world size and stage; topology and engine_config
 //     updated; counters, optimizer, client_state kept.
-//  3. Prepare, one thread per new rank: ckpt::LoadResharded (the load a resumed run on the new
-//     topology does) reads only the slices the rank owns, each verified by the pieces it
-//     touches (or, for a source without piece digests, each dataset it reads from whole,
-//     once), so even without step 1's pass no unverified byte is copied; rank 0 also gets the
-//     frozen parameters; data_position and scheduler; the RNG blobs when the world size is
-//     unchanged; a `reshard` json dataset recording what was done. No collective runs yet, so
-//     a failing rank cannot leave the others waiting.
-//  4. Save: every thread calls ckpt::SaveCheckpoint on a ThreadGroup, rooted in the staging
-//     directory (the ckpt commit protocol writes the tag and `latest`).
+//  3. Prepare the new ranks a few at a time (ReshardOptions::threads, ckpt::SaveRanks hands
+//     them out in order): ckpt::LoadResharded (the load a resumed run on the new topology
+//     does) reads only the slices the rank owns, each verified by the pieces it touches (or,
+//     for a source without piece digests, each dataset it reads from whole, once), so even
+//     without step 1's pass no unverified byte is copied; rank 0 also gets the frozen
+//     parameters; data_position and scheduler; the RNG blobs when the world size is
+//     unchanged; a `reshard` json dataset recording what was done.
+//  4. Write: the rank's file goes into the staging directory at once (ckpt::SaveRanks, the
+//     ckpt commit protocol, which writes the tag and `latest` after the last rank) and the
+//     rank's state is freed, so peak memory is `threads` new ranks' shards however many new
+//     ranks there are. A failing rank stops the ranks not yet started; nothing is committed.
 //  5. Rename the staging directory to OUT (output_dir.h).
 #include "convert/reshard.h"
 
@@ -23,11 +25,11 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "ckpt/collective.h"
 #include "ckpt/deepspeed.h"
 #include "ckpt/load_resharded.h"
 #include "ckpt/manifest.h"
 #include "ckpt/progress.h"
+#include "ckpt/save_ranks.h"
 #include "ckpt/state_source.h"
 #include "ckpt/writer.h"
 #include "convert/output_dir.h"
@@ -94,6 +96,12 @@ Status PrepareRank(const std::string& src_path, const ReshardOptions& opts, Env*
   out.texts.push_back(note.dump());
   ds.push_back(DatasetSpec::Json(std::string(kReshardDataset), out.texts.back()));
   return Status::Ok();
+}
+
+int ReshardThreads(const ReshardOptions& opts) {
+  if (opts.threads > 0) return std::min(opts.threads, opts.dp);
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, std::min({opts.dp, cores, kDefaultReshardThreads}));
 }
 
 }  // namespace
@@ -220,47 +228,33 @@ Result<ReshardReport> Reshard(const std::string& src_path, const std::string& ou
 
   CKPT_ASSIGN_OR_RETURN(StagedOutput staged, StagedOutput::Begin(out, env), "");
 
-  // 3. Prepare every rank (no collectives).
-  std::vector<PreparedRank> ranks(static_cast<size_t>(opts.dp));
+  // 3-4. Prepare and write the new ranks a few at a time: each rank's state exists only while
+  // its file is written, so memory is that of `threads` new ranks, not of all of them.
+  const int threads = ReshardThreads(opts);
+  report.threads = threads;
+  report.ranks.resize(static_cast<size_t>(opts.dp));
   uint64_t total = 0;
   for (const auto& p : m.params)
     if (p.trainable()) total += static_cast<uint64_t>(p.numel) * 12;
   Progress progress("reshard", total, opts.progress);
-  {
-    std::vector<std::thread> threads;
-    for (int j = 0; j < opts.dp; ++j) {
-      ranks[static_cast<size_t>(j)].stats.rank = j;
-      threads.emplace_back([&, j] {
-        PreparedRank& r = ranks[static_cast<size_t>(j)];
-        r.status = PrepareRank(src_path, opts, env, target, note, progress, r);
-      });
-    }
-    for (auto& t : threads) t.join();
-  }
+  SaveOptions save;
+  save.env = env;
+  save.compression = comp;
+  save.piece_bytes = opts.piece_bytes;
+  const Status saved = SaveRanks(
+      staged.staging(), m, threads,
+      [&](int j, const WriteRankFn& write) -> Status {
+        PreparedRank r;
+        r.stats.rank = j;
+        CKPT_RETURN_IF_ERROR(PrepareRank(src_path, opts, env, target, note, progress, r),
+                             "new rank " + std::to_string(j));
+        CKPT_RETURN_IF_ERROR(write(r.contents), "save");
+        report.ranks[static_cast<size_t>(j)] = r.stats;
+        return Status::Ok();
+      },
+      save);
   progress.Finish();
-  for (const auto& r : ranks)
-    CKPT_RETURN_IF_ERROR(r.status, "new rank " + std::to_string(r.stats.rank));
-
-  // 4. Save collectively.
-  {
-    ThreadGroup group(opts.dp);
-    SaveOptions so;
-    so.env = env;
-    so.compression = comp;
-    so.piece_bytes = opts.piece_bytes;
-    std::vector<Status> saved(static_cast<size_t>(opts.dp));
-    std::vector<std::thread> threads;
-    for (int j = 0; j < opts.dp; ++j) {
-      threads.emplace_back([&, j] {
-        saved[static_cast<size_t>(j)] = SaveCheckpoint(
-            staged.staging(), m, ranks[static_cast<size_t>(j)].contents, group.ForRank(j), so);
-      });
-    }
-    for (auto& t : threads) t.join();
-    for (const auto& s : saved) CKPT_RETURN_IF_ERROR(s, "save");
-  }
-  for (const auto& r : ranks) report.ranks.push_back(r.stats);
-  ranks.clear();
+  CKPT_RETURN_IF_ERROR(saved, "");
 
   // 5. Publish.
   CKPT_RETURN_IF_ERROR(staged.Commit(), "");

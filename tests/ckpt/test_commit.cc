@@ -1,10 +1,13 @@
 // The commit protocol under injected faults, power loss, concurrent savers and retention.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <filesystem>
+#include <mutex>
 
 #include "ckpt/reader.h"
 #include "ckpt/root.h"
+#include "ckpt/save_ranks.h"
 #include "ckpt_test_helpers.h"
 #include "test_util.h"
 
@@ -178,6 +181,79 @@ TEST_CASE("a rank that fails its write aborts the commit on every rank", "[io]")
   }
   CHECK(*ReadLatest(d.str()) == "global_step1");
   CHECK_FALSE(fs::exists(d / "global_step2"));
+  CHECK(ListRoot(d.str())->temporary.empty());
+}
+
+TEST_CASE("SaveRanks: one process writes every rank a few at a time, same checkpoint", "[io]") {
+  const int world = 5;
+  ScratchDir a, b;
+  const Manifest m = SmallModel("global_step1", world, 2);
+  REQUIRE(SaveWithThreads(a.str(), m).ok());
+  std::mutex mu;
+  int live = 0, most = 0;
+  std::vector<int> order;
+  Status s = SaveRanks(b.str(), m, 2, [&](int r, const WriteRankFn& write) -> Status {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      most = std::max(most, ++live);
+      order.push_back(r);
+    }
+    Status st;
+    {
+      RankBuffers buf;  // the rank's contents exist only in here
+      FillRank(m, r, buf);
+      st = write(buf.contents);
+    }
+    std::lock_guard<std::mutex> l(mu);
+    --live;
+    return st;
+  });
+  REQUIRE(s.ok());
+  CHECK(most <= 2);  // never more ranks in memory than threads
+  std::sort(order.begin(), order.end());
+  CHECK(order == std::vector<int>{0, 1, 2, 3, 4});
+  CHECK(*ReadLatest(b.str()) == "global_step1");
+  auto probs = CheckCheckpoint(b / "global_step1", true);
+  REQUIRE(probs.ok());
+  CHECK(probs->empty());
+  auto sa = Snapshot(a.str()), sb = Snapshot(b.str());
+  CHECK(sa == sb);
+  CHECK(ListRoot(b.str())->temporary.empty());
+}
+
+TEST_CASE("SaveRanks: a failing rank commits nothing and stops the ranks not started", "[io]") {
+  ScratchDir d;
+  REQUIRE(SaveWithThreads(d.str(), SmallModel("global_step1", 4, 1)).ok());
+  const Manifest m = SmallModel("global_step2", 4, 1);
+  const bool in_write = GENERATE(false, true);
+  std::vector<int> started;
+  Status s = SaveRanks(d.str(), m, 1, [&](int r, const WriteRankFn& write) -> Status {
+    started.push_back(r);
+    RankBuffers buf;
+    FillRank(m, r, buf);
+    if (r == 1 && !in_write) return DataLoss("rank_00000.h5: piece 3 damaged");
+    if (r == 1) buf.contents.datasets[0].shape = {-1};  // bad input: the write fails
+    return write(buf.contents);
+  });
+  INFO(s.ToString());
+  CHECK_FALSE(s.ok());
+  CHECK(s.code() == (in_write ? StatusCode::kInvalidArgument : StatusCode::kDataLoss));
+  if (in_write) CHECK_THAT(s.message(), Catch::Contains("rank 1"));
+  CHECK(started == std::vector<int>{0, 1});
+  CHECK(*ReadLatest(d.str()) == "global_step1");
+  CHECK_FALSE(fs::exists(d / "global_step2"));
+  CHECK(ListRoot(d.str())->temporary.empty());
+  // The lock was released: the next save goes through.
+  CHECK(SaveRanks(d.str(), m, 3, [&](int r, const WriteRankFn& write) {
+          RankBuffers buf;
+          FillRank(m, r, buf);
+          return write(buf.contents);
+        }).ok());
+  // A producer that never writes its rank fails the save (Internal), nothing committed.
+  Status none = SaveRanks(d.str(), SmallModel("global_step3", 2, 1), 2,
+                          [](int, const WriteRankFn&) { return Status::Ok(); });
+  CHECK(none.code() == StatusCode::kInternal);
+  CHECK_FALSE(fs::exists(d / "global_step3"));
   CHECK(ListRoot(d.str())->temporary.empty());
 }
 

@@ -46,3 +46,38 @@ TEST_CASE("export-fp32 peak RSS stays under 2 x largest tensor + 64 MiB", "[io][
               params * 12 / 1048576.0);
   CHECK(rss3 <= bound);
 }
+
+// ckpt reshard writes the new ranks a few at a time (--threads): each new rank's shard exists
+// only while its file is written, so peak memory is `threads` x (one new shard + its source
+// reader's piece cache, at most 6 x 4 MiB) + the process, not the whole optimizer state
+// (which all new ranks together hold, and which the bound is below).
+TEST_CASE("reshard peak RSS: --threads new ranks' shards, not all of them", "[io][slow]") {
+  ckpt::testing::ScratchDir dir("mem-reshard");
+  const std::string src = dir / "src";
+  const int64_t params = 16'000'000;
+  const int dp = 8;
+  const std::string bin = ckpt::testing::BinDir() + "/ckpt";
+  REQUIRE(ckpt::testing::RunMeasured({bin, "synth", src, "--ranks", "1", "--params", "16M",
+                                      "--zero", "2", "--seed", "3", "--json"})
+              .first == 0);
+  const uint64_t state = static_cast<uint64_t>(params) * 12;  // master + two moments
+  const uint64_t shard = state / dp;
+  for (int threads : {1, 2}) {
+    const std::string out = dir / ("r" + std::to_string(threads));
+    auto [rc, rss] = ckpt::testing::RunMeasured({bin, "reshard", src, out, "--dp",
+                                                 std::to_string(dp), "--threads",
+                                                 std::to_string(threads), "--json"});
+    REQUIRE(rc == 0);
+    const uint64_t bound = threads * (shard + (32ull << 20)) + (32ull << 20);
+    std::printf("reshard 1 -> %d, --threads %d: peak RSS %.1f MiB (bound %.1f MiB, state %.1f "
+                "MiB, one new shard %.1f MiB)\n",
+                dp, threads, rss / 1048576.0, bound / 1048576.0, state / 1048576.0,
+                shard / 1048576.0);
+    // Holding every new rank at once (what reshard did before) cannot fit the bound.
+    REQUIRE(state > bound);
+    CHECK(rss > 0);
+    CHECK(rss <= bound);
+    // The output is whole: every new rank verifies.
+    CHECK(ckpt::testing::RunMeasured({bin, "check", out, "--deep", "--json"}).first == 0);
+  }
+}

@@ -142,6 +142,7 @@ struct ReshardArgs {
   std::string src, out, tag, compress;
   int dp = 0;
   int zero = -1;
+  int threads = 0;
   bool no_verify = false;
   bool json = false;
 };
@@ -157,6 +158,11 @@ std::function<int()> SetupReshard(CLI::App& sub) {
   sub.add_option("--tag", a->tag, "tag inside SRC (default: latest)");
   sub.add_option("--compress", a->compress,
                  "none | zstd[:LEVEL][+shuffle] (default: the source's)");
+  sub.add_option("--threads", a->threads,
+                 "new ranks prepared and written at once; peak memory is about this many new "
+                 "ranks' shards (default: min(dp, cores, " +
+                     std::to_string(kDefaultReshardThreads) + "))")
+      ->check(CLI::PositiveNumber);
   sub.add_flag("--no-verify", a->no_verify,
                "skip the up-front XXH3 pass over the source's optimizer state (every slice "
                "copied is still verified as it is read)");
@@ -167,6 +173,7 @@ std::function<int()> SetupReshard(CLI::App& sub) {
     o.dp = a->dp;
     o.zero_stage = a->zero;
     o.compression = a->compress;
+    o.threads = a->threads;
     o.verify_source = !a->no_verify;
     o.progress = !a->json;
     o.on_warning = [](const std::string& w) {
@@ -189,6 +196,7 @@ std::function<int()> SetupReshard(CLI::App& sub) {
                  {"source_zero", r->source_zero},
                  {"dp", r->dp},
                  {"zero", r->zero_stage},
+                 {"threads", r->threads},
                  {"rng", r->rng_copied ? "copied" : "omitted"},
                  {"verify_bytes", r->verify_bytes},
                  {"ranks", ranks},

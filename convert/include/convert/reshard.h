@@ -13,6 +13,8 @@
 
 namespace ckpt::convert {
 
+inline constexpr int kDefaultReshardThreads = 4;
+
 struct ReshardOptions {
   std::string tag;            // source tag; empty: `latest` (or the directory itself)
   int dp = 0;                 // new world size, >= 1
@@ -23,6 +25,10 @@ struct ReshardOptions {
   // piece digests by one whole pass over each dataset a new rank reads from).
   bool verify_source = true;
   uint64_t piece_bytes = kDefaultPieceBytes;  // of the output (SaveOptions::piece_bytes)
+  // New ranks prepared and written at once; each holds its shard (master and both moments)
+  // only while its file is written, so peak memory is about this many new ranks' shards.
+  // 0: min(dp, hardware threads, kDefaultReshardThreads).
+  int threads = 0;
   Env* env = nullptr;         // nullptr: Env::Default()
   bool progress = false;
   // Called with each warning about resuming the output (before anything is written); the
@@ -53,6 +59,7 @@ struct ReshardReport {
   int source_zero = 0;
   int dp = 0;
   int zero_stage = 0;
+  int threads = 1;            // new ranks prepared and written at once
   bool rng_copied = false;    // M == N: each rank's rng/* copied; otherwise omitted
   uint64_t verify_bytes = 0;  // bytes read by the up-front verification
   std::vector<RankReadStats> ranks;
@@ -64,8 +71,9 @@ struct ReshardReport {
 };
 
 // Writes a normal checkpoint root at `out` (must not exist or be empty) holding the source's
-// tag for opts.dp ranks: partition by ckpt::BuildPartition, one thread per new rank calling
-// ckpt::SaveCheckpoint, each reading only the slices it will own. Frozen parameters go to rank
+// tag for opts.dp ranks: partition by ckpt::BuildPartition; opts.threads new ranks at a time
+// read only the slices they will own (ckpt::LoadResharded) and are written (ckpt::SaveRanks)
+// and freed, so memory does not grow with the number of new ranks. Frozen parameters go to rank
 // 0; data_position and scheduler are copied; RNG blobs are copied when the world size is
 // unchanged and omitted otherwise (engine_min seeds a missing generator from seed,
 // global_step and rank), which every new rank file records in its `reshard` json dataset.

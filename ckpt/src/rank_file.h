@@ -4,6 +4,7 @@
 // contiguous data read with pread, the rest through HDF5).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -57,6 +58,12 @@ class PieceCache {
   uint64_t clock_ = 0;
   std::vector<Entry> entries_;
 };
+
+// Ok when the digests computed from a dataset's bytes (`got`: the whole; `pieces`: per piece,
+// may be null) match its record; otherwise DataLoss naming `label`, the dataset and the first
+// damaged piece (what a slice read of it would report) or the whole-dataset mismatch.
+Status CompareDigests(const std::string& label, const DatasetRecord& rec, const std::string& got,
+                      const std::vector<std::string>* pieces);
 
 // What a writer records: SaveOptions::piece_bytes rounded down to a multiple of 8, at least 8.
 uint64_t EffectivePieceBytes(uint64_t requested);
@@ -118,6 +125,22 @@ class RankFile {
   // file.
   Status ReadSliceVerified(const DatasetRecord& rec, int64_t offset, int64_t count, void* out,
                            uint64_t* bytes_read, PieceCache* cache) const;
+  // Reads the whole dataset in L2-sized blocks and checks it against the record's digest and,
+  // when it has them, its piece digests (DataLoss naming the first damaged piece).
+  Status VerifyDataset(const DatasetRecord& rec) const;
+
+  // check --deep's one pass over the file (issue 19): every byte of the file is read once, in
+  // order, in large blocks, and fed to the file's XXH3; the bytes of each dataset stored as
+  // plain contiguous bytes are fed to its digest and piece digests from the same buffer.
+  // Datasets stored otherwise (zstd chunks) are then verified through HDF5 (VerifyDataset).
+  // `progress` gets the bytes consumed as they are. An error reading the file fails the call;
+  // a damaged dataset is a DataLoss in `datasets`.
+  struct WholeFileCheck {
+    std::string file_xxh3;         // of bytes [0, size) of the file
+    std::vector<Status> datasets;  // one per record passed in, in order
+  };
+  Result<WholeFileCheck> CheckWholeFile(const std::vector<DatasetRecord>& datasets,
+                                        const std::function<void(uint64_t)>& progress) const;
 
  private:
   RankFile() = default;

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <csignal>
 
 #include <catch2/catch.hpp>
@@ -27,6 +28,22 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// Counts the bytes read through it.
+class CountingFile final : public RandomAccessFile {
+ public:
+  CountingFile(std::unique_ptr<RandomAccessFile> f, std::atomic<uint64_t>* n)
+      : f_(std::move(f)), n_(n) {}
+  Status Read(uint64_t offset, size_t n, void* out) const override {
+    *n_ += n;
+    return f_->Read(offset, n, out);
+  }
+  uint64_t size() const override { return f_->size(); }
+
+ private:
+  std::unique_ptr<RandomAccessFile> f_;
+  std::atomic<uint64_t>* n_;
+};
+
 // Records the name of every call that reaches it, then forwards (EnvWrapper).
 class RecordingEnv final : public EnvWrapper {
  public:
@@ -34,12 +51,17 @@ class RecordingEnv final : public EnvWrapper {
   std::set<std::string> calls;
   Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(const std::string& p) override {
     calls.insert("NewRandomAccessFile");
-    return EnvWrapper::NewRandomAccessFile(p);
+    auto f = EnvWrapper::NewRandomAccessFile(p);
+    if (!f.ok()) return f;
+    return std::unique_ptr<RandomAccessFile>(new CountingFile(std::move(*f), &bytes_read));
   }
   Result<std::unique_ptr<RandomAccessFile>> NewCheckpointFile(const std::string& p) override {
     calls.insert("NewCheckpointFile");
-    return EnvWrapper::NewCheckpointFile(p);
+    auto f = EnvWrapper::NewCheckpointFile(p);
+    if (!f.ok()) return f;
+    return std::unique_ptr<RandomAccessFile>(new CountingFile(std::move(*f), &bytes_read));
   }
+  std::atomic<uint64_t> bytes_read{0};  // through the files it opened for reading
   Result<std::unique_ptr<RandomWriteFile>> OpenRandomWriteFile(const std::string& p) override {
     calls.insert("OpenRandomWriteFile");
     return EnvWrapper::OpenRandomWriteFile(p);
@@ -97,10 +119,23 @@ TEST_CASE("save, load, check and gc reach the Env for locks, offset I/O, hashing
   REQUIRE(r->ReadDatasetBytes(0, r->manifest().files[0].datasets[0].name).ok());
   CHECK(env.calls.count("NewCheckpointFile"));  // the rank file: its seal, then offset reads
   env.calls.clear();
+  env.bytes_read = 0;
   auto probs = CheckCheckpoint(root + "/global_step1", /*deep=*/true, &env);
   REQUIRE(probs.ok());
   CHECK(probs->empty());
-  CHECK(env.calls.count("NewRandomAccessFile"));  // the whole-file hash
+  // One pass (issue 19): each file is read once through the Env, for its digest and every
+  // dataset's, after its metadata (everything outside the data extents) is verified.
+  CHECK(env.calls.count("NewCheckpointFile"));
+  uint64_t file_bytes = 0, metadata_bytes = 0;
+  for (const auto& f : r->manifest().files) {
+    file_bytes += f.bytes;
+    metadata_bytes += f.bytes;
+    for (const auto& [offset, length] : f.data_extents) metadata_bytes -= length;
+  }
+  INFO("read " << env.bytes_read << " bytes; files " << file_bytes << ", metadata "
+               << metadata_bytes);
+  CHECK(env.bytes_read >= file_bytes);
+  CHECK(env.bytes_read <= file_bytes + metadata_bytes);
   env.calls.clear();
   REQUIRE(CollectGarbage(root, 0, &env).ok());
   CHECK(env.calls.count("TryLockFile"));

@@ -121,7 +121,7 @@ TEST_CASE("unpickler: a list holding itself renders in bounded time", "[unit]") 
 }
 
 TEST_CASE("unpickler refuses truncated and malformed input", "[unit]") {
-  for (const std::string p : {"\x80\x02}q\x00(X\x05\x00\x00\x00ab"s, "\x80\x02."s, "\x80\x02K"s,
+  for (const std::string& p : {"\x80\x02}q\x00(X\x05\x00\x00\x00ab"s, "\x80\x02."s, "\x80\x02K"s,
                               "\x80\x09N."s, "\x80\x02h\x05."s, "\x80\x02N\x82\x01."s, ""s}) {
     auto doc = ParsePickle(p, "bad.pkl");
     REQUIRE(!doc.ok());

@@ -48,6 +48,7 @@
 #include "ckpt/reader.h"
 #include "ckpt/synth.h"
 #include "ckpt/writer.h"
+#include "raw_floor.h"
 
 namespace {
 
@@ -140,42 +141,67 @@ Args Parse(int argc, char** argv) {
 // ---------------------------------------------------------------------------------------------
 // save
 
-// The paired floor (--paired-raw DIR): before each timed ckpt repetition, the very same
-// in-memory bytes are written (write(2) in 4 MiB blocks, fsync, fsync of DIR) or read back,
-// one thread per rank and one file per rank, with the page cache dropped in between. Pairing
-// each ckpt run with a floor run taken seconds before it cancels most of a shared machine's
-// drift; the ratio is reported per repetition.
+// The paired floors (--paired-raw DIR): before each timed ckpt repetition, the very same
+// in-memory bytes are written or read back by every floor variant of tools/bench/raw_floor.h
+// (buffered, sync_file_range, O_DIRECT with 4/16/64 MiB blocks), one thread and one file per
+// rank, with the page cache dropped before each pass. Pairing each ckpt run with floor runs
+// taken seconds before it cancels most of a shared machine's drift; the ratio to the best
+// variant is reported per repetition, the old floor (buffered_4MiB) beside it.
 using Pieces = std::vector<std::pair<uint8_t*, size_t>>;
 
-double RawPass(const std::string& dir, const std::vector<Pieces>& ranks, bool write_pass) {
-  std::vector<std::string> errors(ranks.size());
-  const auto t0 = Clock::now();
-  std::vector<std::thread> threads;
-  for (size_t r = 0; r < ranks.size(); ++r)
-    threads.emplace_back([&, r] {
-      const std::string path = dir + "/raw_" + std::to_string(r) + ".bin";
-      const int fd = write_pass ? open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)
-                                : open(path.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) { errors[r] = "open " + path; return; }
-      for (const auto& [ptr, len] : ranks[r])
-        for (size_t done = 0; done < len;) {
-          const size_t n = std::min<size_t>(4u << 20, len - done);
-          const ssize_t got = write_pass ? write(fd, ptr + done, n) : read(fd, ptr + done, n);
-          if (got <= 0) { errors[r] = "I/O on " + path; close(fd); return; }
-          done += static_cast<size_t>(got);
-        }
-      if (write_pass && fsync(fd) != 0) errors[r] = "fsync " + path;
-      close(fd);
-    });
-  for (auto& t : threads) t.join();
-  if (write_pass) {
-    const int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) { fsync(dfd); close(dfd); }
+// Each rank's pieces, copied once (untimed) into one page-aligned buffer: the floor's source.
+std::vector<raw_floor::AlignedBuffer> FloorBuffers(const std::vector<Pieces>& ranks) {
+  std::vector<raw_floor::AlignedBuffer> out;
+  out.reserve(ranks.size());
+  for (const auto& pieces : ranks) {
+    size_t total = 0;
+    for (const auto& p : pieces) total += p.second;
+    out.emplace_back(total);
+    size_t at = 0;
+    for (const auto& [ptr, len] : pieces) {
+      std::memcpy(out.back().data() + at, ptr, len);
+      at += len;
+    }
   }
-  const double secs = Since(t0);
-  for (auto& e : errors)
-    if (!e.empty()) Die("paired raw pass: " + e);
-  return secs;
+  return out;
+}
+
+// Every variant once; {"best_seconds", "best_variant", "buffered_seconds", "variants": {name:
+// seconds or null where unsupported}}.
+json FloorPasses(const std::string& dir, const std::vector<raw_floor::AlignedBuffer>& files,
+                 bool write_pass, bool drop) {
+  json variants = json::object();
+  double best = -1, buffered = -1;
+  std::string best_name;
+  for (const auto& v : write_pass ? raw_floor::WriteVariants() : raw_floor::ReadVariants()) {
+    if (write_pass) std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    if (drop) DropCaches();
+    const raw_floor::PassResult r = raw_floor::Pass(dir, files, write_pass, v);
+    if (!r.error.empty()) Die("paired raw pass " + v.name + ": " + r.error);
+    if (!r.seconds) {
+      variants[v.name] = nullptr;
+      continue;
+    }
+    variants[v.name] = *r.seconds;
+    if (v.name == "buffered_4MiB") buffered = *r.seconds;
+    if (best < 0 || *r.seconds < best) {
+      best = *r.seconds;
+      best_name = v.name;
+    }
+  }
+  if (drop) DropCaches();
+  return {{"best_seconds", best}, {"best_variant", best_name}, {"buffered_seconds", buffered},
+          {"variants", variants}};
+}
+
+// A repetition's record gets the floor beside it: raw_seconds is the best variant (the ratio
+// the benchmark reports), raw_buffered_seconds the old floor.
+void AddFloor(json* rep, const json& floor) {
+  (*rep)["raw_seconds"] = floor["best_seconds"];
+  (*rep)["raw_best_variant"] = floor["best_variant"];
+  (*rep)["raw_buffered_seconds"] = floor["buffered_seconds"];
+  (*rep)["raw_variants"] = floor["variants"];
 }
 
 struct RankState {
@@ -347,14 +373,14 @@ int Save(const Args& a) {
         for (auto x : d.shape) n *= static_cast<uint64_t>(x);
         pieces[r].push_back({static_cast<uint8_t*>(const_cast<void*>(d.data)), n});
       }
+    std::vector<raw_floor::AlignedBuffer> floor_bufs;
+    if (!a.paired_raw.empty()) floor_bufs = FloorBuffers(pieces);
     for (int rep = 0; rep < a.reps; ++rep) {
       between_reps(rep);
-      double raw_secs = -1;
+      json floor;
       if (!a.paired_raw.empty()) {
-        std::filesystem::create_directories(a.paired_raw);
-        raw_secs = RawPass(a.paired_raw, pieces, true);
+        floor = FloorPasses(a.paired_raw, floor_bufs, true, a.drop);
         std::filesystem::remove_all(a.paired_raw);
-        if (a.drop) DropCaches();
       }
       meta.tag = prev_tag;
       ckpt::ThreadGroup group(a.ranks);
@@ -370,7 +396,7 @@ int Save(const Args& a) {
       const double secs = Since(t0);
       if (!results[0].ok()) Die("save: " + results[0].ToString());
       reps.push_back({{"seconds", secs}, {"file_bytes", DirBytes(a.root + "/" + meta.tag)}});
-      if (raw_secs >= 0) reps.back()["raw_seconds"] = raw_secs;
+      if (!floor.is_null()) AddFloor(&reps.back(), floor);
     }
   } else {
     // One process per rank, as under mpirun (no HDF5 library lock shared between ranks). The
@@ -586,19 +612,21 @@ int Load(const Args& a) {
   std::string drop_status = a.drop ? "" : "not requested";
   std::vector<Pieces> pieces(static_cast<size_t>(world));
   const bool paired = !a.paired_raw.empty() && !a.procs;
+  std::vector<raw_floor::AlignedBuffer> floor_bufs;
   if (paired) {
     for (int r = 0; r < world; ++r)
       for (auto& b : bufs[static_cast<size_t>(r)]) pieces[static_cast<size_t>(r)].push_back({b.data(), b.size()});
+    floor_bufs = FloorBuffers(pieces);
     std::filesystem::create_directories(a.paired_raw);
-    RawPass(a.paired_raw, pieces, true);  // the floor's files: the same bytes, untimed
+    // The floor's files: the same bytes, written untimed.
+    const raw_floor::PassResult w =
+        raw_floor::Pass(a.paired_raw, floor_bufs, true, raw_floor::WriteVariants()[0]);
+    if (!w.error.empty()) Die("paired raw pass: " + w.error);
   }
   for (int rep = 0; rep < a.reps; ++rep) {
     if (a.drop) drop_status = DropCaches();
-    double raw_secs = -1;
-    if (paired) {
-      raw_secs = RawPass(a.paired_raw, pieces, false);
-      if (a.drop) DropCaches();
-    }
+    json floor;
+    if (paired) floor = FloorPasses(a.paired_raw, floor_bufs, false, a.drop);
     std::vector<ckpt::Status> results(static_cast<size_t>(world));
     auto rank_load = [&](int r) -> ckpt::Status {
       ckpt::OpenOptions oo;
@@ -665,7 +693,7 @@ int Load(const Args& a) {
     for (auto& s : results)
       if (!s.ok()) Die("load: " + s.ToString());
     reps.push_back({{"seconds", secs}, {"rank_maxrss_kib", child_rss}});
-    if (raw_secs >= 0) reps.back()["raw_seconds"] = raw_secs;
+    if (!floor.is_null()) AddFloor(&reps.back(), floor);
   }
   if (paired) std::filesystem::remove_all(a.paired_raw);
   json out = {{"op", "load"},       {"ranks", world},         {"verify", a.verify}, {"procs", a.procs},

@@ -1,29 +1,26 @@
-// The raw I/O floor for tools/bench.sh: the same byte count as a checkpoint, split over the
-// same number of files and threads, written with plain write(2) + fsync(2) and read back with
-// read(2). No HDF5, no hashing: what the machine gives a program that only moves bytes.
+// The raw I/O floors for tools/bench.sh (tools/bench/raw_floor.h says what each one is): the
+// same byte count as a checkpoint, split over the same number of files and threads, moved by
+// one of the floor's variants. No HDF5, no hashing: what the machine gives a program that only
+// moves bytes.
 //
-//   raw_io write DIR --files N --bytes-per-file B [--block 4MiB]
-//   raw_io read  DIR --files N [--block 4MiB]
+//   raw_io write DIR --files N --bytes-per-file B [--variant NAME]
+//   raw_io read  DIR --files N [--variant NAME]   (each file read whole, whatever its size)
+//   raw_io variants write|read        (the variant names, one per line)
 //
-// Each thread owns file DIR/raw_<i>.bin. Buffers are allocated and touched before the clock
-// starts (a checkpoint's state is already in memory when a save begins; a loader's destination
-// is allocated before it reads), so the time is the transfer alone. Prints one JSON object:
-// {"op", "files", "bytes", "seconds", "gib_per_s", "maxrss_kib"}. Exit 2 on usage or I/O error.
-#include <fcntl.h>
+// The default variant is buffered_4MiB (write(2) / read(2) in 4 MiB blocks, the old floor).
+// Buffers are allocated and touched before the clock starts (a checkpoint's state is already
+// in memory when a save begins; a loader's destination is allocated before it reads), so the
+// time is the transfer alone. Prints one JSON object: {"op", "variant", "files", "bytes",
+// "seconds", "gib_per_s", "maxrss_kib"}, or {"op", "variant", "unsupported": true} where the
+// file system refuses the variant (O_DIRECT on tmpfs). Exit 2 on usage or I/O error.
 #include <sys/resource.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
-#include <atomic>
-#include <cerrno>
-#include <chrono>
-#include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <string>
-#include <thread>
 #include <vector>
+
+#include "raw_floor.h"
 
 namespace {
 
@@ -45,8 +42,6 @@ uint64_t ParseBytes(const char* s) {
   return static_cast<uint64_t>(v * mult);
 }
 
-std::string FileName(const std::string& dir, int i) { return dir + "/raw_" + std::to_string(i) + ".bin"; }
-
 long MaxRssKiB() {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
@@ -56,79 +51,81 @@ long MaxRssKiB() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 3) Die("usage: raw_io write|read DIR --files N [--bytes-per-file B] [--block B]");
-  const std::string op = argv[1], dir = argv[2];
+  if (argc < 3)
+    Die("usage: raw_io write|read DIR --files N [--bytes-per-file B] [--variant NAME] | "
+        "raw_io variants write|read");
+  const std::string op = argv[1];
+  if (op == "variants") {
+    const std::string which = argv[2];
+    if (which != "write" && which != "read") Die("variants: write or read");
+    for (const auto& v : which == "write" ? raw_floor::WriteVariants() : raw_floor::ReadVariants())
+      std::printf("%s\n", v.name.c_str());
+    return 0;
+  }
+  const std::string dir = argv[2];
   int files = 1;
-  uint64_t per_file = 0, block = 4u << 20;
+  uint64_t per_file = 0;
+  std::string variant = "buffered_4MiB";
   for (int i = 3; i < argc; ++i) {
     const std::string a = argv[i];
     if (i + 1 >= argc) Die("missing value for " + a);
     if (a == "--files") files = std::atoi(argv[++i]);
     else if (a == "--bytes-per-file") per_file = ParseBytes(argv[++i]);
-    else if (a == "--block") block = ParseBytes(argv[++i]);
+    else if (a == "--variant") variant = argv[++i];
     else Die("unknown option " + a);
   }
-  if (files < 1 || block == 0) Die("--files and --block must be positive");
+  if (files < 1) Die("--files must be positive");
+  const bool write_pass = op == "write";
+  // A read moves each file's own size (they may differ: rank files); a write, per_file each.
+  std::vector<uint64_t> sizes(static_cast<size_t>(files), per_file);
   if (op == "read") {
-    struct stat st{};
-    if (stat(FileName(dir, 0).c_str(), &st) != 0) Die("stat " + FileName(dir, 0) + ": " + std::strerror(errno));
-    per_file = static_cast<uint64_t>(st.st_size);
-  } else if (op != "write") {
-    Die("op must be write or read");
+    for (int f = 0; f < files; ++f) {
+      struct stat st{};
+      const std::string path = raw_floor::FileName(dir, static_cast<size_t>(f));
+      if (stat(path.c_str(), &st) != 0) Die("stat " + path + ": " + std::strerror(errno));
+      sizes[static_cast<size_t>(f)] = static_cast<uint64_t>(st.st_size);
+    }
+  } else if (!write_pass) {
+    Die("op must be write, read or variants");
+  } else if (per_file == 0) {
+    Die("--bytes-per-file must be positive");
   }
-  if (per_file == 0) Die("--bytes-per-file must be positive");
+  const auto variants = write_pass ? raw_floor::WriteVariants() : raw_floor::ReadVariants();
+  const raw_floor::Variant* v = nullptr;
+  for (const auto& x : variants)
+    if (x.name == variant) v = &x;
+  if (!v) Die("unknown " + op + " variant '" + variant + "' (raw_io variants " + op + ")");
 
-  // One buffer per file: the source of the writes or the destination of the reads. Filled
+  // One buffer per file: the source of the writes or the destination of the reads, filled
   // with a non-constant pattern so no layer can shortcut zero pages.
-  std::vector<std::vector<uint8_t>> buf(static_cast<size_t>(files));
+  std::vector<raw_floor::AlignedBuffer> buf;
+  buf.reserve(static_cast<size_t>(files));
   for (int f = 0; f < files; ++f) {
-    auto& b = buf[static_cast<size_t>(f)];
-    b.resize(per_file);
-    auto* w = reinterpret_cast<uint32_t*>(b.data());
+    buf.emplace_back(sizes[static_cast<size_t>(f)]);
+    auto* w = reinterpret_cast<uint32_t*>(buf.back().data());
     uint32_t x = 2463534242u + static_cast<uint32_t>(f);
-    for (size_t i = 0; i < per_file / 4; ++i) {
+    for (size_t i = 0; i < buf.back().size() / 4; ++i) {
       x ^= x << 13; x ^= x >> 17; x ^= x << 5;
       w[i] = x;
     }
   }
-  std::atomic<bool> failed{false};
-  std::vector<std::string> errors(static_cast<size_t>(files));
-  auto worker = [&](int f) {
-    auto& b = buf[static_cast<size_t>(f)];
-    const std::string path = FileName(dir, f);
-    const bool wr = op == "write";
-    const int fd = wr ? open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)
-                      : open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) { errors[f] = "open " + path + ": " + std::strerror(errno); failed = true; return; }
-    uint64_t done = 0;
-    while (done < per_file) {
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(block, per_file - done));
-      const ssize_t got = wr ? write(fd, b.data() + done, n) : read(fd, b.data() + done, n);
-      if (got < 0 && errno == EINTR) continue;
-      if (got <= 0) { errors[f] = (wr ? "write " : "read ") + path + ": " + std::strerror(errno); failed = true; break; }
-      done += static_cast<uint64_t>(got);
-    }
-    if (wr && !failed && fsync(fd) != 0) { errors[f] = "fsync " + path + ": " + std::strerror(errno); failed = true; }
-    close(fd);
-  };
-  const auto t0 = std::chrono::steady_clock::now();
-  std::vector<std::thread> threads;
-  for (int f = 0; f < files; ++f) threads.emplace_back(worker, f);
-  for (auto& t : threads) t.join();
-  if (op == "write") {
-    // A checkpoint save also fsyncs its directory; so does the floor.
-    const int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) { fsync(dfd); close(dfd); }
+  const raw_floor::PassResult r = raw_floor::Pass(dir, buf, write_pass, *v);
+  if (!r.error.empty()) Die(r.error);
+  if (!r.seconds) {
+    std::printf("{\"op\": \"%s\", \"variant\": \"%s\", \"unsupported\": true}\n", op.c_str(),
+                v->name.c_str());
+    return 0;
   }
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  for (auto& e : errors) if (!e.empty()) Die(e);
   // Keep the reads observable.
   uint64_t sum = 0;
-  for (auto& b : buf) sum += b[b.size() / 2];
-  const double total = static_cast<double>(per_file) * files;
-  std::printf("{\"op\": \"%s\", \"files\": %d, \"bytes\": %.0f, \"block\": %llu, \"seconds\": %.6f, "
-              "\"gib_per_s\": %.4f, \"maxrss_kib\": %ld, \"check\": %llu}\n",
-              op.c_str(), files, total, static_cast<unsigned long long>(block), secs,
-              total / secs / (1024.0 * 1024 * 1024), MaxRssKiB(), static_cast<unsigned long long>(sum));
+  for (auto& b : buf) sum += b.data()[b.size() / 2];
+  double total = 0;
+  for (uint64_t n : sizes) total += static_cast<double>(n);
+  std::printf("{\"op\": \"%s\", \"variant\": \"%s\", \"files\": %d, \"bytes\": %.0f, "
+              "\"block\": %zu, \"seconds\": %.6f, \"gib_per_s\": %.4f, \"maxrss_kib\": %ld, "
+              "\"check\": %llu}\n",
+              op.c_str(), v->name.c_str(), files, total, v->block, *r.seconds,
+              total / *r.seconds / (1024.0 * 1024 * 1024), MaxRssKiB(),
+              static_cast<unsigned long long>(sum));
   return 0;
 }

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <filesystem>
 #include <random>
@@ -124,20 +125,37 @@ class PosixFileLock final : public FileLock {
 
 class PosixWritableFile final : public WritableFile {
  public:
-  PosixWritableFile(std::string path, UniqueFd fd) : path_(std::move(path)), fd_(std::move(fd)) {}
+  PosixWritableFile(std::string path, UniqueFd fd) : path_(std::move(path)), fd_(std::move(fd)) {
+    // Where the writes begin: 0 for a new file, the end for an appendable one.
+    const off_t end = ::lseek(fd_.get(), 0, SEEK_END);
+    written_ = writeback_from_ = end > 0 ? static_cast<uint64_t>(end) : 0;
+  }
   ~PosixWritableFile() override { Close().IgnoreError(); }
 
+  // Large outputs (exports, universal files) go out in 4 MiB writes, and the writeback of
+  // every 4 MiB written is started at once (sync_file_range, as RocksDB's bytes_per_sync and the
+  // rank files' data phase): the disk works while the caller produces the next bytes, and the
+  // final fsync finds little left to do instead of the whole file dirty in the page cache
+  // (issue 19: export-fp32 spent 1.8 s of system time on 341 MiB that way). Small files
+  // (manifests, `latest`) never reach the threshold.
   Status Append(std::string_view data) override {
+    constexpr size_t kWriteBytes = 4u << 20;
     const char* p = data.data();
     size_t left = data.size();
     while (left > 0) {
-      ssize_t n = ::write(fd_.get(), p, left);
+      ssize_t n = ::write(fd_.get(), p, std::min(left, kWriteBytes));
       if (n < 0) {
         if (errno == EINTR) continue;
         return ErrnoError("write " + path_, errno);
       }
       p += n;
       left -= static_cast<size_t>(n);
+      written_ += static_cast<uint64_t>(n);
+      if (written_ - writeback_from_ >= kWriteBytes) {
+        ::sync_file_range(fd_.get(), static_cast<off_t>(writeback_from_),
+                          static_cast<off_t>(written_ - writeback_from_), SYNC_FILE_RANGE_WRITE);
+        writeback_from_ = written_;  // a hint: errors surface at Sync()
+      }
     }
     return Status::Ok();
   }
@@ -150,6 +168,8 @@ class PosixWritableFile final : public WritableFile {
  private:
   std::string path_;
   UniqueFd fd_;
+  uint64_t written_ = 0;         // the file offset after the bytes appended so far
+  uint64_t writeback_from_ = 0;  // start of the bytes whose writeback is not started yet
 };
 
 Status SyncPath(const std::string& path, int flags, std::string_view what) {

@@ -155,7 +155,8 @@ def main():
     ap.add_argument("--async-steps", type=int, default=4,
                     help="engine_min steps (each saved) per async-save throughput run")
     ap.add_argument("--skip", default="", help="comma list of phases to skip: torch,scaling,zstd,"
-                    "variants,reshard,export,deepspeed,nextupdate,async,async_engine")
+                    "variants,reshard,reshard_load,reshard_rss,export,deepspeed,nextupdate,async,"
+                    "async_engine")
     ap.add_argument("--bin", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     root_dir = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -409,6 +410,71 @@ def main():
             (a.ranks, dp, s["median"], rj["max_ratio"], floor_t / s["median"]))
         shutil.rmtree(out, ignore_errors=True)
 
+    # --- load-time reshard: N -> N/2 and N -> N-1 (issue 15) -----------------------------
+    # ckpt::LoadResharded for every new rank at once (threads, as the new ranks of a resumed
+    # run), paired per repetition with the floors: every raw read variant of as many bytes as
+    # each new rank owns, one file per new rank, taken just before; the ratio is to the best
+    # (ckpt_io reshard-load).
+    if "reshard_load" not in skip and a.ranks >= 2:
+        for m in sorted(set(x for x in (a.ranks // 2, a.ranks - 1) if x >= 1), reverse=True):
+            j, _, rss = R.json([ckpt_io, "reshard-load", ck_root, "--to", str(m),
+                                "--reps", str(max(5, a.reps)), "--drop-caches",
+                                "--paired-raw", os.path.join(work, "reshard_raw")])
+            reps = j["reps"]
+            pr = paired(j)
+            d = {"from": a.ranks, "to": m, "bytes": j["logical_bytes"],
+                 "seconds": stats([r["seconds"] for r in reps]),
+                 "raw_seconds": stats([r["raw_seconds"] for r in reps]),
+                 "ratio": pr["ratio"], "paired": pr,
+                 "bytes_read": reps[-1]["bytes_read"], "ranks": j["ranks"],
+                 "max_read_ratio": max(x["ratio"] for x in j["ranks"]), "maxrss_kib": rss,
+                 "note": "every new rank's LoadResharded concurrently (threads); floor: the best "
+                         "raw read variant of as many bytes as each new rank owns, one file per "
+                         "new rank, just before each repetition"}
+            d["gib_per_s"] = d["bytes"] / GiB / d["seconds"]["median"]
+            ph["reshard_load_%d_%d" % (a.ranks, m)] = d
+            log("load-time reshard %d->%d: %.2fs, raw %.2fs, paired ratio %s, read/owned %.3f" %
+                (a.ranks, m, d["seconds"]["median"], d["raw_seconds"]["median"],
+                 fmt_range(d["ratio"]), d["max_read_ratio"]))
+
+    # --- ckpt reshard's peak RSS at 0.25x, 1x and 3x --size ----------------------------------
+    # A `ckpt synth` checkpoint of each size on --ranks ranks, resharded to --ranks / 2 with
+    # the default --threads and with --threads 1: peak RSS (wait4) against the state's size.
+    if "reshard_rss" not in skip and a.ranks >= 2:
+        dp = a.ranks // 2
+        rows = []
+        src = os.path.join(work, "rss_src")
+        out = os.path.join(work, "rss_out")
+        for f in (0.25, 1, 3):
+            size = int(a.size * f)
+            free = shutil.disk_usage(work).free
+            if 2 * size + (256 << 20) > free:
+                res["notes"].append("reshard peak RSS at %.2f GiB skipped: %.1f GiB free in %s" %
+                                    (size / GiB, free / GiB, work))
+                log(res["notes"][-1])
+                continue
+            shutil.rmtree(src, ignore_errors=True)
+            R.run([ckpt, "synth", src, "--ranks", str(a.ranks), "--params",
+                   str(max(64, size // 12)), "--zero", "2", "--json"])
+            for threads in (None, 1):
+                shutil.rmtree(out, ignore_errors=True)
+                drop_caches()
+                o, _, t, rss, _ = R.run([ckpt, "reshard", src, out, "--dp", str(dp), "--json"] +
+                                        (["--threads", str(threads)] if threads else []))
+                rj = json.loads(o)
+                state = sum(x["bytes_owned"] for x in rj["ranks"])
+                shard = max(x["bytes_owned"] for x in rj["ranks"])
+                rows.append({"size_bytes": size, "state_bytes": state, "largest_shard_bytes": shard,
+                             "from": a.ranks, "to": dp, "threads": rj["threads"],
+                             "seconds": t, "maxrss_kib": rss})
+                log("reshard %d->%d of %.2f GiB, --threads %d: peak RSS %.0f MiB (one new shard "
+                    "%.0f MiB), %.1fs" % (a.ranks, dp, size / GiB, rj["threads"], rss / 1024,
+                                         shard / MiB, t))
+            shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(src, ignore_errors=True)
+        ph["reshard_rss"] = {"rows": rows,
+                             "note": "peak RSS of `ckpt reshard` (wait4) per source size"}
+
     # --- next-update CPU vs memcpy -------------------------------------------------------
     if "nextupdate" not in skip:
         nb = min(a.size, 256 << 20)
@@ -598,6 +664,11 @@ def main():
     if "reshard" in ph:
         target("reshard bytes read per rank <= 1.05x owned", ph["reshard"]["max_read_ratio"],
                "<=", 1.05)
+    for k in sorted(x for x in ph if x.startswith("reshard_load_")):
+        target("load-time reshard %d->%d: read / (1.05x owned + a piece per slice edge)" %
+               (ph[k]["from"], ph[k]["to"]),
+               max(x["bytes_read"] / (1.05 * x["bytes_owned"] + 2 * x["slices"] * x["piece_bytes"])
+                   for x in ph[k]["ranks"]), "<=", 1.0)
     if "next_update_cpu" in ph:
         target("CPU next-update >= 0.5x memcpy", ph["next_update_cpu"]["ratio"]["median"], ">=", 0.5)
     if "async_save" in ph:
@@ -690,6 +761,21 @@ def print_table(res):
         for x in r["ranks"]:
             print("    new rank %d: read %.1f MiB, owned %.1f MiB, ratio %.4f" %
                   (x["rank"], x["bytes_read"] / MiB, x["bytes_owned"] / MiB, x["ratio"]))
+    for k in sorted(x for x in ph if x.startswith("reshard_load_")):
+        r = ph[k]
+        row("load-time reshard %d->%d (owned)" % (r["from"], r["to"]), r["bytes"], r["seconds"],
+            r["gib_per_s"], r["ratio"]["median"], r["maxrss_kib"])
+        print("  vs the paired raw reads of the bytes each new rank owns: best floor %s s, ratio "
+              "%s%s; read/owned max %.4f" % (
+                  fmt_range(r["raw_seconds"]), fmt_range(r["ratio"]),
+                  " (to the old buffered floor %s)" % fmt_range(r["paired"]["ratio_to_buffered"])
+                  if "ratio_to_buffered" in r["paired"] else "", r["max_read_ratio"]))
+    if "reshard_rss" in ph:
+        print("reshard peak RSS by checkpoint size:")
+        for x in ph["reshard_rss"]["rows"]:
+            print("  %.2f GiB %d->%d --threads %d: %.0f MiB (one new shard %.0f MiB), %.1f s" % (
+                x["size_bytes"] / GiB, x["from"], x["to"], x["threads"], x["maxrss_kib"] / 1024,
+                x["largest_shard_bytes"] / MiB, x["seconds"]))
     if "torch" in ph:
         print("%-26s %s" % ("torch.save/torch.load", ph["torch"]["status"]))
     if "next_update_cpu" in ph:
@@ -792,6 +878,10 @@ def markdown(res):
         row("`reshard %d->%d` (bytes read by new ranks)" % (r["from"], r["to"]),
             sum(x["bytes_read"] for x in r["ranks"]), r["seconds"], None, r["ratio"],
             r["maxrss_kib"])
+    for k in sorted(x for x in ph if x.startswith("reshard_load_")):
+        r = ph[k]
+        row("load-time reshard %d->%d (bytes owned; ratio: best paired raw read)" % (r["from"], r["to"]),
+            r["bytes"], r["seconds"], r["gib_per_s"], r["ratio"]["median"], r["maxrss_kib"])
     if "torch" in ph:
         L.append("| torch.save / torch.load | %s | | | | |" % ph["torch"]["status"])
     L.append("")
@@ -810,6 +900,27 @@ def markdown(res):
             "new rank %d read %.1f MiB, owns %.1f MiB (%.4f)" % (
                 x["rank"], x["bytes_read"] / MiB, x["bytes_owned"] / MiB, x["ratio"])
             for x in ph["reshard"]["ranks"]) + ".")
+        L.append("")
+    for k in sorted(x for x in ph if x.startswith("reshard_load_")):
+        r = ph[k]
+        L.append("Load-time reshard %d->%d (`ckpt::LoadResharded`, every new rank at once) against "
+                 "the paired raw reads of the bytes each new rank owns (every variant, just "
+                 "before each repetition): best floor %s s, ckpt %s s, ratio %s%s; bytes read / "
+                 "owned per new rank: %s." % (
+                     r["from"], r["to"], fmt_range(r["raw_seconds"]), fmt_range(r["seconds"]),
+                     fmt_range(r["ratio"]),
+                     "; against the old buffered floor %s" % fmt_range(
+                         r["paired"]["ratio_to_buffered"])
+                     if "ratio_to_buffered" in r["paired"] else "",
+                     ", ".join("%.4f" % x["ratio"] for x in r["ranks"])))
+        L.append("")
+    if "reshard_rss" in ph:
+        L.append("| `ckpt reshard` | state GiB | --threads | one new shard | seconds | peak RSS |")
+        L.append("|---|---:|---:|---:|---:|---:|")
+        for x in ph["reshard_rss"]["rows"]:
+            L.append("| %d->%d | %.2f | %d | %.0f MiB | %.1f | %.0f MiB |" % (
+                x["from"], x["to"], x["state_bytes"] / GiB, x["threads"],
+                x["largest_shard_bytes"] / MiB, x["seconds"], x["maxrss_kib"] / 1024))
         L.append("")
     if "next_update_cpu" in ph:
         n = ph["next_update_cpu"]

@@ -5,15 +5,22 @@
 //   ckpt_io load ROOT [--reps R] [--drop-caches] [--no-verify]
 //   ckpt_io zstd ROOT [--levels 1,3,9] [--max-mib M] [--chunk-bytes B]
 //   ckpt_io async ROOT --ranks N --params P [--zero S] [--reps R]
+//   ckpt_io reshard-load ROOT --to M [--zero S] [--reps R] [--drop-caches] --paired-raw DIR
 //
 // save: the state of every rank is generated first (ckpt::SynthParamTable, BuildPartition and
 //   SynthValue, exactly the contents `ckpt synth` writes), then only ckpt::SaveCheckpoint is
-//   timed, all ranks concurrently as threads on a ckpt::ThreadGroup (as `ckpt synth` and
-//   `ckpt reshard` save). Each repetition writes a new tag; the previous one is removed
-//   untimed, so the last tag stays for the load / export / reshard phases.
+//   timed, all ranks concurrently as threads on a ckpt::ThreadGroup (as `ckpt synth` saves).
+//   Each repetition writes a new tag; the previous one is removed untimed, so the last tag
+//   stays for the load / export / reshard phases.
 // load: one thread per rank, each with its own CheckpointReader, reads every dataset of its
 //   rank file whole (ReadDataset: XXH3 of every dataset checked). Destination buffers are
 //   allocated and touched before the clock starts, as in raw_io.
+// reshard-load: the load a resumed run on M ranks (and ZeRO stage S, default the source's)
+//   does, ckpt::LoadResharded, for every new rank concurrently as threads (each with its own
+//   reader: only the slices it owns, every piece verified), paired with the floors: one raw
+//   file per new rank holding exactly as many bytes as that rank owns (master and both
+//   moments), written untimed, then read back by every read variant of raw_floor.h just
+//   before each repetition; the ratio is to the best of them.
 // zstd: compression ratio and single-thread throughput of the rank files' fp32 master
 //   weights, exp_avg, exp_avg_sq and the bf16 rounding of the master weights (or a stored
 //   `compute` dataset), per level, with and without HDF5-style byte shuffle, in chunks of
@@ -44,6 +51,7 @@
 #include "ckpt/async_saver.h"
 #include "ckpt/collective.h"
 #include "ckpt/hash.h"
+#include "ckpt/load_resharded.h"
 #include "ckpt/manifest.h"
 #include "ckpt/reader.h"
 #include "ckpt/synth.h"
@@ -97,11 +105,13 @@ struct Args {
   std::string paired_raw;  // directory for the paired raw write / read of the same bytes
   std::vector<int> levels = {1, 3, 9};
   int64_t max_mib = 64;
+  int to = 0;  // reshard-load: the new world size
 };
 
 Args Parse(int argc, char** argv) {
-  if (argc < 3) Die("usage: ckpt_io save|load|zstd|async ROOT [options]");
+  if (argc < 3) Die("usage: ckpt_io save|load|zstd|async|reshard-load ROOT [options]");
   Args a;
+  a.zero = -1;  // save / async: 2; reshard-load: the source's
   a.op = argv[1];
   a.root = argv[2];
   for (int i = 3; i < argc; ++i) {
@@ -113,6 +123,7 @@ Args Parse(int argc, char** argv) {
     if (k == "--ranks") a.ranks = std::stoi(val());
     else if (k == "--params") a.params = static_cast<int64_t>(std::stod(val()));
     else if (k == "--zero") a.zero = std::stoi(val());
+    else if (k == "--to") a.to = std::stoi(val());
     else if (k == "--compress") a.compress = val();
     else if (k == "--chunk-bytes") a.chunk_bytes = static_cast<uint64_t>(std::stod(val()));
     else if (k == "--compress-threads") a.compress_threads = std::stoi(val());
@@ -135,6 +146,7 @@ Args Parse(int argc, char** argv) {
     } else Die("unknown option " + k);
   }
   if (a.reps < 1) a.reps = 1;
+  if (a.zero < 0 && a.op != "reshard-load") a.zero = 2;
   return a;
 }
 
@@ -811,6 +823,71 @@ int Zstd(const Args& a) {
   return 0;
 }
 
+int ReshardLoad(const Args& a) {
+  if (a.paired_raw.empty()) Die("reshard-load needs --paired-raw DIR");
+  auto probe = ckpt::CheckpointReader::Open(a.root);
+  if (!probe.ok()) Die(probe.status().ToString());
+  const ckpt::Manifest& man = probe->manifest();
+  const int zero = a.zero >= 0 ? a.zero : man.topology.zero_stage;
+  auto target = ckpt::PlanReshard(man, a.to, zero);
+  if (!target.ok()) Die(target.status().ToString());
+  const int world = a.to;
+  // The floor's bytes: per new rank, as many bytes as it owns (its shard without padding).
+  std::vector<uint64_t> owned(static_cast<size_t>(world), 0);
+  for (const auto& p : target->params) {
+    if (!p.trainable()) continue;
+    for (const auto& r : p.ranges)
+      owned[static_cast<size_t>(r.rank)] += static_cast<uint64_t>(r.end - r.begin) * 12;
+  }
+  std::vector<raw_floor::AlignedBuffer> floor_bufs;
+  uint64_t owned_total = 0;
+  for (int j = 0; j < world; ++j) {
+    floor_bufs.emplace_back(owned[static_cast<size_t>(j)]);  // touched, untimed
+    owned_total += owned[static_cast<size_t>(j)];
+  }
+  std::filesystem::create_directories(a.paired_raw);
+  // The floor's files, written untimed.
+  const raw_floor::PassResult w =
+      raw_floor::Pass(a.paired_raw, floor_bufs, true, raw_floor::WriteVariants()[0]);
+  if (!w.error.empty()) Die("paired raw pass: " + w.error);
+  json reps = json::array(), ranks = json::array();
+  std::string drop_status = a.drop ? "" : "not requested";
+  for (int rep = 0; rep < a.reps; ++rep) {
+    if (a.drop) drop_status = DropCaches();
+    const json floor = FloorPasses(a.paired_raw, floor_bufs, false, a.drop);
+    std::vector<ckpt::Result<ckpt::ReshardedRank>> got;
+    for (int j = 0; j < world; ++j) got.emplace_back(ckpt::Internal("not run"));
+    const auto t0 = Clock::now();
+    std::vector<std::thread> threads;
+    for (int j = 0; j < world; ++j)
+      threads.emplace_back([&, j] {
+        got[static_cast<size_t>(j)] = ckpt::LoadResharded(a.root, *target, j);
+      });
+    for (auto& t : threads) t.join();
+    const double secs = Since(t0);
+    uint64_t read = 0;
+    ranks = json::array();
+    for (int j = 0; j < world; ++j) {
+      auto& g = got[static_cast<size_t>(j)];
+      if (!g.ok()) Die("new rank " + std::to_string(j) + ": " + g.status().ToString());
+      const ckpt::ReadAccounting& acc = g->accounting;
+      read += acc.bytes_read;
+      ranks.push_back({{"rank", j}, {"bytes_owned", acc.bytes_owned},
+                       {"bytes_read", acc.bytes_read}, {"slices", acc.slices},
+                       {"piece_bytes", acc.piece_bytes}, {"ratio", acc.ratio()}});
+    }
+    reps.push_back({{"seconds", secs}, {"bytes_read", read}});
+    AddFloor(&reps.back(), floor);
+  }
+  std::filesystem::remove_all(a.paired_raw);
+  json out = {{"op", "reshard-load"}, {"from", man.topology.dp_world_size}, {"to", world},
+              {"from_zero", man.topology.zero_stage}, {"zero", zero},
+              {"logical_bytes", owned_total}, {"reps", reps}, {"ranks", ranks},
+              {"drop_caches", drop_status}, {"maxrss_kib", MaxRssKiB()}};
+  std::printf("%s\n", out.dump().c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -819,5 +896,6 @@ int main(int argc, char** argv) {
   if (a.op == "load") return Load(a);
   if (a.op == "zstd") return Zstd(a);
   if (a.op == "async") return Async(a);
-  Die("op must be save, load, zstd or async");
+  if (a.op == "reshard-load") return ReshardLoad(a);
+  Die("op must be save, load, zstd, async or reshard-load");
 }

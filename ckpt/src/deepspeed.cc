@@ -134,7 +134,7 @@ std::string DeepSpeedTagDir(const std::string& path, const std::string& tag, Env
     return HasModelStates(env, dir) ? dir : "";
   }
   if (HasModelStates(env, path)) return path;
-  auto latest = env->ReadFileToString(path + "/latest");
+  auto latest = ReadCheckpointFileToString(env, path + "/latest", 4096);
   if (!latest.ok()) return "";
   const std::string t = TrimWs(*latest);
   if (t.empty() || t.find('/') != std::string::npos || t == "..") return "";

@@ -262,6 +262,10 @@ class PosixEnv final : public Env {
     struct stat st;
     return ::stat(path.c_str(), &st) == 0;
   }
+  bool IsSymlink(const std::string& path) override {
+    struct stat st;
+    return ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
+  }
   Result<uint64_t> FileSize(const std::string& path) override {
     struct stat st;
     if (::stat(path.c_str(), &st) != 0) {
@@ -340,6 +344,19 @@ class PosixEnv final : public Env {
 };
 
 }  // namespace
+
+Result<std::string> ReadCheckpointFileToString(Env* env, const std::string& path,
+                                               uint64_t max_bytes) {
+  if (!env) env = Env::Default();
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file, env->NewCheckpointFile(path));
+  const uint64_t size = file->size();
+  if (size > max_bytes)
+    return DataLoss(path + ": " + std::to_string(size) + " bytes, more than the " +
+                    std::to_string(max_bytes) + " such a file may have; not read");
+  std::string text(static_cast<size_t>(size), '\0');
+  if (size > 0) CKPT_RETURN_IF_ERROR(file->Read(0, text.size(), text.data()));
+  return text;
+}
 
 Env* Env::Default() {
   static PosixEnv env;

@@ -41,7 +41,7 @@ uint64_t Xxh3Stream::Digest() const { return XXH3_64bits_digest(&state_->s); }
 
 Result<std::string> Xxh3FileHex(const std::string& path, Env* env) {
   if (!env) env = Env::Default();
-  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file, env->NewRandomAccessFile(path));
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file, env->NewCheckpointFile(path));
   Xxh3Stream h;
   std::vector<char> buf(4u << 20);
   for (uint64_t off = 0; off < file->size();) {

@@ -14,6 +14,7 @@
 #include "ckpt/env.h"
 #include "ckpt/hash.h"
 #include "ckpt/h5.h"
+#include "ckpt/rank_threads.h"
 #include "ckpt/shape.h"
 #include "zstd_filter.h"
 
@@ -94,10 +95,9 @@ Status WriteCompressedChunks(hid_t dset, const DatasetSpec& spec, int64_t rows_p
   const int batch = std::max(1, threads);
   std::vector<std::vector<uint8_t>> out(static_cast<size_t>(batch));
   std::vector<size_t> out_size(static_cast<size_t>(batch));
-  std::vector<std::string> errors(static_cast<size_t>(batch));
   for (int64_t first = 0; first < nchunks; first += batch) {
     const int count = static_cast<int>(std::min<int64_t>(batch, nchunks - first));
-    auto work = [&](int k) {
+    auto compress = [&](int k) -> Status {
       const int64_t c = first + k;
       const int64_t row0 = c * rows_per_chunk;
       const size_t have = static_cast<size_t>(std::min(rows_per_chunk, rows - row0) * inner) * elem;
@@ -113,23 +113,19 @@ Status WriteCompressedChunks(hid_t dset, const DatasetSpec& spec, int64_t rows_p
       }
       auto& dst = out[static_cast<size_t>(k)];
       dst.resize(ZSTD_compressBound(chunk_bytes));
-      size_t got = ZSTD_compress(dst.data(), dst.size(), staged.data(), chunk_bytes, comp.level);
-      if (ZSTD_isError(got)) {
-        errors[static_cast<size_t>(k)] = ZSTD_getErrorName(got);
-        got = 0;
-      }
+      const size_t got =
+          ZSTD_compress(dst.data(), dst.size(), staged.data(), chunk_bytes, comp.level);
+      if (ZSTD_isError(got)) return Internal(ZSTD_getErrorName(got));
       out_size[static_cast<size_t>(k)] = got;
+      return Status::Ok();
     };
-    if (count == 1) {
-      work(0);
-    } else {
-      std::vector<std::thread> pool;
-      for (int k = 0; k < count; ++k) pool.emplace_back(work, k);
-      for (auto& t : pool) t.join();
-    }
+    // A failed allocation, or a worker that cannot start, is this save's error
+    // (ResourceExhausted), never an exception that aborts the process.
+    const std::vector<Status> done =
+        count == 1 ? std::vector<Status>{OutOfMemoryAsStatus("chunk", [&] { return compress(0); })}
+                   : RunOnThreads(count, compress);
     for (int k = 0; k < count; ++k) {
-      if (!errors[static_cast<size_t>(k)].empty())
-        return Internal("zstd compress: " + errors[static_cast<size_t>(k)]);
+      CKPT_RETURN_IF_ERROR(done[static_cast<size_t>(k)], "zstd compress");
       hsize_t offset[H5S_MAX_RANK] = {0};
       offset[0] = static_cast<hsize_t>((first + k) * rows_per_chunk);
       if (H5Dwrite_chunk(dset, H5P_DEFAULT, 0, offset, out_size[static_cast<size_t>(k)],

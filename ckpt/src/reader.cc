@@ -338,7 +338,9 @@ nlohmann::json InspectToJson(const Manifest& m, const std::string& dir) {
   return {{"tag", m.tag},
           {"dir", dir},
           {"kind", m.kind},
-          {"format_version", full["format_version"]},
+          // The version the file was written with, not this reader's.
+          {"format_version",
+           std::to_string(m.version_major) + "." + std::to_string(m.version_minor)},
           {"writer", m.writer},
           {"created_utc", m.created_utc},
           {"global_step", m.counters.global_step},

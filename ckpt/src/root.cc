@@ -1,11 +1,14 @@
 #include "ckpt/root.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <optional>
 #include <random>
 #include <string_view>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -47,6 +50,15 @@ std::string Excerpt(std::string_view bytes, size_t max = 40) {
   return out;
 }
 
+// A tag directory that is a symbolic link would have its files read from outside the root:
+// refused (DataLoss) unless the user allowed links (FollowSymlinkedTags).
+Status RefuseLinkedTag(Env* env, const std::string& dir) {
+  if (!env->IsSymlink(dir) || FollowSymlinkedTags()) return Status::Ok();
+  return DataLoss(dir + " is a symbolic link: a tag directory is read only from inside its root "
+                        "(set CKPT_FOLLOW_SYMLINKS=1, or pass `ckpt --follow-symlinks`, to "
+                        "allow it)");
+}
+
 // The largest `latest` file readers look at: a tag name (< 256) and two short lines.
 constexpr size_t kMaxLatestBytes = 512;
 
@@ -66,6 +78,11 @@ Status ListTags(const std::string& root, Env* env, RootListing* out) {
     TagInfo info;
     info.tag = e.name;
     info.path = path;
+    if (Status linked = RefuseLinkedTag(env, path); !linked.ok()) {
+      info.error = linked.message();
+      out->tags.push_back(std::move(info));
+      continue;
+    }
     auto m = ReadTagManifest(path, env);
     if (m.ok() && m->tag != e.name) {
       // A tag directory copied or renamed by hand: never taken for the tag it claims to be.
@@ -106,15 +123,13 @@ struct LatestPointer {
 // Parses and verifies the `latest` file; NotFound when there is none.
 Result<LatestPointer> ReadLatestFile(const std::string& root, Env* env) {
   const std::string path = root + "/" + std::string(kLatestFile);
-  auto text = env->ReadFileToString(path);
+  // Never through a link (`ln -s /etc/passwd latest` is refused unread) nor past 512 bytes.
+  auto text = ReadCheckpointFileToString(env, path, kMaxLatestBytes);
   if (!text.ok()) {
     if (text.status().code() == StatusCode::kNotFound)
       return NotFound(root + " has no `latest` pointer (no committed checkpoint)");
-    return text.status();
+    return text.status().WithContext("not a `latest` pointer");
   }
-  if (text->size() > kMaxLatestBytes)
-    return DataLoss(path + ": " + std::to_string(text->size()) +
-                    " bytes, not a `latest` pointer ('" + Excerpt(*text) + "')");
   LatestPointer p;
   const size_t first = text->find('\n');
   if (first == std::string::npos || first + 1 == text->size()) {
@@ -142,6 +157,7 @@ Result<LatestPointer> ReadLatestFile(const std::string& root, Env* env) {
     return DataLoss(path + ": does not name a tag ('" + Excerpt(p.tag) + "')");
   if (!env->Exists(root + "/" + p.tag + "/" + std::string(kManifestFile)))
     return DataLoss(path + " names '" + p.tag + "', which is not a committed tag in " + root);
+  CKPT_RETURN_IF_ERROR(RefuseLinkedTag(env, root + "/" + p.tag), "");
   return p;
 }
 
@@ -182,6 +198,11 @@ Result<std::string> ResolveLatest(const std::string& root, const RootListing& li
 
 }  // namespace
 
+bool FollowSymlinkedTags() {
+  const char* v = std::getenv("CKPT_FOLLOW_SYMLINKS");
+  return v && std::string_view(v) == "1";
+}
+
 std::string LatestFileText(const std::string& tag, int64_t global_step) {
   const std::string body = tag + "\nstep " + std::to_string(global_step) + "\n";
   return body + "xxh3 " + DigestHex(Xxh3(body.data(), body.size())) + "\n";
@@ -203,7 +224,8 @@ Result<std::string> ReadLatest(const std::string& root, Env* env, bool* inferred
 Result<Manifest> ReadTagManifest(const std::string& tag_dir, Env* env) {
   if (!env) env = Env::Default();
   const std::string mpath = tag_dir + "/" + std::string(kManifestFile);
-  auto text = env->ReadFileToString(mpath);
+  // Never through a link, never past kMaxManifestBytes (ReadCheckpointFileToString).
+  auto text = ReadCheckpointFileToString(env, mpath, kMaxManifestBytes);
   if (!text.ok()) {
     if (text.status().code() == StatusCode::kNotFound)
       return NotFound(mpath + " is missing (not a committed checkpoint)");
@@ -219,6 +241,7 @@ Result<std::string> ResolveTagDir(const std::string& path, const std::string& ta
     if (!ValidTagName(tag)) return InvalidArgument("invalid tag '" + tag + "'");
     const std::string dir = path + "/" + tag;
     if (!env->Exists(dir)) return NotFound(path + " has no tag '" + tag + "'");
+    CKPT_RETURN_IF_ERROR(RefuseLinkedTag(env, dir), "");
     return dir;
   }
   if (env->Exists(path + "/" + std::string(kManifestFile))) return path;
@@ -253,13 +276,42 @@ Result<RootLock> RootLock::TryAcquire(const std::string& root, Env* env) {
   return RootLock(std::move(lock).value());
 }
 
+Result<RootLock> RootLock::Acquire(const std::string& root, Env* env, double wait_seconds,
+                                   const std::function<void(const std::string&)>& on_wait) {
+  if (!env) env = Env::Default();
+  const auto start = std::chrono::steady_clock::now();
+  std::unique_ptr<FileLock> waiting;  // held while waiting: gc yields to it
+  for (bool first = true;; first = false) {
+    auto lock = TryAcquire(root, env);
+    if (lock.ok() || lock.status().code() != StatusCode::kFailedPrecondition) return lock;
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (waited >= wait_seconds) {
+      return FailedPrecondition(lock.status().message() + " (waited " +
+                                std::to_string(static_cast<int>(waited)) + " s)");
+    }
+    if (first && on_wait) on_wait("waiting for " + lock.status().message());
+    if (!waiting) {
+      auto w = env->TryLockFile(root + "/" + std::string(kLockFile) + ".waiting");
+      if (w.ok()) waiting = std::move(w).value();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+bool SaverWaiting(const std::string& root, Env* env) {
+  if (!env) env = Env::Default();
+  auto w = env->TryLockFile(root + "/" + std::string(kLockFile) + ".waiting");
+  return !w.ok() && w.status().code() == StatusCode::kFailedPrecondition;
+}
+
 RootLock::RootLock(std::unique_ptr<FileLock> lock) : lock_(std::move(lock)) {}
 RootLock::RootLock(RootLock&&) noexcept = default;
 RootLock& RootLock::operator=(RootLock&&) noexcept = default;
 RootLock::~RootLock() = default;
 
 Result<std::vector<std::string>> ApplyRetention(const std::string& root, int keep_last, Env* env,
-                                                bool dry_run) {
+                                                bool dry_run, const std::function<bool()>& stop) {
   if (!env) env = Env::Default();
   std::vector<std::string> removed;
   if (keep_last <= 0) return removed;
@@ -273,6 +325,7 @@ Result<std::vector<std::string>> ApplyRetention(const std::string& root, int kee
   for (int i = 0; i < n - keep_last; ++i) {
     const TagInfo& t = listing.tags[static_cast<size_t>(i)];
     if (t.latest || t.tag == named) continue;
+    if (stop && stop()) break;
     if (dry_run) {
       removed.push_back(t.tag);
       continue;
@@ -299,6 +352,10 @@ Result<GcReport> CollectGarbage(const std::string& root, int keep_last, Env* env
   GcReport report;
   CKPT_ASSIGN_OR_RETURN(std::vector<DirEntry> entries, env->ListDir(root), "");
   for (const auto& e : entries) {
+    if (!dry_run && SaverWaiting(root, env)) {
+      report.yielded = true;
+      break;
+    }
     const std::string path = root + "/" + e.name;
     // Temporary directories of crashed saves, and temp files of an interrupted `latest` update.
     if (IsTemporary(e.name) ||
@@ -325,7 +382,15 @@ Result<GcReport> CollectGarbage(const std::string& root, int keep_last, Env* env
     }
     report.restored_latest = listing.latest;
   }
-  CKPT_ASSIGN_OR_RETURN(report.removed_tags, ApplyRetention(root, keep_last, env, dry_run), "gc");
+  // gc yields to a saver waiting for the lock: it stops between deletions (the rest is left
+  // for its next run) and releases the lock, so periodic gc never makes a save fail.
+  auto saver_waiting = [&] {
+    if (dry_run || !SaverWaiting(root, env)) return false;
+    report.yielded = true;
+    return true;
+  };
+  CKPT_ASSIGN_OR_RETURN(report.removed_tags,
+                        ApplyRetention(root, keep_last, env, dry_run, saver_waiting), "gc");
   return report;
 }
 

@@ -2,7 +2,8 @@
 
 #include <random>
 #include <sstream>
-#include <thread>
+
+#include "ckpt/rank_threads.h"
 
 namespace ckpt {
 
@@ -105,8 +106,7 @@ Result<std::vector<std::string>> WriteSynthetic(const std::string& root, const S
     meta.engine_config = {{"generator", "ckpt synth"}};
 
     ThreadGroup group(o.ranks);
-    std::vector<Status> results(static_cast<size_t>(o.ranks));
-    auto rank_main = [&](int rank) {
+    auto rank_body = [&](int rank) -> Status {
       const int64_t shard = meta.partition.shard_numel[static_cast<size_t>(rank)];
       std::vector<float> state[3];
       const std::string_view names[3] = {kMaster, kExpAvg, kExpAvgSq};
@@ -154,14 +154,15 @@ Result<std::vector<std::string>> WriteSynthetic(const std::string& root, const S
       so.keep_last = o.keep_last;
       so.chunk_bytes = o.chunk_bytes;
       so.piece_bytes = o.piece_bytes;
-      results[static_cast<size_t>(rank)] =
-          SaveCheckpoint(root, meta, mine, group.ForRank(rank), so);
+      Status saved = SaveCheckpoint(root, meta, mine, group.ForRank(rank), so);
       if (o.on_bytes) o.on_bytes(static_cast<uint64_t>(shard) * 12);
+      return saved;
     };
-    std::vector<std::thread> threads;
-    for (int r = 0; r < o.ranks; ++r) threads.emplace_back(rank_main, r);
-    for (auto& th : threads) th.join();
-    CKPT_RETURN_IF_ERROR(results[0], "");
+    // A rank thread that runs out of memory (or cannot start) fails cleanly and aborts the
+    // group, so the other ranks stop waiting for it.
+    const std::vector<Status> results = RunOnThreads(o.ranks, rank_body, &group);
+    for (int r = 0; r < o.ranks; ++r)
+      CKPT_RETURN_IF_ERROR(results[static_cast<size_t>(r)], "synth rank " + std::to_string(r));
     tags.push_back(meta.tag);
   }
   return tags;

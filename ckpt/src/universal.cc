@@ -43,7 +43,8 @@ bool IsUniversal(const std::string& path, const std::string& tag, Env* env) {
   if (!env) env = Env::Default();
   auto dir = ResolveTagDir(path, tag, env);
   if (!dir.ok()) return false;
-  auto text = env->ReadFileToString(*dir + "/" + std::string(kManifestFile));
+  auto text = ReadCheckpointFileToString(env, *dir + "/" + std::string(kManifestFile),
+                                         kMaxManifestBytes);
   if (!text.ok()) return false;
   auto parsed = ParseJson(*text, "manifest");
   if (!parsed.ok()) return false;

@@ -26,6 +26,7 @@
 #include "ckpt/writer.h"
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
@@ -35,6 +36,7 @@
 
 #include "ckpt/h5.h"
 #include "ckpt/hash.h"
+#include "ckpt/rank_threads.h"
 #include "ckpt/root.h"
 #include "ckpt/save_ranks.h"
 #include "ckpt/utc_time.h"
@@ -206,6 +208,15 @@ Status Commit(const std::string& root, const std::string& tmp_dir, Manifest meta
   return Status::Ok();
 }
 
+// Step 1's lock: a save waits (bounded, told once) while a gc or another save holds it.
+Result<RootLock> AcquireForSave(const std::string& root, Env* env, const SaveOptions& options,
+                                const std::string& what) {
+  auto on_wait = options.on_lock_wait ? options.on_lock_wait : [&](const std::string& msg) {
+    std::fprintf(stderr, "ckpt: %s: %s\n", what.c_str(), msg.c_str());
+  };
+  return RootLock::Acquire(root, env, options.lock_wait_seconds, on_wait);
+}
+
 }  // namespace
 
 Status SaveRanks(const std::string& root, const Manifest& meta, int threads,
@@ -222,7 +233,7 @@ Status SaveRanks(const std::string& root, const Manifest& meta, int threads,
 
   // Step 1.
   CKPT_RETURN_IF_ERROR(env->CreateDirs(root), what + ": create checkpoint root " + root);
-  CKPT_ASSIGN_OR_RETURN(RootLock lock, RootLock::TryAcquire(root, env), what);
+  CKPT_ASSIGN_OR_RETURN(RootLock lock, AcquireForSave(root, env, options, what), what);
   CKPT_ASSIGN_OR_RETURN(Prepared prepared, Prepare(root, meta, env), what);
   const std::string& tmp_dir = prepared.tmp_dir;
 
@@ -243,11 +254,14 @@ Status SaveRanks(const std::string& root, const Manifest& meta, int threads,
       }
       Result<FileRecord>& rec = records[static_cast<size_t>(r)];
       bool written = false;
-      const Status s = produce(r, [&](const RankContents& contents) -> Status {
-        if (written) return Internal("rank " + std::to_string(r) + " written twice");
-        written = true;
-        rec = WriteMyFile(tmp_dir, meta, contents, r, world, env, options);
-        return rec.status().WithContext("rank " + std::to_string(r));
+      // A failed allocation (building or writing the rank) is this rank's error.
+      const Status s = OutOfMemoryAsStatus("rank " + std::to_string(r), [&] {
+        return produce(r, [&](const RankContents& contents) -> Status {
+          if (written) return Internal("rank " + std::to_string(r) + " written twice");
+          written = true;
+          rec = WriteMyFile(tmp_dir, meta, contents, r, world, env, options);
+          return rec.status().WithContext("rank " + std::to_string(r));
+        });
       });
       if (!s.ok()) {
         rec = s;
@@ -260,15 +274,15 @@ Status SaveRanks(const std::string& root, const Manifest& meta, int threads,
       }
     }
   };
-  {
-    std::vector<std::thread> pool;
-    for (int t = 1; t < threads; ++t) pool.emplace_back(worker);
+  // A worker that cannot start (or fails outside a rank) fails the save, never the process.
+  const std::vector<Status> workers = RunOnThreads(threads, [&](int) {
     worker();
-    for (auto& t : pool) t.join();
-  }
+    return Status::Ok();
+  });
 
   // Steps 5-8.
   Status s = [&]() -> Status {
+    for (const Status& w : workers) CKPT_RETURN_IF_ERROR(w, "");
     std::vector<FileRecord> files;
     for (auto& rec : records) {
       CKPT_RETURN_IF_ERROR(rec.status(), "");
@@ -291,6 +305,7 @@ Status SaveCheckpoint(const std::string& root, const Manifest& meta, const RankC
   // Step 1.
   std::optional<RootLock> lock;
   std::string prepare_msg;
+  std::string created_tmp;  // rank 0: the temporary directory it created
   if (rank == 0) {
     Status s = [&]() -> Status {
       if (meta.topology.dp_world_size != world)
@@ -298,30 +313,44 @@ Status SaveCheckpoint(const std::string& root, const Manifest& meta, const RankC
                                std::to_string(meta.topology.dp_world_size) +
                                " != collective world size " + std::to_string(world));
       CKPT_RETURN_IF_ERROR(env->CreateDirs(root), "create checkpoint root " + root);
-      CKPT_ASSIGN_OR_RETURN(RootLock l, RootLock::TryAcquire(root, env));
+      CKPT_ASSIGN_OR_RETURN(RootLock l, AcquireForSave(root, env, options, what));
       lock.emplace(std::move(l));
       CKPT_ASSIGN_OR_RETURN(Prepared p, Prepare(root, meta, env), "");
+      created_tmp = p.tmp_dir;
       const std::string tmp_name = std::filesystem::path(p.tmp_dir).filename().string();
       prepare_msg = WireText(json{{"status", StatusToJson(Status::Ok())}, {"tmp", tmp_name}});
       return Status::Ok();
     }();
     if (!s.ok()) prepare_msg = WireText(json{{"status", StatusToJson(s)}, {"tmp", ""}});
   }
-  CKPT_ASSIGN_OR_RETURN(std::string prepared, comm.Broadcast(prepare_msg), what);
+  auto broadcast = comm.Broadcast(prepare_msg);
+  if (!broadcast.ok()) {
+    if (!created_tmp.empty()) env->RemoveDirRecursive(created_tmp).IgnoreError();
+    return broadcast.status().WithContext(what);
+  }
+  const std::string prepared = std::move(broadcast).value();
   json pj = json::parse(prepared, nullptr, false);
   if (pj.is_discarded()) return Internal(what + ": malformed broadcast");
   CKPT_RETURN_IF_ERROR(StatusFromJson(pj["status"]), what);
   const std::string tmp_dir = root + "/" + pj["tmp"].get<std::string>();
 
   // Steps 2-4.
-  auto mine_rec = WriteMyFile(tmp_dir, meta, mine, rank, world, env, options);
+  auto mine_rec = OutOfMemoryAsStatus("write " + RankFileName(rank), [&] {
+    return WriteMyFile(tmp_dir, meta, mine, rank, world, env, options);
+  });
   json report;
   if (mine_rec.ok()) {
     report = {{"status", StatusToJson(Status::Ok())}, {"file", FileRecordToJson(*mine_rec)}};
   } else {
     report = {{"status", StatusToJson(mine_rec.status().WithContext("rank " + std::to_string(rank)))}};
   }
-  CKPT_ASSIGN_OR_RETURN(std::vector<std::string> reports, comm.Gather(WireText(report)), what);
+  auto gathered = comm.Gather(WireText(report));
+  if (!gathered.ok()) {
+    // The group broke (a rank died or aborted): nothing will commit this directory.
+    if (rank == 0 && env->Exists(tmp_dir)) env->RemoveDirRecursive(tmp_dir).IgnoreError();
+    return gathered.status().WithContext(what);
+  }
+  std::vector<std::string> reports = std::move(gathered).value();
 
   // Steps 5-8.
   std::string outcome;
@@ -349,5 +378,7 @@ Status SaveCheckpoint(const std::string& root, const Manifest& meta, const RankC
 }
 
 void DisableHdf5ExitCleanup() { h5::DisableExitCleanup(); }
+
+void IgnoreFileSizeLimitSignal() { std::signal(SIGXFSZ, SIG_IGN); }
 
 }  // namespace ckpt

@@ -20,10 +20,8 @@ Result<StagedOutput> StagedOutput::Begin(const std::string& out_arg, Env* env) {
       return AlreadyExists(out + " exists and is not empty; refusing to overwrite it");
   }
   std::filesystem::path parent = p.has_parent_path() ? p.parent_path() : std::filesystem::path(".");
-  if (!std::filesystem::exists(parent, ec)) {
-    std::filesystem::create_directories(parent, ec);
-    if (ec) return IOError("create " + parent.string() + ": " + ec.message());
-  }
+  // Missing parents are created through the Env, each one's entry made durable.
+  CKPT_RETURN_IF_ERROR(env->CreateDirs(parent.string()), "create " + parent.string());
   std::random_device rd;
   const std::string staging =
       (parent / (std::string(kTempPrefix) + p.filename().string() + "-" + std::to_string(rd())))

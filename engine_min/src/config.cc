@@ -134,6 +134,15 @@ ckpt::Result<CommandLine> ParseCommandLine(int argc, char** argv) {
   train->add_option("--client-state", client_state, "key=value saved in the checkpoint");
   train->add_option("--test-kill-in-save", kill_spec,
                     "test only: RANK:STEP, that rank dies with SIGKILL inside that save");
+  std::string stall_spec;
+  train->add_option("--test-stall-in-save", stall_spec,
+                    "test only: RANK:STEP, that rank hangs inside that save");
+  train
+      ->add_option("--collective-timeout", cl.collective_timeout,
+                   "seconds a checkpoint collective waits for the other ranks before the save "
+                   "fails and the job aborts (0: forever)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
 
   CLI::App* grad = app.add_subcommand(
       "grad", "write the gradient of the next optimizer step of a checkpoint (changes nothing)");
@@ -181,6 +190,12 @@ ckpt::Result<CommandLine> ParseCommandLine(int argc, char** argv) {
     }
     cl.client_state[kv.substr(0, eq)] = kv.substr(eq + 1);
   }
+  if (!stall_spec.empty()) {
+    if (!kill_spec.empty())
+      return ckpt::InvalidArgument("--test-kill-in-save and --test-stall-in-save exclude each other");
+    kill_spec = stall_spec;
+    cl.kill_stalls = true;
+  }
   if (!kill_spec.empty()) {
     const size_t colon = kill_spec.find(':');
     try {
@@ -188,7 +203,7 @@ ckpt::Result<CommandLine> ParseCommandLine(int argc, char** argv) {
       cl.kill_rank = std::stoi(kill_spec.substr(0, colon));
       cl.kill_step = std::stoll(kill_spec.substr(colon + 1));
     } catch (const std::exception&) {
-      return ckpt::InvalidArgument("--test-kill-in-save expects RANK:STEP, got '" + kill_spec +
+      return ckpt::InvalidArgument("--test-kill-in-save/--test-stall-in-save expect RANK:STEP, got '" + kill_spec +
                                    "'");
     }
   }

@@ -1,11 +1,13 @@
 #include "engine_min/engine.h"
 
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <map>
+#include <thread>
 
 #include "ckpt/adamw.h"
 #include "ckpt/dtype.h"
@@ -50,17 +52,33 @@ std::string Digest(const std::vector<float>& v) {
 // save seals this rank's file: the file is complete, the commit has not happened.
 class KillingEnv final : public ckpt::EnvWrapper {
  public:
-  explicit KillingEnv(ckpt::Env* base) : EnvWrapper(base) {}
+  KillingEnv(ckpt::Env* base, bool stall) : EnvWrapper(base), stall_(stall) {}
   ckpt::Status SyncFile(const std::string& p) override {
     ckpt::Status s = EnvWrapper::SyncFile(p);
     if (p.size() >= 3 && p.compare(p.size() - 3, 3, ".h5") == 0) {
-      std::fprintf(stderr, "engine_min: test hook: killing this rank inside the save\n");
+      std::fprintf(stderr, "engine_min: test hook: %s this rank inside the save\n",
+                   stall_ ? "stalling" : "killing");
       std::fflush(stderr);
+      if (stall_) std::this_thread::sleep_for(std::chrono::hours(1));
       std::raise(SIGKILL);
     }
     return s;
   }
+
+ private:
+  bool stall_;
 };
+
+// A checkpoint collective that timed out (--collective-timeout) leaves the ranks at different
+// points of the save protocol and the communicator unusable: no ordinary exit is possible
+// (MPI_Finalize would wait for the stuck rank), so the job aborts with the error. Nothing was
+// committed: the previous checkpoint stays `latest`.
+ckpt::Status AbortIfTimedOut(const MpiCollective& collective, ckpt::Status s) {
+  if (s.ok() || !collective.timed_out()) return s;
+  std::fprintf(stderr, "engine_min: error: %s; aborting the job\n", s.ToString().c_str());
+  std::fflush(stderr);
+  MpiSession::Abort(2);
+}
 
 }  // namespace
 
@@ -820,16 +838,18 @@ ckpt::Status Engine::Save(const std::string& root, const nlohmann::json& client_
                         "--compress");
   options.keep_last = config_.keep_last;
   if (kill.rank == rank_ && kill.step == counters_.global_step) {
-    if (!kill_env_) kill_env_ = std::make_unique<KillingEnv>(ckpt::Env::Default());
+    if (!kill_env_) kill_env_ = std::make_unique<KillingEnv>(ckpt::Env::Default(), kill.stall);
     options.env = kill_env_.get();
   }
   if (saver_) {
-    return saver_->Save(root, meta, mine, *save_collective_, options)
-        .WithContext("save " + meta.tag);
+    // (A background save that failed earlier reports here: its collective may have timed out.)
+    return AbortIfTimedOut(*save_collective_,
+                           saver_->Save(root, meta, mine, *save_collective_, options)
+                               .WithContext("save " + meta.tag));
   }
-  MpiCollective collective(mpi_);
-  return ckpt::SaveCheckpoint(root, meta, mine, collective, options)
-      .WithContext("save " + meta.tag);
+  MpiCollective collective(mpi_, collective_timeout_);
+  return AbortIfTimedOut(collective, ckpt::SaveCheckpoint(root, meta, mine, collective, options)
+                                         .WithContext("save " + meta.tag));
 }
 
 ckpt::Status Engine::EnableAsyncSave() {
@@ -844,12 +864,14 @@ ckpt::Status Engine::EnableAsyncSave() {
         (known ? names[level - MPI_THREAD_SINGLE] : "an unknown level"));
   }
   CKPT_ASSIGN_OR_RETURN(save_comm_, MpiComm::Create(mpi_.comm()), "async save communicator");
-  save_collective_ = std::make_unique<MpiCollective>(*save_comm_);
+  save_collective_ = std::make_unique<MpiCollective>(*save_comm_, collective_timeout_);
   saver_ = std::make_unique<ckpt::AsyncSaver>();
   return ckpt::Status::Ok();
 }
 
-ckpt::Status Engine::WaitForSave() { return saver_ ? saver_->Wait() : ckpt::Status::Ok(); }
+ckpt::Status Engine::WaitForSave() {
+  return saver_ ? AbortIfTimedOut(*save_collective_, saver_->Wait()) : ckpt::Status::Ok();
+}
 
 ckpt::Status Engine::Restore(const ckpt::CheckpointReader& reader,
                              const std::set<std::string>& reset) {

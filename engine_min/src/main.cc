@@ -7,10 +7,15 @@
 // would otherwise wait forever in their next collective. SaveCheckpoint returns the same status
 // on every rank, so a failed save is again an ordinary exit 2 (with --async-save, at the next
 // save or at the end of the run, where every rank waits for the save in flight).
+#include <sys/prctl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <csignal>
 #include <chrono>
 #include <cstdio>
 #include <map>
+#include <new>
 #include <optional>
 
 #include "ckpt/reader.h"
@@ -36,6 +41,14 @@ int Fail(const ckpt::Status& s, bool every_rank = false) {
   }
   const int code = ckpt::ExitCodeFor(s);
   return code == 0 ? 2 : code;
+}
+
+// A rank dies with the process that started it (mpirun, or the launcher's daemon): a rank
+// left behind by a SIGKILLed mpirun would go on training and committing checkpoints alone.
+void DieWithLauncher() {
+  const pid_t parent = ::getppid();
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != parent) std::_Exit(137);  // the launcher died before prctl
 }
 
 [[noreturn]] void AbortJob(const ckpt::Status& s) {
@@ -214,6 +227,7 @@ int RunTrain(const CommandLine& cl, const EngineConfig& config, Engine& engine, 
              const nlohmann::json& client_state, ckpt::Env* env) {
   std::optional<RunLog> trainlog;
   if (mpi.rank() == 0) trainlog.emplace(StartRunLog(cl, config, engine, mpi, env));
+  engine.SetCollectiveTimeout(cl.collective_timeout);  // before EnableAsyncSave
   if (cl.async_save) {
     // The same MPI library on every rank: every rank enables it, or none does.
     ckpt::Status s = engine.EnableAsyncSave();
@@ -223,7 +237,7 @@ int RunTrain(const CommandLine& cl, const EngineConfig& config, Engine& engine, 
                    s.ToString().c_str());
     }
   }
-  const KillInSave kill{cl.kill_rank, cl.kill_step};
+  const KillInSave kill{cl.kill_rank, cl.kill_step, cl.kill_stalls};
   int64_t last_saved = cl.resume ? engine.counters().global_step : -1;
   const int64_t start_step = engine.counters().global_step;
   int64_t tokens = 0;
@@ -351,6 +365,8 @@ int RunCommand(MpiComm& mpi, int argc, char** argv) {
 
 int Run(int argc, char** argv) {
   ckpt::DisableHdf5ExitCleanup();  // a failed save exits with its error, not HDF5's crash
+  DieWithLauncher();
+  ckpt::IgnoreFileSizeLimitSignal();  // past `ulimit -f`: EFBIG and a message, not SIGXFSZ
   auto session = MpiSession::Init(&argc, &argv);
   if (!session.ok()) return Fail(session.status(), true);
   // The communicator is destroyed before the session ends.
@@ -358,7 +374,16 @@ int Run(int argc, char** argv) {
   if (!world.ok()) return Fail(world.status(), true);
   MpiComm& mpi = **world;
   rank_for_messages = mpi.rank();
-  return RunCommand(mpi, argc, argv);
+  try {
+    return RunCommand(mpi, argc, argv);
+  } catch (const std::bad_alloc&) {
+    // Out of memory on this rank (a resume's state, resharded or not; a save's buffers): the
+    // other ranks would wait for it in their next collective, so the job aborts with the
+    // reason. Nothing was committed: a save cut short leaves only its temporary directory.
+    AbortJob(ckpt::ResourceExhausted(
+        "out of memory (an allocation failed: the machine's memory or the process's "
+        "address-space limit, ulimit -v)"));
+  }
 }
 
 }  // namespace

@@ -1,7 +1,10 @@
+#include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <thread>
 
 #include "engine_min/comm.h"
 
@@ -182,21 +185,79 @@ ckpt::Result<std::vector<std::string>> MpiComm::GatherBytes(std::string_view min
   return out;
 }
 
+ckpt::Status MpiCollective::Complete(MPI_Request* request, std::string_view what) const {
+  if (timeout_seconds_ <= 0) {
+    ENGINE_MPI(MPI_Wait(request, MPI_STATUS_IGNORE), what);
+    return ckpt::Status::Ok();
+  }
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_seconds_);
+  auto pause = std::chrono::microseconds(20);
+  for (;;) {
+    int done = 0;
+    ENGINE_MPI(MPI_Test(request, &done, MPI_STATUS_IGNORE), what);
+    if (done) return ckpt::Status::Ok();
+    if (Clock::now() >= deadline) {
+      timed_out_ = true;
+      return ckpt::IOError(std::string(what) + " timed out after " +
+                           std::to_string(static_cast<int>(timeout_seconds_)) +
+                           " s (--collective-timeout): another rank is stopped, hung or dead");
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(10000));
+  }
+}
+
 ckpt::Status MpiCollective::Barrier() {
-  ENGINE_MPI(MPI_Barrier(comm_.comm()), "MPI_Barrier");
-  return ckpt::Status::Ok();
+  MPI_Request req;
+  ENGINE_MPI(MPI_Ibarrier(comm_.comm(), &req), "MPI_Ibarrier");
+  return Complete(&req, "checkpoint barrier");
 }
 
 ckpt::Result<std::vector<std::string>> MpiCollective::Gather(std::string_view payload) {
-  return comm_.GatherBytes(payload);
+  if (auto s = CheckCount(payload.size(), "gather"); !s.ok()) return s;
+  const int rank = comm_.rank(), world = comm_.world_size();
+  int my_size = static_cast<int>(payload.size());
+  std::vector<int> sizes(rank == 0 ? world : 0);
+  MPI_Request req;
+  ENGINE_MPI(MPI_Igather(&my_size, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, comm_.comm(), &req),
+             "MPI_Igather (sizes)");
+  CKPT_RETURN_IF_ERROR(Complete(&req, "checkpoint gather (sizes)"));
+  std::vector<int> displs;
+  std::vector<char> all;
+  if (rank == 0) {
+    displs.resize(static_cast<size_t>(world));
+    int64_t total = 0;
+    for (int r = 0; r < world; ++r) {
+      displs[static_cast<size_t>(r)] = static_cast<int>(total);
+      total += sizes[static_cast<size_t>(r)];
+    }
+    if (auto s = CheckCount(static_cast<size_t>(total), "gather"); !s.ok()) return s;
+    all.resize(static_cast<size_t>(total));
+  }
+  ENGINE_MPI(MPI_Igatherv(payload.data(), my_size, MPI_BYTE, all.data(), sizes.data(),
+                          displs.data(), MPI_BYTE, 0, comm_.comm(), &req),
+             "MPI_Igatherv");
+  CKPT_RETURN_IF_ERROR(Complete(&req, "checkpoint gather"));
+  std::vector<std::string> out;
+  if (rank == 0) {
+    for (int r = 0; r < world; ++r)
+      out.emplace_back(all.data() + displs[static_cast<size_t>(r)], sizes[static_cast<size_t>(r)]);
+  }
+  return out;
 }
 
 ckpt::Result<std::string> MpiCollective::Broadcast(std::string_view payload) {
   uint64_t size = comm_.rank() == 0 ? payload.size() : 0;
-  CKPT_RETURN_IF_ERROR(comm_.Broadcast(&size, sizeof(size), 0), "broadcast size");
+  MPI_Request req;
+  ENGINE_MPI(MPI_Ibcast(&size, sizeof(size), MPI_BYTE, 0, comm_.comm(), &req), "MPI_Ibcast");
+  CKPT_RETURN_IF_ERROR(Complete(&req, "checkpoint broadcast (size)"));
+  if (auto s = CheckCount(static_cast<size_t>(size), "broadcast"); !s.ok()) return s;
   std::string out(static_cast<size_t>(size), '\0');
   if (comm_.rank() == 0) out.assign(payload);
-  CKPT_RETURN_IF_ERROR(comm_.Broadcast(out.data(), out.size(), 0), "broadcast payload");
+  ENGINE_MPI(MPI_Ibcast(out.data(), static_cast<int>(out.size()), MPI_BYTE, 0, comm_.comm(), &req),
+             "MPI_Ibcast");
+  CKPT_RETURN_IF_ERROR(Complete(&req, "checkpoint broadcast"));
   return out;
 }
 

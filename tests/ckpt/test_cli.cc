@@ -157,6 +157,10 @@ TEST_CASE("a manifest sealed by Python's json verifies (format 1.1)", "[io]") {
   CHECK(Slurp(seed + "/global_step5/manifest.json").find("\"format_version\": \"1.0\"") !=
         std::string::npos);
   CHECK(RunCkpt("check " + seed + " --deep").rc == 0);
+  // inspect reports the version the file was written with, not the reader's.
+  auto inspected = RunCkpt("inspect " + seed + " --json");
+  REQUIRE(inspected.rc == 0);
+  CHECK(nlohmann::json::parse(inspected.out)["format_version"] == "1.0");
 }
 
 // Issue 18, defect 3: paths are bytes. --json prints a path that is not valid UTF-8 losslessly

@@ -210,10 +210,28 @@ TEST_CASE("invariant mode: --resume on another world size or stage loads directl
     RequireSameTrajectory(ref, ResumeDirectly(dir, src, name + "-resume", c.to, &log));
     CHECK(log.find("resharded at load") != std::string::npos);
   }
-  // A flipped byte in a piece a new rank reads: that rank names it and the job fails.
   const std::string src = dir / "case0-src";
   auto reader = ckpt::CheckpointReader::Open(src);
   REQUIRE(reader.ok());
+  const std::string resume_flags =
+      "train --resume --zero 3 --micro-batch 6 --grad-accum 1 --steps 4 --no-final-save "
+      "--ckpt-dir " + src + " --trainlog ";
+  // A rank file that is a symbolic link (to its copy outside the checkpoint): the new rank that
+  // reads it refuses it unread (O_NOFOLLOW) and the job fails (issue 20, item 6).
+  {
+    const std::string linked = reader->dir() + "/rank_00001.h5";
+    const std::string outside = dir / "outside.h5";
+    fs::rename(linked, outside);
+    fs::create_symlink(outside, linked);
+    std::string log;
+    const int rc = Engine(2, resume_flags + (dir / "linked.jsonl"), dir / "linked.log", &log);
+    INFO(log);
+    CHECK(rc != 0);
+    CHECK(log.find("rank_00001.h5 is a symbolic link") != std::string::npos);
+    fs::remove(linked);
+    fs::rename(outside, linked);
+  }
+  // A flipped byte in a piece a new rank reads: that rank names it and the job fails.
   auto bytes = reader->ReadDatasetBytes(3, "exp_avg");
   REQUIRE(bytes.ok());
   const std::string file = reader->dir() + "/rank_00003.h5";
@@ -229,11 +247,7 @@ TEST_CASE("invariant mode: --resume on another world size or stage loads directl
     std::fclose(f);
   }
   std::string log;
-  const int rc = Engine(2,
-                        "train --resume --zero 3 --micro-batch 6 --grad-accum 1 --steps 4 "
-                        "--no-final-save --trainlog " + (dir / "corrupt.jsonl") +
-                            " --ckpt-dir " + src,
-                        dir / "corrupt.log", &log);
+  const int rc = Engine(2, resume_flags + (dir / "corrupt.jsonl"), dir / "corrupt.log", &log);
   INFO(log);
   CHECK(rc != 0);
   CHECK(log.find("rank_00003.h5: dataset /exp_avg: checksum mismatch in piece 0 of 1") !=

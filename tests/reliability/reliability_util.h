@@ -17,6 +17,9 @@ namespace ckpt::reliability {
 using testing::Slurp;
 using testing::Spit;
 
+// Whether strace(1) is installed (tools/lib.sh installs it; the traced suites need it).
+inline bool HaveStrace() { return testing::RunShell("command -v strace >/dev/null 2>&1") == 0; }
+
 // Source tree (for tools/*.sh).
 inline std::string SourceDir() { return CKPT_RELIABILITY_SOURCE_DIR; }
 

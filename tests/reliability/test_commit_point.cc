@@ -9,7 +9,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <regex>
+#include <sstream>
 #include <tuple>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -21,8 +24,6 @@ using namespace ckpt;
 using namespace ckpt::reliability;
 
 namespace {
-
-bool HaveStrace() { return testing::RunShell("command -v strace >/dev/null 2>&1") == 0; }
 
 // Runs `cmd` under strace, SIGKILLing the process that makes the n-th call of `syscalls`.
 int RunKilledAt(const std::string& cmd, const std::string& syscalls, int n) {
@@ -167,4 +168,58 @@ TEST_CASE("ckpt rollback: recorded, and not undone by the commit-point repair", 
     if (e.path().filename().string().rfind(".rolled-back-", 0) == 0) ++aside;
   CHECK(aside == 2);
   CHECK(RunCli("rollback " + root + " --to global_step999", &out) == 2);
+}
+
+namespace {
+
+// Directories `cmd` created (successful mkdir/mkdirat) whose parent it did not fsync afterwards,
+// from an strace -y trace (fds print with their paths). Empty when every new entry is durable.
+std::vector<std::string> CreatedWithoutParentSync(const std::string& cmd, int* created) {
+  testing::ScratchDir tmp("ckpt-mkdir-trace");
+  const std::string trace = tmp / "trace.txt";
+  REQUIRE(testing::RunShell("ASAN_OPTIONS=\"${ASAN_OPTIONS:-}:detect_leaks=0\" timeout -s KILL "
+                            "120 strace -f -qq -y -o " + trace +
+                            " -e trace=mkdir,mkdirat,fsync,fdatasync " + cmd +
+                            " >/dev/null 2>&1") == 0);
+  const std::regex mkdir_re(R"re(mkdir(?:at)?\((?:AT_FDCWD, )?"([^"]+)".*\) = 0)re");
+  const std::regex sync_re(R"re(f(?:data)?sync\(\d+<([^>]+)>\) = 0)re");
+  std::vector<std::string> pending;  // created, parent not yet synced
+  *created = 0;
+  std::istringstream lines(Slurp(trace));
+  std::string line;
+  std::smatch m;
+  while (std::getline(lines, line)) {
+    if (std::regex_search(line, m, mkdir_re)) {
+      ++*created;
+      pending.push_back(fs::absolute(m[1].str()).lexically_normal().string());
+    } else if (std::regex_search(line, m, sync_re)) {
+      const fs::path synced = fs::path(m[1].str()).lexically_normal();
+      std::erase_if(pending, [&](const std::string& p) {
+        return fs::path(p).parent_path() == synced;
+      });
+    }
+  }
+  return pending;
+}
+
+}  // namespace
+
+TEST_CASE("a new root's and a new output's directories are made durable (parent fsynced)",
+          "[io]") {
+  if (!HaveStrace()) {
+    WARN("SKIPPED: strace is not installed (tools/lib.sh installs it)");
+    return;
+  }
+  testing::ScratchDir dir("ckpt-durable-mkdir");
+  const std::string cli = testing::BinDir() + "/ckpt ";
+  const std::string root = dir / "new/a/root";
+  int created = 0;
+  // synth: the root and its missing parents, the staging directory, the tag (a rename).
+  CHECK(CreatedWithoutParentSync(cli + "synth " + root + " --params 3k --ranks 2", &created) ==
+        std::vector<std::string>{});
+  CHECK(created >= 4);  // new, new/a, new/a/root and the save's temporary directory
+  // A converter's output under missing parents.
+  CHECK(CreatedWithoutParentSync(cli + "export-fp32 " + root + " " + (dir / "out/b/export"),
+                                 &created) == std::vector<std::string>{});
+  CHECK(created >= 3);  // out, out/b and the staging directory
 }

@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "ckpt/hash.h"
 #include "ckpt/json.h"
 #include "ckpt/manifest.h"
@@ -53,8 +55,6 @@ bool LoadsCompletely(const std::string& path) {
       if (!r->ReadDatasetBytes(f.rank, d.name).ok()) return false;
   return true;
 }
-
-bool HaveStrace() { return testing::RunShell("command -v strace >/dev/null 2>&1") == 0; }
 
 // Runs `ckpt ARGS` under strace -f; its exit code, and in *touched whether any system call of
 // it or its threads named `canary` (a file outside the checkpoint root).
@@ -313,8 +313,19 @@ TEST_CASE("symbolic links and foreign files are not followed or echoed", "[io]")
     fs::create_symlink(dir / "outside.h5", file);
     CHECK(RunCli("check " + root, &out) == 1);
     CHECK(out.find("symbolic link") != std::string::npos);
+    // The whole-file checksum helper (check --deep of a universal checkpoint) does not hash
+    // through the link either.
+    auto hashed = Xxh3FileHex(file);
+    CHECK(hashed.status().code() == StatusCode::kDataLoss);
+    CHECK(hashed.status().message().find("symbolic link") != std::string::npos);
     CHECK(RunCli("export-fp32 " + root + " " + dir / "e", &out) >= 1);
     CHECK(!fs::exists(dir / "e"));
+    // The load-time reshard's verified slice reads (ckpt::LoadResharded), without the
+    // whole-source pass that --no-verify skips.
+    CHECK(RunCli("reshard --no-verify " + root + " " + dir / "r" + " --dp 3", &out) == 1);
+    INFO(out);
+    CHECK(out.find("rank_00000.h5 is a symbolic link") != std::string::npos);
+    CHECK(!fs::exists(dir / "r"));
   }
   SECTION("latest a symlink to a large foreign file: refused, echoed at most 40 bytes") {
     std::string secret;
@@ -326,6 +337,57 @@ TEST_CASE("symbolic links and foreign files are not followed or echoed", "[io]")
     INFO(out);
     CHECK(out.find("line2:") == std::string::npos);
     CHECK(out.size() < 1000);
+  }
+  SECTION("latest a symlink to a small foreign file: refused unread, nothing echoed") {
+    Spit(dir / "secret", "TOPSECRET\n");
+    fs::remove(root + "/latest");
+    fs::create_symlink(dir / "secret", root + "/latest");
+    CHECK(RunCli("check " + root, &out) == 1);
+    INFO(out);
+    CHECK(out.find("symbolic link") != std::string::npos);
+    CHECK(out.find("TOPSECRET") == std::string::npos);
+    bool touched = false;
+    if (HaveStrace()) {
+      // The link is opened O_NOFOLLOW: no read(2) ever returns the foreign file's bytes.
+      testing::ScratchDir tmp("ckpt-strace-latest");
+      const std::string trace = tmp / "trace.txt";
+      testing::RunShell("strace -f -qq -e trace=read,pread64 -e read=all -o " + trace + " " +
+                        testing::BinDir() + "/ckpt ls " + root + " >/dev/null 2>&1");
+      touched = Slurp(trace).find("TOPSECRET") != std::string::npos;
+    }
+    CHECK_FALSE(touched);
+  }
+  SECTION("a manifest that is a symlink: refused") {
+    const std::string m = root + "/global_step200/manifest.json";
+    fs::copy_file(m, dir / "manifest.json");
+    fs::remove(m);
+    fs::create_symlink(dir / "manifest.json", m);
+    CHECK(RunCli("check " + root + " --tag global_step200", &out) == 1);
+    CHECK(out.find("symbolic link") != std::string::npos);
+  }
+  SECTION("a tag directory that is a symlink: refused unless --follow-symlinks") {
+    // A tag kept on another disk and linked into the root: its files come from outside it.
+    fs::rename(root + "/global_step200", dir / "elsewhere");
+    fs::create_symlink(dir / "elsewhere", root + "/global_step200");
+    CHECK(RunCli("check " + root, &out) == 1);
+    INFO(out);
+    CHECK(out.find("global_step200 is a symbolic link") != std::string::npos);
+    CHECK(RunCli("check " + root + " --tag global_step200", &out) == 1);
+    CHECK(RunCli("export-fp32 " + root + " " + dir / "e", &out) == 1);
+    CHECK(!fs::exists(dir / "e"));
+    CHECK(RunCli("reshard --no-verify " + root + " " + dir / "r" + " --dp 3", &out) == 1);
+    CHECK(!fs::exists(dir / "r"));
+    REQUIRE(RunCli("ls --json " + root, &out) == 0);
+    bool listed_with_error = false;
+    const auto listing = nlohmann::json::parse(out);
+    for (const auto& t : listing["tags"])
+      if (t["tag"] == "global_step200") listed_with_error = t.contains("error");
+    CHECK(listed_with_error);
+    // Allowed explicitly: the flag, or the environment variable it sets.
+    CHECK(RunCli("--follow-symlinks check --deep " + root, &out) == 0);
+    CHECK(RunCli("--follow-symlinks export-fp32 " + root + " " + dir / "e", &out) == 0);
+    CHECK(testing::RunShell("CKPT_FOLLOW_SYMLINKS=1 " + testing::BinDir() + "/ckpt check " +
+                            root + " >/dev/null 2>&1") == 0);
   }
 }
 

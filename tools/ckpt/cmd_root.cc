@@ -145,6 +145,7 @@ std::function<int()> SetupGc(CLI::App& sub) {
                  {"restored_latest", report->restored_latest.empty()
                                          ? json(nullptr)
                                          : json(report->restored_latest)},
+                 {"yielded", report->yielded},
                  {"dry_run", a->dry_run}});
     } else {
       const char* did = a->dry_run ? "would remove" : "removed";
@@ -153,8 +154,11 @@ std::function<int()> SetupGc(CLI::App& sub) {
                     a->dry_run ? "would restore" : "restored", report->restored_latest.c_str());
       for (const auto& p : report->removed_temporary) std::printf("%s temporary %s\n", did, p.c_str());
       for (const auto& t : report->removed_tags) std::printf("%s tag %s\n", did, t.c_str());
-      if (report->removed_temporary.empty() && report->removed_tags.empty() &&
-          report->restored_latest.empty())
+      if (report->yielded)
+        std::printf("stopped early: a save is waiting for the root lock (the rest is left for "
+                    "the next gc)\n");
+      else if (report->removed_temporary.empty() && report->removed_tags.empty() &&
+               report->restored_latest.empty())
         std::printf("nothing to remove\n");
     }
     return 0;

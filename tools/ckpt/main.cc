@@ -1,7 +1,9 @@
 // ckpt: the command-line front end. Subcommands register themselves (command.h).
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
+#include <new>
 #include <string_view>
 #include <vector>
 
@@ -179,9 +181,14 @@ void PrintJson(const nlohmann::json& j) {
 int main(int argc, char** argv) {
   using namespace ckpt::cli;
   ckpt::DisableHdf5ExitCleanup();  // a failed save exits with its error, not HDF5's crash
+  ckpt::IgnoreFileSizeLimitSignal();  // past `ulimit -f`: EFBIG and a message, not SIGXFSZ
   CLI::App app{"ckpt: atomic, verifiable checkpoints for sharded (ZeRO) training"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("ckpt 0.1.0"));
+  bool follow_symlinks = false;
+  app.add_flag("--follow-symlinks", follow_symlinks,
+               "Read tag directories that are symbolic links (as CKPT_FOLLOW_SYMLINKS=1); "
+               "files inside a tag are never followed through links");
   auto& registry = CommandRegistry();
   std::sort(registry.begin(), registry.end(),
             [](const CommandInfo& a, const CommandInfo& b) { return a.name < b.name; });
@@ -236,10 +243,18 @@ int main(int argc, char** argv) {
     // CLI11 returns 0 for --help/--version; every usage error is exit 2.
     return rc == 0 ? 0 : 2;
   }
+  // Through the environment, so worker processes (next-update --workers) inherit it.
+  if (follow_symlinks) ::setenv("CKPT_FOLLOW_SYMLINKS", "1", 1);
   for (auto& [sub, run] : runners) {
     if (sub->parsed()) {
       try {
         return run();
+      } catch (const std::bad_alloc&) {
+        // Unwinding removed any staging directory; nothing was committed.
+        std::cerr << "ckpt " << sub->get_name()
+                  << ": error: out of memory (an allocation failed: the machine's memory or "
+                     "the process's address-space limit, ulimit -v); nothing was committed\n";
+        return 2;
       } catch (const std::exception& e) {
         std::cerr << "ckpt " << sub->get_name() << ": internal error: " << e.what() << "\n";
         return 2;

@@ -53,6 +53,10 @@ class ThreadGroup {
   explicit ThreadGroup(int world_size);
   ~ThreadGroup();
   Collective& ForRank(int rank);
+  // A rank that cannot take part any more (its thread failed outside the collective calls, e.g.
+  // out of memory) aborts the group: every pending and later collective call of every rank
+  // returns `status` (an error) instead of waiting for it forever. Thread-safe.
+  void Abort(const Status& status);
 
  private:
   struct Shared;

@@ -71,7 +71,7 @@ class FileLock {
 
 struct DirEntry {
   std::string name;
-  bool is_dir = false;
+  bool is_dir = false;  // a directory, or a symbolic link to one (Env::IsSymlink tells)
 };
 
 class Env {
@@ -96,6 +96,8 @@ class Env {
   virtual Result<std::string> ReadFileToString(const std::string& path) = 0;
   virtual Result<std::vector<DirEntry>> ListDir(const std::string& path) = 0;
   virtual bool Exists(const std::string& path) = 0;
+  // Whether path itself is a symbolic link (lstat; false when it does not exist).
+  virtual bool IsSymlink(const std::string& path) = 0;
   virtual Result<uint64_t> FileSize(const std::string& path) = 0;
 
   // Opens path for reads at offsets.
@@ -117,6 +119,13 @@ class Env {
   // (a new directory is durable only once its parent's entry is). OK when path is a directory.
   virtual Status CreateDirs(const std::string& path) = 0;
 };
+
+// Reads a small file inside a checkpoint (a manifest, `latest`) whole, through
+// env->NewCheckpointFile: a symbolic link or anything but a regular file is refused (DataLoss
+// naming it), so a link planted in a checkpoint never makes a reader open a file outside it;
+// a file over max_bytes is DataLoss naming its size, never read into memory.
+Result<std::string> ReadCheckpointFileToString(Env* env, const std::string& path,
+                                               uint64_t max_bytes);
 
 // Forwards every call to target() (leveldb's EnvWrapper): a test or hooking Env derives from it
 // and overrides only what it changes. Does not own the target.
@@ -152,6 +161,7 @@ class EnvWrapper : public Env {
     return target_->ListDir(path);
   }
   bool Exists(const std::string& path) override { return target_->Exists(path); }
+  bool IsSymlink(const std::string& path) override { return target_->IsSymlink(path); }
   Result<uint64_t> FileSize(const std::string& path) override { return target_->FileSize(path); }
   Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(
       const std::string& path) override {

@@ -18,7 +18,8 @@ uint64_t Xxh3(const void* data, size_t size);
 std::string DigestHex(uint64_t digest);
 
 // XXH3-64 hex digest of a whole file, read through env (nullptr: Env::Default()) in 4 MiB
-// blocks (bounded memory).
+// blocks (bounded memory). Opened as a file inside a checkpoint (Env::NewCheckpointFile): a
+// symbolic link is refused (DataLoss naming it), never hashed through.
 Result<std::string> Xxh3FileHex(const std::string& path, Env* env = nullptr);
 
 // Streaming XXH3-64 over a sequence of Update() calls; equal to Xxh3 of the concatenation.

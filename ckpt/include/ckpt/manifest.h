@@ -33,6 +33,8 @@ inline constexpr std::string_view kManifestFile = "manifest.json";
 inline constexpr std::string_view kLatestFile = "latest";
 inline constexpr std::string_view kTempPrefix = ".tmp-";
 inline constexpr std::string_view kLockFile = ".lock";
+// The largest manifest readers load (ReadCheckpointFileToString); a bigger one is DataLoss.
+inline constexpr uint64_t kMaxManifestBytes = uint64_t{1} << 30;
 // Default partition alignment in elements (64 bytes of fp32): every rank's share of the
 // flat buffer, and every ZeRO-3 per-parameter share, is a multiple of it.
 inline constexpr int64_t kDefaultAlignment = 16;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,11 @@ Result<std::string> ResolveTagDir(const std::string& path, const std::string& ta
 // (not a committed checkpoint)", the CLI's exit 2: the input is not there); a manifest that
 // does not parse or verify is DataLoss (exit 1); other read errors keep the Env's code.
 Result<Manifest> ReadTagManifest(const std::string& tag_dir, Env* env = nullptr);
+// Whether tag directories that are symbolic links may be read: false unless the environment
+// sets CKPT_FOLLOW_SYMLINKS=1 (`ckpt --follow-symlinks` sets it). When false, a linked tag is
+// listed with an error and refused by ResolveTagDir and ReadLatest (DataLoss). Files inside a
+// tag (manifest, rank files, `latest`) are never followed through links.
+bool FollowSymlinkedTags();
 // A directory path without trailing slashes ("a/b/" -> "a/b").
 std::string TrimSlashes(std::string path);
 
@@ -72,6 +78,13 @@ class RootLock {
   // FailedPrecondition "ROOT/.lock is held by pid N (another save or gc); wait for it to
   // finish" when held elsewhere.
   static Result<RootLock> TryAcquire(const std::string& root, Env* env = nullptr);
+  // For savers: as TryAcquire, but while a gc (or another save) holds the lock, waits for it,
+  // polling, for at most wait_seconds; `on_wait` (if set) is called once, when the wait starts,
+  // with a message naming the holder. While waiting the saver holds ROOT/.lock.waiting, which
+  // gc checks between the tags it deletes and yields to (SaverWaiting). Past the wait:
+  // FailedPrecondition as TryAcquire, saying how long it waited.
+  static Result<RootLock> Acquire(const std::string& root, Env* env, double wait_seconds,
+                                  const std::function<void(const std::string&)>& on_wait = {});
   RootLock(RootLock&&) noexcept;
   RootLock& operator=(RootLock&&) noexcept;
   ~RootLock();
@@ -85,12 +98,20 @@ struct GcReport {
   std::vector<std::string> removed_temporary;
   std::vector<std::string> removed_tags;
   std::string restored_latest;  // non-empty: `latest` was missing and now names this tag
+  // A saver started waiting for the root lock: gc stopped early, leaving the rest of the
+  // retention to its next run, and released the lock.
+  bool yielded = false;
 };
 
 // Deletes committed tags older than the newest `keep_last` (0: none), never the one `latest`
 // resolves to nor the one the `latest` file names. Caller must hold the root lock. With dry_run, only the tags it would delete.
+// `stop` (if set) is asked before each deletion; true ends the pass early (what was removed
+// so far is returned).
 Result<std::vector<std::string>> ApplyRetention(const std::string& root, int keep_last,
-                                                Env* env = nullptr, bool dry_run = false);
+                                                Env* env = nullptr, bool dry_run = false,
+                                                const std::function<bool()>& stop = {});
+// Whether a saver is waiting for the root lock (RootLock::Acquire holds ROOT/.lock.waiting).
+bool SaverWaiting(const std::string& root, Env* env = nullptr);
 // Takes the root lock (FailedPrecondition while a saver holds it), removes temporary
 // directories left by crashed saves, writes a missing or stale `latest` (see ReadLatest) and
 // applies retention. With dry_run: the report of what it would do, without the lock and

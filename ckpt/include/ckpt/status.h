@@ -11,6 +11,7 @@
 // status and aborts.
 #pragma once
 
+#include <new>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -127,6 +128,20 @@ class [[nodiscard]] Result {
   }
   std::variant<T, Status> v_;
 };
+
+// Runs f (returning a Status or a Result<T>); a failed allocation (std::bad_alloc) comes back
+// as ResourceExhausted "<what>: out of memory ...". For the bodies of worker threads, where an
+// escaping exception would abort the whole process (exit 134, its staging left behind).
+template <typename F>
+auto OutOfMemoryAsStatus(std::string_view what, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const std::bad_alloc&) {
+    return ResourceExhausted(std::string(what) +
+                             ": out of memory (an allocation failed: the machine's memory or "
+                             "the process's address-space limit, ulimit -v)");
+  }
+}
 
 }  // namespace ckpt
 

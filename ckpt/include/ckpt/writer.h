@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -59,6 +60,11 @@ struct SaveOptions {
   // last one shorter), in the same pass as the dataset digest; slice reads verify the pieces
   // they touch. Rounded down to a multiple of 8 (every element size divides it), at least 8.
   uint64_t piece_bytes = kDefaultPieceBytes;
+  // How long rank 0 waits for the root lock while a `ckpt gc` (or another save) holds it
+  // (RootLock::Acquire; gc yields to a waiting saver). Then FailedPrecondition.
+  double lock_wait_seconds = 60;
+  // Called once when the save starts waiting for the lock; nullptr: a line on stderr.
+  std::function<void(const std::string&)> on_lock_wait;
 };
 
 // Collective over `comm`: every rank passes its own contents; `meta` must be the same on
@@ -78,5 +84,11 @@ Status SaveCheckpoint(const std::string& root, const Manifest& meta,
 // so nothing is lost by skipping it. No effect once HDF5 is initialised; a library embedding
 // ckpt should leave the choice to its application.
 void DisableHdf5ExitCleanup();
+
+// For executables, first thing in main(): ignores SIGXFSZ. Past the file-size limit
+// (`ulimit -f`) the kernel then fails the write with EFBIG, which a save reports as
+// ResourceExhausted naming the file (and removes its temporary directory), instead of the
+// signal killing the process without a word (exit 153) and leaving the directory behind.
+void IgnoreFileSizeLimitSignal();
 
 }  // namespace ckpt

@@ -9,6 +9,7 @@
 
 #include <mpi.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -101,17 +102,30 @@ class MpiComm final : public DataParallelComm {
 // ckpt::Collective over MPI, for ckpt::SaveCheckpoint. For a background save (AsyncSaver),
 // give it an MpiComm of its own (MpiComm::Create duplicates the communicator) in a process
 // with MPI_THREAD_MULTIPLE: collective.h, "Collectives and background saves".
+//
+// timeout_seconds > 0: each collective call gives up after that long (a rank stopped, hung or
+// dead) with IOError "... timed out after N s ...", so the save fails cleanly and the previous
+// checkpoint stays `latest`; the communicator is then unusable and the job must abort (the
+// engine does). The calls are non-blocking MPI operations polled until done.
 class MpiCollective final : public ckpt::Collective {
  public:
-  explicit MpiCollective(MpiComm& comm) : comm_(comm) {}
+  explicit MpiCollective(MpiComm& comm, double timeout_seconds = 0)
+      : comm_(comm), timeout_seconds_(timeout_seconds) {}
   int rank() const override { return comm_.rank(); }
   int world_size() const override { return comm_.world_size(); }
   ckpt::Status Barrier() override;
   ckpt::Result<std::vector<std::string>> Gather(std::string_view payload) override;
   ckpt::Result<std::string> Broadcast(std::string_view payload) override;
+  // Whether a call gave up at the timeout (the communicator is then unusable).
+  bool timed_out() const { return timed_out_.load(); }
 
  private:
+  // Completes `request` (MPI_Wait, or MPI_Test polling up to the timeout).
+  ckpt::Status Complete(MPI_Request* request, std::string_view what) const;
+
   MpiComm& comm_;
+  double timeout_seconds_ = 0;
+  mutable std::atomic<bool> timed_out_{false};
 };
 
 }  // namespace engine_min

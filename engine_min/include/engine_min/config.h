@@ -74,6 +74,10 @@ struct CommandLine {
   // kill_step (after its rank file is written, before the commit). -1: off.
   int kill_rank = -1;
   int64_t kill_step = -1;
+  bool kill_stalls = false;  // --test-stall-in-save: the rank sleeps there instead
+  // The checkpoint collectives give up after this many seconds (0: never): a stopped or hung
+  // rank fails the save with a clear error and the job aborts, the previous checkpoint intact.
+  double collective_timeout = 600;
   bool help = false;
   std::string help_text;
 };

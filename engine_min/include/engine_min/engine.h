@@ -79,10 +79,12 @@ ckpt::Status CheckResumeTopology(const ckpt::Manifest& m, const std::string& whe
 std::string TrainlogLine(const StepStats& s);
 
 // Test hook for the crash test: rank `rank` raises SIGKILL inside the save at `step`, after its
-// rank file is on disk and before the commit.
+// rank file is on disk and before the commit; with `stall`, it sleeps there instead (a hung
+// rank, for --collective-timeout).
 struct KillInSave {
   int rank = -1;
   int64_t step = -1;
+  bool stall = false;
 };
 
 class Engine {
@@ -132,6 +134,8 @@ class Engine {
   // library to provide MPI_THREAD_MULTIPLE; otherwise FailedPrecondition naming the level it
   // provides, on every rank, and saves stay synchronous.
   ckpt::Status EnableAsyncSave();
+  // The checkpoint collectives give up after this long (MpiCollective); 0: wait forever.
+  void SetCollectiveTimeout(double seconds) { collective_timeout_ = seconds; }
   // Waits for the background save, if any, and returns its status (OK when saves are
   // synchronous). Call before exiting: the destructor also waits, but drops the result.
   ckpt::Status WaitForSave();
@@ -222,6 +226,7 @@ class Engine {
 
   // Async saves (EnableAsyncSave). Declared last so the saver, which uses the others until its
   // save in flight finishes, is destroyed first.
+  double collective_timeout_ = 0;
   std::unique_ptr<ckpt::Env> kill_env_;  // the test hook's Env; a background save uses it
   std::unique_ptr<MpiComm> save_comm_;
   std::unique_ptr<MpiCollective> save_collective_;

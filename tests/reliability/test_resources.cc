@@ -1,0 +1,96 @@
+// Resource limits on the CLI and engine_min (issue 20, item 4): a save past the file-size limit
+// (`ulimit -f`) and a run past the memory limit (`ulimit -v`, `ulimit -d`) end with a message and
+// exit 2, never a signal, and leave no staging directory behind. The limits apply to the child
+// process only (a `bash -c 'ulimit ...; exec ckpt ...'` child).
+#include <catch2/catch.hpp>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <string>
+
+#include "ckpt_test_helpers.h"
+#include "reliability_util.h"
+
+namespace fs = std::filesystem;
+using ckpt::reliability::Slurp;
+using ckpt::testing::ScratchDir;
+
+namespace {
+
+// Exit status of `ckpt ARGS` run under the shell limit `ulimit_args`, with stdout+stderr in
+// *out: a signal shows as 128+n.
+int RunLimited(const std::string& ulimit_args, const std::string& args, std::string* out,
+               const std::string& program = "ckpt") {
+  ScratchDir tmp("ckpt-limited-out");
+  const std::string log = tmp / "out.txt";
+  const int rc = ckpt::testing::RunShell("bash -c 'ulimit " + ulimit_args + "; exec " +
+                                         ckpt::testing::BinDir() + "/" + program + " " + args +
+                                         "' >" + log + " 2>&1");
+  *out = Slurp(log);
+  return rc;
+}
+
+// Names in `dir` starting with ".tmp-" (0 when dir is missing).
+int Staging(const std::string& dir) {
+  int n = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.path().filename().string().rfind(".tmp-", 0) == 0) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("ckpt synth past ulimit -f: EFBIG, exit 2, nothing left behind", "[io]") {
+  ScratchDir d("ckpt-ulimit-f");
+  const std::string root = d / "root";
+  std::string out;
+  // 200 KiB: the manifest fits, the 1.2 MB rank files do not.
+  const int rc = RunLimited("-f 200", "synth " + root + " --params 100k --ranks 2", &out);
+  INFO(out);
+  CHECK(rc == 2);  // not 153 (SIGXFSZ)
+  CHECK(out.find(std::strerror(EFBIG)) != std::string::npos);
+  CHECK(Staging(root) == 0);
+  CHECK_FALSE(fs::exists(root + "/latest"));
+}
+
+TEST_CASE("ckpt synth and reshard past ulimit -v / -d: out of memory, exit 2, no staging",
+          "[io]") {
+  ScratchDir d("ckpt-ulimit-v");
+  const std::string root = d / "root";
+  std::string out;
+  REQUIRE(RunLimited("-c 0", "synth " + root + " --params 4M --ranks 2 --zero 2", &out) == 0);
+  // 1 GiB of address space: the libraries and threads fit; 400M parameters (4.8 GB of state
+  // across the ranks) do not.
+  int rc = RunLimited("-v 1048576", "synth " + d / "big" + " --params 400M --ranks 2 --zero 2",
+                      &out);
+  INFO(out);
+  CHECK(rc == 2);  // not 134 (std::terminate in a rank thread)
+  CHECK(out.find("out of memory") != std::string::npos);
+  CHECK(Staging(d / "big") == 0);
+  // reshard onto one rank: the new rank's 48 MB of state (built by ckpt::LoadResharded inside
+  // SaveRanks' worker thread) in 32 MiB of data segment (`ulimit -d` counts the heap and
+  // anonymous mappings, not the shared libraries, so the margin does not depend on which
+  // libraries the binary maps).
+  rc = RunLimited("-d 32768", "reshard " + root + " " + d / "out" + " --dp 1", &out);
+  INFO(out);
+  CHECK(rc == 2);
+  CHECK(out.find("out of memory") != std::string::npos);
+  CHECK(Staging(d.str()) == 0);
+  CHECK_FALSE(fs::exists(d / "out"));
+}
+
+TEST_CASE("engine_min past ulimit -d: out of memory, the job aborts with exit 2", "[io][mpi]") {
+  ScratchDir d("ckpt-ulimit-d-engine");
+  std::string out;
+  // One rank (MPI singleton), the `small` model (25M parameters, ~0.5 GB of weights, gradients
+  // and optimizer state) in 256 MiB of data segment: MPI starts, the engine's state does not fit.
+  const int rc = RunLimited("-d 262144",
+                            "train --model small --zero 0 --steps 1 --ckpt-dir " + d / "run",
+                            &out, "engine_min");
+  INFO(out);
+  CHECK(rc == 2);  // not 134 (std::terminate on the uncaught std::bad_alloc)
+  CHECK(out.find("ResourceExhausted: out of memory") != std::string::npos);
+  CHECK(Staging(d / "run") == 0);
+}

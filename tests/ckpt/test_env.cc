@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <set>
 
 #include "ckpt/env.h"
@@ -44,36 +45,45 @@ class CountingFile final : public RandomAccessFile {
   std::atomic<uint64_t>* n_;
 };
 
-// Records the name of every call that reaches it, then forwards (EnvWrapper).
+// Records the name of every call that reaches it, then forwards (EnvWrapper). Thread-safe:
+// rank threads save, and check --deep checks files, in parallel. Read `calls` only while no
+// operation runs.
 class RecordingEnv final : public EnvWrapper {
  public:
   RecordingEnv() : EnvWrapper(nullptr) {}
   std::set<std::string> calls;
+  void Record(const char* name) {
+    std::lock_guard<std::mutex> lock(mu_);
+    calls.insert(name);
+  }
   Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(const std::string& p) override {
-    calls.insert("NewRandomAccessFile");
+    Record("NewRandomAccessFile");
     auto f = EnvWrapper::NewRandomAccessFile(p);
     if (!f.ok()) return f;
     return std::unique_ptr<RandomAccessFile>(new CountingFile(std::move(*f), &bytes_read));
   }
   Result<std::unique_ptr<RandomAccessFile>> NewCheckpointFile(const std::string& p) override {
-    calls.insert("NewCheckpointFile");
+    Record("NewCheckpointFile");
     auto f = EnvWrapper::NewCheckpointFile(p);
     if (!f.ok()) return f;
     return std::unique_ptr<RandomAccessFile>(new CountingFile(std::move(*f), &bytes_read));
   }
   std::atomic<uint64_t> bytes_read{0};  // through the files it opened for reading
   Result<std::unique_ptr<RandomWriteFile>> OpenRandomWriteFile(const std::string& p) override {
-    calls.insert("OpenRandomWriteFile");
+    Record("OpenRandomWriteFile");
     return EnvWrapper::OpenRandomWriteFile(p);
   }
   Result<std::unique_ptr<FileLock>> TryLockFile(const std::string& p) override {
-    calls.insert("TryLockFile");
+    Record("TryLockFile");
     return EnvWrapper::TryLockFile(p);
   }
   Status CreateDirs(const std::string& p) override {
-    calls.insert("CreateDirs");
+    Record("CreateDirs");
     return EnvWrapper::CreateDirs(p);
   }
+
+ private:
+  std::mutex mu_;
 };
 
 // Runs f in a child process; returns its stderr and whether it died of SIGABRT.

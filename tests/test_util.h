@@ -56,6 +56,22 @@ inline void Spit(const std::string& path, const std::string& data) {
   out.write(data.data(), static_cast<std::streamsize>(data.size()));
 }
 
+// Corrupts stored bytes found by content (e.g. 32 bytes of a dataset, read through a reader):
+// XORs `mask` into the byte `flip` past the first occurrence of `needle` in the file. Returns
+// how often `needle` occurs in the file (0: nothing changed), or 0 when the file does not read
+// back as written.
+inline size_t FlipByteAfter(const std::string& path, const std::string& needle, size_t flip,
+                            uint8_t mask) {
+  std::string content = Slurp(path);
+  const size_t at = content.find(needle);
+  if (at == std::string::npos || at + flip >= content.size()) return 0;
+  size_t count = 0;
+  for (size_t i = at; i != std::string::npos; i = content.find(needle, i + 1)) ++count;
+  content[at + flip] = static_cast<char>(content[at + flip] ^ static_cast<char>(mask));
+  Spit(path, content);
+  return Slurp(path) == content ? count : 0;
+}
+
 // Directory of the built binaries (build/bin).
 inline std::string BinDir() {
   if (const char* d = std::getenv("CKPT_BIN_DIR")) return d;

@@ -3,7 +3,11 @@
 #include <zstd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <functional>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <cstdio>
@@ -83,57 +87,209 @@ void ByteShuffle(const uint8_t* in, uint8_t* out, size_t nbytes, size_t elem) {
   std::memcpy(out + n * elem, in + n * elem, nbytes - n * elem);  // leftover bytes, as HDF5
 }
 
-// Writes one chunked tensor with zstd through direct chunk writes: chunks are shuffled and
-// compressed by `threads` workers outside the HDF5 lock, then handed to HDF5 in order.
+// The inverse of ByteShuffle for the first `have` bytes of a chunk of `nbytes` (a multiple of
+// elem): element i gathers byte j from plane j. The 2- and 4-byte cases write each element
+// once from all planes in one pass.
+void ByteUnshuffle(const uint8_t* in, uint8_t* out, size_t nbytes, size_t elem, size_t have) {
+  const size_t n = nbytes / elem;
+  const size_t m = have / elem;
+  if (elem == 4) {
+    const uint8_t* p0 = in;
+    const uint8_t* p1 = in + n;
+    const uint8_t* p2 = in + 2 * n;
+    const uint8_t* p3 = in + 3 * n;
+    for (size_t i = 0; i < m; ++i) {
+      const uint32_t v = static_cast<uint32_t>(p0[i]) | static_cast<uint32_t>(p1[i]) << 8 |
+                         static_cast<uint32_t>(p2[i]) << 16 | static_cast<uint32_t>(p3[i]) << 24;
+      std::memcpy(out + 4 * i, &v, 4);
+    }
+  } else if (elem == 2) {
+    const uint8_t* p0 = in;
+    const uint8_t* p1 = in + n;
+    for (size_t i = 0; i < m; ++i) {
+      const uint16_t v = static_cast<uint16_t>(p0[i] | p1[i] << 8);
+      std::memcpy(out + 2 * i, &v, 2);
+    }
+  } else {
+    for (size_t j = 0; j < elem; ++j) {
+      const uint8_t* src = in + j * n;
+      for (size_t i = 0; i < m; ++i) out[i * elem + j] = src[i];
+    }
+  }
+}
+
+// The number of threads a chunk pipeline of `items` items gets: the hardware's threads shared
+// among the pipelines running now in this process (check --deep runs one per file, a loader
+// may read several ranks at once), at least 1, at most 16 and `items`.
+class PipelineThreads {
+ public:
+  explicit PipelineThreads(int64_t items, int requested = 0) {
+    const int running = ++running_;
+    int n = requested;
+    if (n <= 0)
+      n = static_cast<int>(std::max(1u, std::thread::hardware_concurrency())) / running;
+    threads_ = static_cast<int>(std::clamp<int64_t>(std::min<int64_t>(n, 16), 1,
+                                                    std::max<int64_t>(items, 1)));
+  }
+  ~PipelineThreads() { --running_; }
+  PipelineThreads(const PipelineThreads&) = delete;
+  PipelineThreads& operator=(const PipelineThreads&) = delete;
+  int count() const { return threads_; }
+
+ private:
+  static inline std::atomic<int> running_{0};
+  int threads_ = 1;
+};
+
+// Runs work(i, worker) for every i in [0, n) on `threads` threads (worker in [0, threads)),
+// never more than `window` items ahead of the consumer, and consume(i) on the calling thread
+// in the order of i as each item is done: the chunk pipeline of compressed reads and writes
+// (workers compress or decompress outside HDF5's lock; the caller hashes, or hands chunks to
+// HDF5, in order). The first error stops it: later items are not started and the error is
+// returned once the workers have stopped. A failed allocation is ResourceExhausted; with
+// threads <= 1, or when no thread can be started, everything runs on the calling thread.
+Status RunOrdered(int64_t n, int threads, int64_t window,
+                  const std::function<Status(int64_t, int)>& work,
+                  const std::function<Status(int64_t)>& consume) {
+  if (threads <= 1 || n <= 1) {
+    for (int64_t i = 0; i < n; ++i) {
+      CKPT_RETURN_IF_ERROR(OutOfMemoryAsStatus("chunk", [&] { return work(i, 0); }));
+      CKPT_RETURN_IF_ERROR(consume(i));
+    }
+    return Status::Ok();
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  int64_t next = 0, consumed = 0;
+  bool stop = false;
+  std::vector<std::optional<Status>> done(static_cast<size_t>(n));
+  auto worker = [&](int w) {
+    while (true) {
+      int64_t i;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return stop || next >= n || next < consumed + window; });
+        if (stop || next >= n) return;
+        i = next++;
+      }
+      Status s = OutOfMemoryAsStatus("chunk", [&] { return work(i, w); });
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        done[static_cast<size_t>(i)] = std::move(s);
+      }
+      cv.notify_all();
+    }
+  };
+  std::vector<std::thread> pool;
+  try {
+    for (int w = 0; w < threads; ++w) pool.emplace_back(worker, w);
+  } catch (const std::exception&) {
+    // Fewer threads than asked (a thread limit, no memory): those that started do the work.
+  }
+  Status result;
+  for (int64_t i = 0; i < n && result.ok(); ++i) {
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      if (pool.empty()) {  // no worker started: run the item here
+        lock.unlock();
+        done[static_cast<size_t>(i)] = OutOfMemoryAsStatus("chunk", [&] { return work(i, 0); });
+        lock.lock();
+      }
+      cv.wait(lock, [&] { return done[static_cast<size_t>(i)].has_value(); });
+      result = *done[static_cast<size_t>(i)];
+    }
+    if (result.ok()) result = consume(i);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      consumed = i + 1;
+      if (!result.ok()) stop = true;
+    }
+    cv.notify_all();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    stop = true;
+  }
+  cv.notify_all();
+  for (auto& t : pool) t.join();
+  return result;
+}
+
+// Writes one chunked tensor with zstd through direct chunk writes: `threads` workers shuffle and
+// compress chunks outside the HDF5 lock while the calling thread hands the finished ones to
+// HDF5 in order and feeds their logical bytes to the dataset's digests (`digest`, `pieces`).
 Status WriteCompressedChunks(hid_t dset, const DatasetSpec& spec, int64_t rows_per_chunk,
-                             int64_t inner, const Compression& comp, int threads) {
+                             int64_t inner, const Compression& comp, int threads,
+                             Xxh3Stream* digest, PieceDigests* pieces) {
   const size_t elem = DTypeSize(spec.dtype);
   const int64_t rows = spec.shape[0];
   const size_t chunk_bytes = static_cast<size_t>(rows_per_chunk * inner) * elem;
   const int64_t nchunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
   const auto* src = static_cast<const uint8_t*>(spec.data);
-  const int batch = std::max(1, threads);
-  std::vector<std::vector<uint8_t>> out(static_cast<size_t>(batch));
-  std::vector<size_t> out_size(static_cast<size_t>(batch));
-  for (int64_t first = 0; first < nchunks; first += batch) {
-    const int count = static_cast<int>(std::min<int64_t>(batch, nchunks - first));
-    auto compress = [&](int k) -> Status {
-      const int64_t c = first + k;
-      const int64_t row0 = c * rows_per_chunk;
-      const size_t have = static_cast<size_t>(std::min(rows_per_chunk, rows - row0) * inner) * elem;
-      // The edge chunk is stored full size, zero-padded, as HDF5 does.
-      std::vector<uint8_t> staged(chunk_bytes, 0);
-      const uint8_t* base = src + static_cast<size_t>(row0 * inner) * elem;
-      if (comp.shuffle) {
-        std::vector<uint8_t> plain(chunk_bytes, 0);
-        std::memcpy(plain.data(), base, have);
-        ByteShuffle(plain.data(), staged.data(), chunk_bytes, elem);
-      } else {
-        std::memcpy(staged.data(), base, have);
-      }
-      auto& dst = out[static_cast<size_t>(k)];
-      dst.resize(ZSTD_compressBound(chunk_bytes));
-      const size_t got =
-          ZSTD_compress(dst.data(), dst.size(), staged.data(), chunk_bytes, comp.level);
-      if (ZSTD_isError(got)) return Internal(ZSTD_getErrorName(got));
-      out_size[static_cast<size_t>(k)] = got;
-      return Status::Ok();
-    };
-    // A failed allocation, or a worker that cannot start, is this save's error
-    // (ResourceExhausted), never an exception that aborts the process.
-    const std::vector<Status> done =
-        count == 1 ? std::vector<Status>{OutOfMemoryAsStatus("chunk", [&] { return compress(0); })}
-                   : RunOnThreads(count, compress);
-    for (int k = 0; k < count; ++k) {
-      CKPT_RETURN_IF_ERROR(done[static_cast<size_t>(k)], "zstd compress");
-      hsize_t offset[H5S_MAX_RANK] = {0};
-      offset[0] = static_cast<hsize_t>((first + k) * rows_per_chunk);
-      if (H5Dwrite_chunk(dset, H5P_DEFAULT, 0, offset, out_size[static_cast<size_t>(k)],
-                         out[static_cast<size_t>(k)].data()) < 0)
-        return IOError("write chunk: " + h5::ErrorText());
+  PipelineThreads pool(nchunks, threads);
+  const int workers = pool.count();
+  const int64_t window = 2 * workers;
+  std::vector<std::vector<uint8_t>> out(static_cast<size_t>(window));
+  std::vector<size_t> out_size(static_cast<size_t>(window));
+  std::vector<std::vector<uint8_t>> staged(static_cast<size_t>(workers)),
+      plain(static_cast<size_t>(workers));
+  std::vector<ZSTD_CCtx*> cctx(static_cast<size_t>(workers), nullptr);
+  struct FreeCctx {
+    std::vector<ZSTD_CCtx*>& v;
+    ~FreeCctx() {
+      for (ZSTD_CCtx* c : v) ZSTD_freeCCtx(c);
     }
-  }
-  return Status::Ok();
+  } free_cctx{cctx};
+  auto have_bytes = [&](int64_t c) {
+    const int64_t row0 = c * rows_per_chunk;
+    return static_cast<size_t>(std::min(rows_per_chunk, rows - row0) * inner) * elem;
+  };
+  auto compress = [&](int64_t c, int w) -> Status {
+    const size_t have = have_bytes(c);
+    const uint8_t* base = src + static_cast<size_t>(c * rows_per_chunk * inner) * elem;
+    // The edge chunk is stored full size, zero-padded, as HDF5 does.
+    const uint8_t* input = base;
+    auto& st = staged[static_cast<size_t>(w)];
+    if (comp.shuffle || have < chunk_bytes) {
+      st.assign(chunk_bytes, 0);
+      if (comp.shuffle) {
+        const uint8_t* from = base;
+        if (have < chunk_bytes) {
+          auto& pl = plain[static_cast<size_t>(w)];
+          pl.assign(chunk_bytes, 0);
+          std::memcpy(pl.data(), base, have);
+          from = pl.data();
+        }
+        ByteShuffle(from, st.data(), chunk_bytes, elem);
+      } else {
+        std::memcpy(st.data(), base, have);
+      }
+      input = st.data();
+    }
+    ZSTD_CCtx*& cc = cctx[static_cast<size_t>(w)];
+    if (!cc && !(cc = ZSTD_createCCtx())) return ResourceExhausted("zstd: no compression context");
+    auto& dst = out[static_cast<size_t>(c % window)];
+    dst.resize(ZSTD_compressBound(chunk_bytes));
+    const size_t got = ZSTD_compressCCtx(cc, dst.data(), dst.size(), input, chunk_bytes, comp.level);
+    if (ZSTD_isError(got)) return Internal(std::string("zstd compress: ") + ZSTD_getErrorName(got));
+    out_size[static_cast<size_t>(c % window)] = got;
+    return Status::Ok();
+  };
+  auto write = [&](int64_t c) -> Status {
+    const size_t have = have_bytes(c);
+    const uint8_t* base = src + static_cast<size_t>(c * rows_per_chunk * inner) * elem;
+    digest->Update(base, have);
+    pieces->Update(base, have);
+    hsize_t offset[H5S_MAX_RANK] = {0};
+    offset[0] = static_cast<hsize_t>(c * rows_per_chunk);
+    if (H5Dwrite_chunk(dset, H5P_DEFAULT, 0, offset, out_size[static_cast<size_t>(c % window)],
+                       out[static_cast<size_t>(c % window)].data()) < 0)
+      return IOError("write chunk: " + h5::ErrorText());
+    return Status::Ok();
+  };
+  // A failed allocation, or a worker that cannot start, is this save's error
+  // (ResourceExhausted), never an exception that aborts the process.
+  return RunOrdered(nchunks, workers, window, compress, write);
 }
 
 // Where one uncompressed dataset's bytes go in the file: HDF5 allocates the region when the
@@ -145,11 +301,16 @@ struct DirectSegment {
   size_t record = 0;  // index into the records
 };
 
+// The digests of the compressed datasets, computed as their chunks are written: record index ->
+// whole-dataset digest and piece digests.
+using ChunkDigests = std::map<size_t, std::pair<Xxh3Stream, PieceDigests>>;
+
 // Creates one dataset. Uncompressed data gets a contiguous layout allocated at creation and
 // never filled, so HDF5 writes only metadata and the region is recorded in `direct`;
-// compressed tensors are chunked and written now through direct chunk writes.
+// compressed tensors are chunked and written now through direct chunk writes, hashed into
+// `hashed` on the way.
 Status CreateOne(hid_t file, const DatasetSpec& spec, size_t record, const SaveOptions& options,
-                 int threads, std::vector<DirectSegment>* direct) {
+                 int threads, std::vector<DirectSegment>* direct, ChunkDigests* hashed) {
   const size_t elem = DTypeSize(spec.dtype);
   const int64_t numel = Numel(spec.shape);
   const Compression& comp = options.compression;
@@ -190,7 +351,13 @@ Status CreateOne(hid_t file, const DatasetSpec& spec, size_t record, const SaveO
   if (!spec.blob_kind.empty())
     CKPT_RETURN_IF_ERROR(h5::WriteStringAttr(dset.get(), "blob_kind", spec.blob_kind), "");
   if (numel == 0) return Status::Ok();
-  if (zstd) return WriteCompressedChunks(dset.get(), spec, rows_per_chunk, inner, comp, threads);
+  if (zstd) {
+    auto& [digest, pieces] =
+        hashed->try_emplace(record, Xxh3Stream(), PieceDigests(EffectivePieceBytes(options.piece_bytes)))
+            .first->second;
+    return WriteCompressedChunks(dset.get(), spec, rows_per_chunk, inner, comp, threads, &digest,
+                                 &pieces);
+  }
   const haddr_t addr = H5Dget_offset(dset.get());
   if (addr == HADDR_UNDEF) return Internal("dataset has no allocated storage: " + h5::ErrorText());
   DirectSegment seg;
@@ -214,7 +381,8 @@ Result<std::vector<DirectSegment>> WriteStructure(const std::string& path,
                                                   const std::vector<DatasetSpec>& datasets,
                                                   const SaveOptions& options, hid_t fapl,
                                                   bool need_data,
-                                                  std::vector<DatasetRecord>* records) {
+                                                  std::vector<DatasetRecord>* records,
+                                                  ChunkDigests* hashed) {
   h5::Init();
   int threads = options.compress_threads;
   if (threads <= 0) {
@@ -249,7 +417,7 @@ Result<std::vector<DirectSegment>> WriteStructure(const std::string& path,
     rec.dtype = spec.dtype;
     rec.shape = spec.shape;
     rec.bytes = static_cast<uint64_t>(numel) * DTypeSize(spec.dtype);
-    CKPT_RETURN_IF_ERROR(CreateOne(file.get(), spec, records->size(), options, threads, &direct),
+    CKPT_RETURN_IF_ERROR(CreateOne(file.get(), spec, records->size(), options, threads, &direct, hashed),
                          where);
     records->push_back(std::move(rec));
   }
@@ -276,9 +444,10 @@ Result<RankFileWritten> WriteRankFile(const std::string& path, const RankFileHea
                                       const std::vector<DatasetSpec>& datasets,
                                       const SaveOptions& options) {
   RankFileWritten out;
+  ChunkDigests hashed;
   CKPT_ASSIGN_OR_RETURN(std::vector<DirectSegment> direct,
                         WriteStructure(path, header, datasets, options, H5P_DEFAULT,
-                                       /*need_data=*/true, &out.datasets),
+                                       /*need_data=*/true, &out.datasets, &hashed),
                         "");
   // Phase 2: the uncompressed bytes, outside HDF5 (and its global lock), in file order. Each
   // 1 MiB piece is hashed into its dataset's digest and, with file_checksum, into the file's
@@ -337,7 +506,10 @@ Result<RankFileWritten> WriteRankFile(const std::string& path, const RankFileHea
   CKPT_RETURN_IF_ERROR(file->Close());
   for (size_t i = 0; i < out.datasets.size(); ++i) {
     DatasetRecord& rec = out.datasets[i];
-    if (!digests[i]) {  // compressed or empty: hashed here, piece by piece while in cache
+    if (auto it = hashed.find(i); it != hashed.end()) {  // compressed: hashed as written
+      digests[i].emplace(std::move(it->second.first));
+      pieces[i].emplace(std::move(it->second.second));
+    } else if (!digests[i]) {  // empty or a scalar: hashed here
       digests[i].emplace();
       pieces[i].emplace(piece_bytes);
       const auto* p = static_cast<const uint8_t*>(datasets[i].data);
@@ -363,9 +535,10 @@ Status WriteRankFileStructure(const std::string& path, const RankFileHeader& hea
   if (options.compression.kind != Compression::Kind::kNone)
     return InvalidArgument("rank file structure without data: compressed chunks need the data");
   std::vector<DatasetRecord> records;
+  ChunkDigests unused;
   CKPT_ASSIGN_OR_RETURN(std::vector<DirectSegment> direct,
                         WriteStructure(path, header, datasets, options, static_cast<hid_t>(fapl),
-                                       /*need_data=*/false, &records),
+                                       /*need_data=*/false, &records, &unused),
                         "");
   (void)direct;
   return Status::Ok();
@@ -390,6 +563,41 @@ struct RankFile::Impl {
   std::set<std::string> shape_ok;  // datasets whose stored shape and type match their record
   std::map<std::string, size_t> chunk_bytes;  // chunked datasets: bytes of one chunk
   Result<hid_t> Dataset(const DatasetRecord& rec, bool whole = false);
+  // A zstd-compressed dataset as this library writes it: chunks of whole rows (of
+  // rows_per_chunk, the last one zero-padded), each one zstd frame of the chunk's bytes,
+  // byte-shuffled first when `shuffle`. Read with pread through the Env and decompressed on
+  // threads, outside HDF5 and its global lock.
+  struct ZstdChunks {
+    bool shuffle = false;
+    size_t elem = 0;
+    int64_t rows = 0, rows_per_chunk = 0, inner = 1;
+    size_t chunk_bytes = 0;                            // decompressed size of every chunk
+    std::vector<std::pair<uint64_t, uint64_t>> where;  // each chunk's frame: file offset, size
+    int64_t count() const { return static_cast<int64_t>(where.size()); }
+    uint64_t first_byte(int64_t c) const {  // of chunk c in the dataset's logical bytes
+      return static_cast<uint64_t>(c * rows_per_chunk * inner) * elem;
+    }
+    size_t have(int64_t c) const {  // logical bytes of chunk c (the last may be shorter)
+      return static_cast<size_t>(std::min(rows_per_chunk, rows - c * rows_per_chunk) * inner) *
+             elem;
+    }
+  };
+  std::map<std::string, std::optional<ZstdChunks>> zstd;  // name -> layout; none: through HDF5
+  // The layout when the dataset's chunks can be read outside HDF5: chunked as the writer does,
+  // zstd (after shuffle or alone) on every chunk, the record's little-endian type, every chunk
+  // allocated inside the file. Anything else (none) is read through HDF5's filter pipeline.
+  Result<const ZstdChunks*> Zstd(const DatasetRecord& rec);
+  // Decompresses chunks [c0, c1) of `z` on a pool of threads: chunk c's logical bytes go to
+  // dest(c) (nullptr: a buffer of this call's), then consume(c, bytes) runs on the calling
+  // thread in chunk order. A damaged chunk is DataLoss naming the file, dataset and chunk.
+  Status DecodeChunks(const DatasetRecord& rec, const ZstdChunks& z, int64_t c0, int64_t c1,
+                      const std::function<uint8_t*(int64_t)>& dest,
+                      const std::function<Status(int64_t, const uint8_t*)>& consume);
+  // The last chunk a slice read decompressed but did not use whole (the next slice usually
+  // starts in it): one chunk per rank file, as HDF5's one-chunk cache before.
+  std::string cached_name;
+  int64_t cached_chunk = -1;
+  std::vector<uint8_t> cached;
   // The file offset of the dataset's bytes when they can be read as they are: contiguous, no
   // filter, the record's little-endian type, allocated to exactly rec.bytes inside the file.
   Result<std::optional<uint64_t>> DirectOffset(const DatasetRecord& rec);
@@ -514,6 +722,135 @@ Result<std::optional<uint64_t>> RankFile::Impl::DirectOffset(const DatasetRecord
   return offset;
 }
 
+Result<const RankFile::Impl::ZstdChunks*> RankFile::Impl::Zstd(const DatasetRecord& rec) {
+  auto it = zstd.find(rec.name);
+  if (it != zstd.end()) return it->second ? &*it->second : nullptr;
+  CKPT_ASSIGN_OR_RETURN(hid_t d, Dataset(rec, /*whole=*/true), "");
+  std::optional<ZstdChunks> z;
+  auto plan = [&]() -> Status {
+    h5::Handle dcpl = h5::Plist(H5Dget_create_plist(d));
+    h5::Handle type = h5::Type(H5Dget_type(d));
+    if (!dcpl.valid() || !type.valid() || H5Pget_layout(dcpl.get()) != H5D_CHUNKED ||
+        rec.shape.empty() || rec.bytes == 0 || H5Tequal(type.get(), h5::FileType(rec.dtype)) <= 0 ||
+        (H5Tget_size(type.get()) > 1 && H5Tget_order(type.get()) != H5T_ORDER_LE))
+      return Status::Ok();
+    const int nfilters = H5Pget_nfilters(dcpl.get());
+    std::vector<H5Z_filter_t> ids;
+    for (int i = 0; i < nfilters; ++i) {
+      unsigned flags = 0;
+      size_t nelmts = 0;
+      ids.push_back(H5Pget_filter2(dcpl.get(), static_cast<unsigned>(i), &flags, &nelmts,
+                                   nullptr, 0, nullptr, nullptr));
+    }
+    ZstdChunks zc;
+    if (ids == std::vector<H5Z_filter_t>{H5Z_FILTER_SHUFFLE, h5::kZstdFilterId})
+      zc.shuffle = true;
+    else if (ids != std::vector<H5Z_filter_t>{h5::kZstdFilterId})
+      return Status::Ok();
+    std::vector<hsize_t> cdims(H5S_MAX_RANK, 0);
+    if (H5Pget_chunk(dcpl.get(), H5S_MAX_RANK, cdims.data()) != static_cast<int>(rec.shape.size()))
+      return Status::Ok();
+    for (size_t i = 1; i < rec.shape.size(); ++i)
+      if (cdims[i] != static_cast<hsize_t>(rec.shape[i])) return Status::Ok();
+    zc.elem = DTypeSize(rec.dtype);
+    zc.rows = rec.shape[0];
+    if (cdims[0] < 1 || cdims[0] > static_cast<hsize_t>(zc.rows)) return Status::Ok();
+    zc.rows_per_chunk = static_cast<int64_t>(cdims[0]);
+    zc.inner = static_cast<int64_t>(rec.bytes / zc.elem) / zc.rows;
+    zc.chunk_bytes = static_cast<size_t>(zc.rows_per_chunk * zc.inner) * zc.elem;
+    const int64_t n = (zc.rows + zc.rows_per_chunk - 1) / zc.rows_per_chunk;
+    if (n > (1 << 20)) return Status::Ok();  // tiny chunks: not worth a table of their own
+    const uint64_t max_frame = ZSTD_compressBound(zc.chunk_bytes);
+    zc.where.reserve(static_cast<size_t>(n));
+    for (int64_t c = 0; c < n; ++c) {
+      hsize_t offset[H5S_MAX_RANK] = {0};
+      offset[0] = static_cast<hsize_t>(c * zc.rows_per_chunk);
+      unsigned mask = 0;
+      haddr_t addr = HADDR_UNDEF;
+      hsize_t size = 0;
+      if (H5Dget_chunk_info_by_coord(d, offset, &mask, &addr, &size) < 0 || mask != 0 ||
+          addr == HADDR_UNDEF)
+        return Status::Ok();  // a skipped filter or an unwritten chunk: HDF5 knows what to do
+      if (size == 0 || size > max_frame || addr > file_bytes || size > file_bytes - addr)
+        return DataLoss(label + ": dataset /" + rec.name + ": chunk " + std::to_string(c) +
+                        " of " + std::to_string(n) + " (" + std::to_string(size) +
+                        " bytes at byte " + std::to_string(addr) +
+                        ") lies outside the file or exceeds any zstd frame of a " +
+                        std::to_string(zc.chunk_bytes) + "-byte chunk");
+      zc.where.emplace_back(static_cast<uint64_t>(addr), static_cast<uint64_t>(size));
+    }
+    z = std::move(zc);
+    return Status::Ok();
+  };
+  const Status s = plan();
+  H5Eclear2(H5E_DEFAULT);
+  CKPT_RETURN_IF_ERROR(s, "");
+  auto& slot = zstd[rec.name];
+  slot = std::move(z);
+  return slot ? &*slot : nullptr;
+}
+
+Status RankFile::Impl::DecodeChunks(const DatasetRecord& rec, const ZstdChunks& z, int64_t c0,
+                                    int64_t c1,
+                                    const std::function<uint8_t*(int64_t)>& dest,
+                                    const std::function<Status(int64_t, const uint8_t*)>& consume) {
+  PipelineThreads pool(c1 - c0);
+  const int workers = pool.count();
+  const int64_t window = workers + 2;
+  std::vector<std::vector<uint8_t>> slots(static_cast<size_t>(window));
+  struct Worker {
+    std::vector<uint8_t> frame, scratch;
+    ZSTD_DCtx* dctx = nullptr;
+    ~Worker() { ZSTD_freeDCtx(dctx); }
+  };
+  std::vector<Worker> state(static_cast<size_t>(workers));
+  std::vector<uint8_t*> where(static_cast<size_t>(window));
+  auto decode = [&](int64_t i, int w) -> Status {
+    const int64_t c = c0 + i;
+    Worker& ws = state[static_cast<size_t>(w)];
+    const size_t have = z.have(c);
+    uint8_t* out = dest(c);
+    if (!out) {
+      auto& slot = slots[static_cast<size_t>(i % window)];
+      slot.resize(have);
+      out = slot.data();
+    }
+    where[static_cast<size_t>(i % window)] = out;
+    const auto [at, size] = z.where[static_cast<size_t>(c)];
+    const std::string chunk = label + ": dataset /" + rec.name + ": chunk " + std::to_string(c) +
+                              " of " + std::to_string(z.count()) + " (" + std::to_string(size) +
+                              " bytes at byte " + std::to_string(at) + ")";
+    ws.frame.resize(static_cast<size_t>(size));
+    CKPT_RETURN_IF_ERROR(data->Read(at, static_cast<size_t>(size), ws.frame.data()), chunk);
+    const unsigned long long content = ZSTD_getFrameContentSize(ws.frame.data(), ws.frame.size());
+    if (content != z.chunk_bytes)
+      return DataLoss(chunk + ": not a zstd frame of the chunk's " +
+                      std::to_string(z.chunk_bytes) + " bytes (corrupt)");
+    const bool direct = !z.shuffle && have == z.chunk_bytes;
+    uint8_t* to = out;
+    if (!direct) {
+      ws.scratch.resize(z.chunk_bytes);
+      to = ws.scratch.data();
+    }
+    if (!ws.dctx && !(ws.dctx = ZSTD_createDCtx()))
+      return ResourceExhausted("zstd: no decompression context");
+    const size_t got = ZSTD_decompressDCtx(ws.dctx, to, z.chunk_bytes, ws.frame.data(), ws.frame.size());
+    if (ZSTD_isError(got) || got != z.chunk_bytes)
+      return DataLoss(chunk + ": corrupt zstd data (" +
+                      (ZSTD_isError(got) ? std::string(ZSTD_getErrorName(got))
+                                         : std::to_string(got) + " bytes") +
+                      ")");
+    if (z.shuffle)
+      ByteUnshuffle(to, out, z.chunk_bytes, z.elem, have);
+    else if (!direct)
+      std::memcpy(out, to, have);
+    return Status::Ok();
+  };
+  return RunOrdered(c1 - c0, workers, window, decode, [&](int64_t i) {
+    return consume(c0 + i, where[static_cast<size_t>(i % window)]);
+  });
+}
+
 Status RankFile::ReadAll(const DatasetRecord& rec, void* out, Xxh3Stream* digest) const {
   CKPT_RETURN_IF_ERROR(CheckShape(rec), "");
   if (rec.bytes == 0) return Status::Ok();
@@ -527,6 +864,16 @@ Status RankFile::ReadAll(const DatasetRecord& rec, void* out, Xxh3Stream* digest
       if (digest) digest->Update(p + done, n);
     }
     return Status::Ok();
+  }
+  CKPT_ASSIGN_OR_RETURN(const Impl::ZstdChunks* z, impl_->Zstd(rec), "");
+  if (z) {
+    auto* p = static_cast<uint8_t*>(out);
+    return impl_->DecodeChunks(
+        rec, *z, 0, z->count(), [&](int64_t c) { return p + z->first_byte(c); },
+        [&](int64_t c, const uint8_t* bytes) {
+          if (digest) digest->Update(bytes, z->have(c));
+          return Status::Ok();
+        });
   }
   CKPT_ASSIGN_OR_RETURN(hid_t d, impl_->Dataset(rec, /*whole=*/true), "");
   h5::ExpectChunkBytes expect(impl_->chunk_bytes[rec.name]);
@@ -557,6 +904,26 @@ Status CompareDigests(const std::string& label, const DatasetRecord& rec, const 
 }
 
 Status RankFile::VerifyDataset(const DatasetRecord& rec) const {
+  CKPT_RETURN_IF_ERROR(CheckShape(rec), "");
+  const Impl::ZstdChunks* z = nullptr;
+  if (rec.bytes > 0) {
+    CKPT_ASSIGN_OR_RETURN(z, impl_->Zstd(rec), "");
+  }
+  if (z) {  // chunk by chunk, decompressed on threads, hashed in order: memory of a few chunks
+    Xxh3Stream h;
+    std::optional<PieceDigests> pieces;
+    if (rec.has_pieces()) pieces.emplace(rec.piece_bytes);
+    CKPT_RETURN_IF_ERROR(impl_->DecodeChunks(
+        rec, *z, 0, z->count(), [](int64_t) { return nullptr; },
+        [&](int64_t c, const uint8_t* bytes) {
+          h.Update(bytes, z->have(c));
+          if (pieces) pieces->Update(bytes, z->have(c));
+          return Status::Ok();
+        }));
+    std::vector<std::string> piece_hex;
+    if (pieces) piece_hex = pieces->Finish();
+    return CompareDigests(impl_->label, rec, h.HexDigest(), pieces ? &piece_hex : nullptr);
+  }
   if (rec.shape.size() != 1) {
     std::vector<uint8_t> buf(rec.bytes);
     Xxh3Stream h;
@@ -755,6 +1122,44 @@ Status RankFile::ReadSlice(const DatasetRecord& rec, int64_t offset, int64_t cou
     return impl_->data
         ->Read(*at + static_cast<uint64_t>(offset) * elem, static_cast<size_t>(count) * elem, out)
         .WithContext("dataset /" + rec.name);
+  }
+  CKPT_ASSIGN_OR_RETURN(const Impl::ZstdChunks* z, impl_->Zstd(rec), "");
+  if (z) {
+    // Chunks the slice covers whole are decompressed straight into `out`; a chunk it covers
+    // only partly goes through a buffer and stays cached for the next slice.
+    const uint64_t begin = static_cast<uint64_t>(offset) * z->elem;
+    const uint64_t end = static_cast<uint64_t>(offset + count) * z->elem;
+    auto* dst = static_cast<uint8_t*>(out);
+    int64_t c0 = offset / z->rows_per_chunk;
+    int64_t c1 = (offset + count - 1) / z->rows_per_chunk + 1;
+    auto copy_part = [&](int64_t c, const uint8_t* bytes) {
+      const uint64_t cb = z->first_byte(c), ce = cb + z->have(c);
+      const uint64_t lo = std::max(begin, cb), hi = std::min(end, ce);
+      std::memcpy(dst + (lo - begin), bytes + (lo - cb), hi - lo);
+    };
+    auto whole = [&](int64_t c) {
+      return z->first_byte(c) >= begin && z->first_byte(c) + z->have(c) <= end;
+    };
+    Impl& im = *impl_;
+    if (im.cached_name == rec.name && im.cached_chunk >= c0 && im.cached_chunk < c1 &&
+        (im.cached_chunk == c0 || im.cached_chunk == c1 - 1)) {
+      copy_part(im.cached_chunk, im.cached.data());
+      if (im.cached_chunk == c0) ++c0;
+      else --c1;
+    }
+    if (c0 >= c1) return Status::Ok();
+    return im.DecodeChunks(
+        rec, *z, c0, c1,
+        [&](int64_t c) { return whole(c) ? dst + (z->first_byte(c) - begin) : nullptr; },
+        [&](int64_t c, const uint8_t* bytes) {
+          if (whole(c)) return Status::Ok();
+          copy_part(c, bytes);
+          im.cached_name.clear();  // not valid while it is being replaced
+          im.cached.assign(bytes, bytes + z->have(c));
+          im.cached_name = rec.name;
+          im.cached_chunk = c;
+          return Status::Ok();
+        });
   }
   CKPT_ASSIGN_OR_RETURN(hid_t d, impl_->Dataset(rec, sequential), "");
   h5::Handle fspace = h5::Space(H5Dget_space(d));

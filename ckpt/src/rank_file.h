@@ -1,7 +1,8 @@
 // Private: one rank's HDF5 file — writing it (uncompressed data written with pwrite into
 // regions HDF5 allocated, zstd through direct chunk writes, so that data, compression and
 // checksums stay outside HDF5's global lock) and reading datasets or slices (uncompressed
-// contiguous data read with pread, the rest through HDF5).
+// contiguous data read with pread; zstd chunks read with pread and decompressed on a pool of
+// threads, outside HDF5; anything else through HDF5).
 #pragma once
 
 #include <functional>
@@ -125,14 +126,16 @@ class RankFile {
   // file.
   Status ReadSliceVerified(const DatasetRecord& rec, int64_t offset, int64_t count, void* out,
                            uint64_t* bytes_read, PieceCache* cache) const;
-  // Reads the whole dataset in L2-sized blocks and checks it against the record's digest and,
+  // Reads the whole dataset in L2-sized blocks (zstd chunks: decompressed on threads, a few
+  // chunks in memory) and checks it against the record's digest and,
   // when it has them, its piece digests (DataLoss naming the first damaged piece).
   Status VerifyDataset(const DatasetRecord& rec) const;
 
   // check --deep's one pass over the file (issue 19): every byte of the file is read once, in
   // order, in large blocks, and fed to the file's XXH3; the bytes of each dataset stored as
   // plain contiguous bytes are fed to its digest and piece digests from the same buffer.
-  // Datasets stored otherwise (zstd chunks) are then verified through HDF5 (VerifyDataset).
+  // Datasets stored otherwise (zstd chunks) are then verified one by one (VerifyDataset:
+  // their frames are read again and decompressed on threads).
   // `progress` gets the bytes consumed as they are. An error reading the file fails the call;
   // a damaged dataset is a DataLoss in `datasets`.
   struct WholeFileCheck {

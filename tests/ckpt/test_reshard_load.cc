@@ -240,8 +240,9 @@ TEST_CASE("a flipped byte is caught by a slice read touching its piece, not by o
       // Damage piece 2 of rank 1's master.
       FlipByte(tag + "/rank_00001.h5", DataOffset(tag + "/rank_00001.h5", "master") + 2 * kPiece + 5);
     } else {
-      // Compressed chunks go through HDF5 and the zstd filter: damage the recorded digest of
-      // piece 2 instead, which the same check must catch.
+      // A flipped byte inside a zstd frame may fail the chunk's decompression before any
+      // piece is hashed: damage the recorded digest of piece 2 instead, which the same check
+      // must catch.
       const std::string path = tag + "/manifest.json";
       auto m = ParseManifest(Env::Default()->ReadFileToString(path).value(), path);
       REQUIRE(m.ok());

@@ -83,6 +83,21 @@ def paired(j):
     return out
 
 
+def paired_codec(j):
+    """Per repetition: zstd's own time for the same bytes (same level, shuffle, chunks and
+    threads per rank, plus the write + fsync or the cold read) just before / the ckpt time."""
+    reps = [r for r in j["reps"] if r.get("codec_seconds")]
+    if not reps:
+        return None
+    return {"ratio": stats([r["codec_seconds"] / r["seconds"] for r in reps]),
+            "codec_gib_per_s": stats([j["logical_bytes"] / GiB / r["codec_seconds"] for r in reps]),
+            "threads_per_rank": reps[0]["codec_threads"],
+            "note": "the codec floor (tools/bench/ckpt_io.cc): save = zstd's multithreaded "
+                    "streaming compression of the rank's chunked (and shuffled) bytes written "
+                    "and fsynced; load = the same chunks as frames, read with pread and "
+                    "decompressed on the same threads, from a cold cache"}
+
+
 def drop_caches():
     os.sync()
     try:
@@ -320,16 +335,20 @@ def main():
 
     # --- zstd save -----------------------------------------------------------------------
     z_root = os.path.join(work, "ckpt_zstd")
+    codec_dir = os.path.join(work, "paired_codec")
     j, _, rss = R.json([ckpt_io, "save", z_root, "--ranks", str(a.ranks), "--params", str(params),
-                        "--reps", str(a.reps2), "--drop-caches", "--compress", a.compress])
+                        "--reps", str(a.reps2), "--drop-caches", "--compress", a.compress,
+                        "--paired-codec", codec_dir])
     record("save_" + a.compress.replace(":", "").replace("+", "_"), j["logical_bytes"],
            [r["seconds"] for r in j["reps"]], rss, raw_w_gibs,
            {"file_bytes": j["reps"][-1]["file_bytes"],
             "compression_ratio": j["logical_bytes"] / j["reps"][-1]["file_bytes"],
-            "compress": j["compress"]})
+            "compress": j["compress"], "codec": paired_codec(j)})
     zname = a.compress.replace(":", "").replace("+", "_")
-    j, _, rss = R.json([ckpt_io, "load", z_root, "--reps", str(a.reps2), "--drop-caches"])
-    record("load_" + zname, j["logical_bytes"], [r["seconds"] for r in j["reps"]], rss, raw_r_gibs)
+    j, _, rss = R.json([ckpt_io, "load", z_root, "--reps", str(a.reps2), "--drop-caches",
+                        "--paired-codec", codec_dir])
+    record("load_" + zname, j["logical_bytes"], [r["seconds"] for r in j["reps"]], rss, raw_r_gibs,
+           {"codec": paired_codec(j)})
     j, _, rss = R.json([ckpt_io, "load", z_root, "--reps", str(a.reps2), "--drop-caches", "--procs"])
     record("load_" + zname + "_procs", j["logical_bytes"], [r["seconds"] for r in j["reps"]],
            max(r["rank_maxrss_kib"] for r in j["reps"]), raw_r_gibs,
@@ -744,6 +763,12 @@ def print_table(res):
                   "%s" % (name, fmt_range(p["raw_gib_per_s"]), fmt_range(p["ratio"]),
                           " (to the old buffered floor %s)" % fmt_range(p["ratio_to_buffered"])
                           if "ratio_to_buffered" in p else ""))
+    for name in [k for k in ph if k.startswith(("save_zstd", "load_zstd"))]:
+        if ph[name].get("codec"):
+            c = ph[name]["codec"]
+            print("  %s vs the paired codec floor (zstd itself, %d threads per rank): %s GiB/s, "
+                  "ratio %s" % (name, c["threads_per_rank"], fmt_range(c["codec_gib_per_s"]),
+                                fmt_range(c["ratio"])))
     if "export_fp32" in ph:
         e = ph["export_fp32"]
         row("export_fp32 (read+write)", e["bytes_read"] + e["bytes_written"], e["seconds"],
@@ -894,6 +919,17 @@ def markdown(res):
                          fmt_range(p["raw_gib_per_s"]), fmt_range(p["ratio"]),
                          "; against the old buffered floor %s" % fmt_range(p["ratio_to_buffered"])
                          if "ratio_to_buffered" in p else ""))
+            L.append("")
+    for name in [k for k in ph if k.startswith(("save_zstd", "load_zstd"))]:
+        if ph[name].get("codec"):
+            c = ph[name]["codec"]
+            L.append("`%s` against the paired codec floor (zstd's own %s of the same bytes, same "
+                     "level, shuffle and chunks, %d threads per rank, plus the %s; just before "
+                     "each repetition): %s GiB/s, ratio %s." % (
+                         name, "multithreaded compression" if name.startswith("save")
+                         else "decompression of the chunk frames", c["threads_per_rank"],
+                         "write and fsync" if name.startswith("save") else "cold read",
+                         fmt_range(c["codec_gib_per_s"]), fmt_range(c["ratio"])))
             L.append("")
     if "reshard" in ph:
         L.append("Reshard read accounting: " + "; ".join(

@@ -2,7 +2,9 @@
 //
 //   ckpt_io save ROOT --ranks N --params P [--zero S] [--compress C] [--chunk-bytes B]
 //                [--no-file-checksum] [--compress-threads T] [--reps R] [--drop-caches]
-//   ckpt_io load ROOT [--reps R] [--drop-caches] [--no-verify]
+//                [--paired-raw DIR] [--paired-codec DIR]
+//   ckpt_io load ROOT [--reps R] [--drop-caches] [--no-verify] [--paired-raw DIR]
+//                [--paired-codec DIR [--chunk-bytes B]]
 //   ckpt_io zstd ROOT [--levels 1,3,9] [--max-mib M] [--chunk-bytes B]
 //   ckpt_io async ROOT --ranks N --params P [--zero S] [--reps R]
 //   ckpt_io reshard-load ROOT --to M [--zero S] [--reps R] [--drop-caches] --paired-raw DIR
@@ -34,6 +36,7 @@
 #include <zstd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -103,6 +106,7 @@ struct Args {
   uint64_t chunk_bytes = 4u << 20;
   bool file_checksum = true, drop = false, verify = true, procs = false;
   std::string paired_raw;  // directory for the paired raw write / read of the same bytes
+  std::string paired_codec;  // directory for the paired codec floor (zstd saves and loads)
   std::vector<int> levels = {1, 3, 9};
   int64_t max_mib = 64;
   int to = 0;  // reshard-load: the new world size
@@ -134,6 +138,7 @@ Args Parse(int argc, char** argv) {
     else if (k == "--no-verify") a.verify = false;
     else if (k == "--procs") a.procs = true;
     else if (k == "--paired-raw") a.paired_raw = val();
+    else if (k == "--paired-codec") a.paired_codec = val();
     else if (k == "--levels") {
       a.levels.clear();
       std::string s = val();
@@ -214,6 +219,179 @@ void AddFloor(json* rep, const json& floor) {
   (*rep)["raw_best_variant"] = floor["best_variant"];
   (*rep)["raw_buffered_seconds"] = floor["buffered_seconds"];
   (*rep)["raw_variants"] = floor["variants"];
+}
+
+// ---------------------------------------------------------------------------------------------
+// The codec floor (--paired-codec DIR, with a zstd --compress): what zstd itself does with the
+// same bytes, at the same level and byte shuffle, with the same threads per rank as the ckpt
+// run, plus the disk. Each rank's tensors are cut into chunk-bytes chunks and byte-shuffled
+// (when the setting shuffles) once, untimed: the floor starts from bytes ready for zstd.
+//   save: per rank, concurrently: zstd's own multithreaded streaming compression
+//     (ZSTD_c_nbWorkers = threads; none for one thread) of those bytes, written as it comes in
+//     4 MiB writes, then fsync.
+//   load: per rank, concurrently, from a cold cache: the chunks compressed one frame each
+//     (written untimed), every frame read with pread and decompressed by `threads` threads
+//     (zstd decompresses a frame on one thread) into the rank's buffer; no unshuffle.
+struct CodecRank {
+  std::vector<uint8_t> input;              // chunked, shuffled when asked
+  std::vector<std::pair<uint64_t, uint64_t>> frames;  // load floor: offset, size in the file
+  std::vector<size_t> frame_bytes;         // decompressed size of each frame
+};
+
+void ShuffleChunk(const uint8_t* in, uint8_t* out, size_t nbytes, size_t elem);
+
+CodecRank CodecInput(const std::vector<std::pair<const uint8_t*, std::pair<size_t, size_t>>>& ds,
+                     const ckpt::Compression& comp, size_t chunk) {
+  CodecRank c;
+  for (const auto& [ptr, ne] : ds) {
+    const auto [n, elem] = ne;
+    const size_t at = c.input.size();
+    c.input.resize(at + n);
+    const size_t step = std::max(elem, chunk / elem * elem);
+    for (size_t off = 0; off < n; off += step) {
+      const size_t k = std::min(step, n - off);
+      c.frame_bytes.push_back(k);
+      if (comp.shuffle) ShuffleChunk(ptr + off, c.input.data() + at + off, k, elem);
+      else std::memcpy(c.input.data() + at + off, ptr + off, k);
+    }
+  }
+  return c;
+}
+
+int CodecThreads(int requested, int ranks) {
+  if (requested > 0) return requested;
+  return std::max(1, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())) /
+                         std::max(1, ranks));
+}
+
+// Save floor: seconds for all ranks, compressed bytes written.
+std::pair<double, uint64_t> CodecSaveFloor(const std::string& dir, std::vector<CodecRank>& ranks,
+                                           const ckpt::Compression& comp, int threads) {
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::vector<uint64_t> out_bytes(ranks.size(), 0);
+  std::vector<std::string> errors(ranks.size());
+  const auto t0 = Clock::now();
+  std::vector<std::thread> ts;
+  for (size_t r = 0; r < ranks.size(); ++r)
+    ts.emplace_back([&, r] {
+      const std::string path = dir + "/codec_" + std::to_string(r) + ".zst";
+      const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd < 0) {
+        errors[r] = "open " + path;
+        return;
+      }
+      ZSTD_CCtx* cc = ZSTD_createCCtx();
+      ZSTD_CCtx_setParameter(cc, ZSTD_c_compressionLevel, comp.level);
+      if (threads > 1) ZSTD_CCtx_setParameter(cc, ZSTD_c_nbWorkers, threads);
+      std::vector<uint8_t> ob(4u << 20);
+      ZSTD_inBuffer in{ranks[r].input.data(), ranks[r].input.size(), 0};
+      size_t left = 0;
+      do {
+        ZSTD_outBuffer out{ob.data(), ob.size(), 0};
+        left = ZSTD_compressStream2(cc, &out, &in, ZSTD_e_end);
+        if (ZSTD_isError(left)) {
+          errors[r] = ZSTD_getErrorName(left);
+          break;
+        }
+        if (out.pos && write(fd, ob.data(), out.pos) != static_cast<ssize_t>(out.pos)) {
+          errors[r] = "write " + path;
+          break;
+        }
+        out_bytes[r] += out.pos;
+      } while (left != 0);
+      ZSTD_freeCCtx(cc);
+      if (fsync(fd) != 0) errors[r] = "fsync " + path;
+      close(fd);
+    });
+  for (auto& t : ts) t.join();
+  const double secs = Since(t0);
+  for (const auto& e : errors)
+    if (!e.empty()) Die("codec floor: " + e);
+  uint64_t total = 0;
+  for (uint64_t b : out_bytes) total += b;
+  std::filesystem::remove_all(dir);
+  return {secs, total};
+}
+
+// Load floor, set up: each rank's chunks as independent frames in DIR/codec_R.zst (untimed).
+void CodecLoadSetup(const std::string& dir, std::vector<CodecRank>& ranks,
+                    const ckpt::Compression& comp) {
+  std::filesystem::create_directories(dir);
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    CodecRank& c = ranks[r];
+    std::vector<uint8_t> file;
+    size_t at = 0;
+    c.frames.clear();
+    for (size_t k : c.frame_bytes) {
+      const size_t base = file.size();
+      file.resize(base + ZSTD_compressBound(k));
+      const size_t got = ZSTD_compress(file.data() + base, file.size() - base,
+                                       c.input.data() + at, k, comp.level);
+      if (ZSTD_isError(got)) Die(std::string("codec floor: ") + ZSTD_getErrorName(got));
+      file.resize(base + got);
+      c.frames.emplace_back(base, got);
+      at += k;
+    }
+    std::ofstream(dir + "/codec_" + std::to_string(r) + ".zst", std::ios::binary)
+        .write(reinterpret_cast<const char*>(file.data()), static_cast<std::streamsize>(file.size()));
+  }
+  sync();
+}
+
+// Load floor: seconds for all ranks, every frame read and decompressed into `ranks[r].input`.
+double CodecLoadFloor(const std::string& dir, std::vector<CodecRank>& ranks, int threads) {
+  std::vector<std::string> errors(ranks.size() * static_cast<size_t>(threads));
+  const auto t0 = Clock::now();
+  std::vector<std::thread> ts;
+  for (size_t r = 0; r < ranks.size(); ++r)
+    ts.emplace_back([&, r] {
+      CodecRank& c = ranks[r];
+      const std::string path = dir + "/codec_" + std::to_string(r) + ".zst";
+      const int fd = open(path.c_str(), O_RDONLY);
+      if (fd < 0) {
+        errors[r * static_cast<size_t>(threads)] = "open " + path;
+        return;
+      }
+      std::vector<size_t> start(c.frame_bytes.size());
+      for (size_t k = 1; k < start.size(); ++k) start[k] = start[k - 1] + c.frame_bytes[k - 1];
+      std::atomic<size_t> next{0};
+      std::vector<std::thread> workers;
+      for (int w = 0; w < threads; ++w)
+        workers.emplace_back([&, w] {
+          ZSTD_DCtx* dc = ZSTD_createDCtx();
+          std::vector<uint8_t> frame;
+          for (size_t k; (k = next++) < c.frames.size();) {
+            frame.resize(c.frames[k].second);
+            if (pread(fd, frame.data(), frame.size(), static_cast<off_t>(c.frames[k].first)) !=
+                static_cast<ssize_t>(frame.size())) {
+              errors[r * static_cast<size_t>(threads) + static_cast<size_t>(w)] = "read " + path;
+              break;
+            }
+            const size_t got = ZSTD_decompressDCtx(dc, c.input.data() + start[k], c.frame_bytes[k],
+                                                   frame.data(), frame.size());
+            if (ZSTD_isError(got) || got != c.frame_bytes[k]) {
+              errors[r * static_cast<size_t>(threads) + static_cast<size_t>(w)] = "decompress";
+              break;
+            }
+          }
+          ZSTD_freeDCtx(dc);
+        });
+      for (auto& t : workers) t.join();
+      close(fd);
+    });
+  for (auto& t : ts) t.join();
+  const double secs = Since(t0);
+  for (const auto& e : errors)
+    if (!e.empty()) Die("codec floor: " + e);
+  return secs;
+}
+
+// A repetition's record gets the codec floor beside it.
+void AddCodecFloor(json* rep, double secs, int threads, uint64_t bytes = 0) {
+  (*rep)["codec_seconds"] = secs;
+  (*rep)["codec_threads"] = threads;
+  if (bytes) (*rep)["codec_file_bytes"] = bytes;
 }
 
 struct RankState {
@@ -387,12 +565,32 @@ int Save(const Args& a) {
       }
     std::vector<raw_floor::AlignedBuffer> floor_bufs;
     if (!a.paired_raw.empty()) floor_bufs = FloorBuffers(pieces);
+    const bool codec = !a.paired_codec.empty() && comp->kind == ckpt::Compression::Kind::kZstd;
+    const int codec_threads = CodecThreads(a.compress_threads, a.ranks);
+    std::vector<CodecRank> codec_ranks;
+    if (codec)
+      for (const auto& rs : ranks) {
+        std::vector<std::pair<const uint8_t*, std::pair<size_t, size_t>>> ds;
+        for (const auto& d : rs.contents.datasets) {
+          uint64_t n = ckpt::DTypeSize(d.dtype);
+          for (auto x : d.shape) n *= static_cast<uint64_t>(x);
+          if (d.kind == "tensor" && !d.shape.empty() && n > 0)
+            ds.push_back({static_cast<const uint8_t*>(d.data), {n, ckpt::DTypeSize(d.dtype)}});
+        }
+        codec_ranks.push_back(CodecInput(ds, *comp, a.chunk_bytes));
+      }
     for (int rep = 0; rep < a.reps; ++rep) {
       between_reps(rep);
       json floor;
       if (!a.paired_raw.empty()) {
         floor = FloorPasses(a.paired_raw, floor_bufs, true, a.drop);
         std::filesystem::remove_all(a.paired_raw);
+      }
+      std::pair<double, uint64_t> codec_floor;
+      if (codec) {
+        if (a.drop) DropCaches();
+        codec_floor = CodecSaveFloor(a.paired_codec, codec_ranks, *comp, codec_threads);
+        if (a.drop) DropCaches();
       }
       meta.tag = prev_tag;
       ckpt::ThreadGroup group(a.ranks);
@@ -409,6 +607,7 @@ int Save(const Args& a) {
       if (!results[0].ok()) Die("save: " + results[0].ToString());
       reps.push_back({{"seconds", secs}, {"file_bytes", DirBytes(a.root + "/" + meta.tag)}});
       if (!floor.is_null()) AddFloor(&reps.back(), floor);
+      if (codec) AddCodecFloor(&reps.back(), codec_floor.first, codec_threads, codec_floor.second);
     }
   } else {
     // One process per rank, as under mpirun (no HDF5 library lock shared between ranks). The
@@ -635,10 +834,36 @@ int Load(const Args& a) {
         raw_floor::Pass(a.paired_raw, floor_bufs, true, raw_floor::WriteVariants()[0]);
     if (!w.error.empty()) Die("paired raw pass: " + w.error);
   }
+  // The codec floor: the same logical bytes (read once, untimed) as zstd frames.
+  auto comp = ckpt::Compression::Parse(man.files.empty() ? "none" : man.files[0].compression);
+  const bool codec = !a.paired_codec.empty() && !a.procs && comp.ok() &&
+                     comp->kind == ckpt::Compression::Kind::kZstd;
+  const int codec_threads = CodecThreads(0, world);
+  std::vector<CodecRank> codec_ranks;
+  if (codec) {
+    for (int r = 0; r < world; ++r) {
+      std::vector<std::pair<const uint8_t*, std::pair<size_t, size_t>>> ds;
+      const auto& recs = man.files[static_cast<size_t>(r)].datasets;
+      for (size_t i = 0; i < recs.size(); ++i) {
+        auto& b = bufs[static_cast<size_t>(r)][i];
+        ckpt::Status s = probe->ReadDataset(r, recs[i].name, b.data(), b.size());
+        if (!s.ok()) Die(s.ToString());
+        if (recs[i].kind == "tensor" && !recs[i].shape.empty() && recs[i].bytes > 0)
+          ds.push_back({b.data(), {b.size(), ckpt::DTypeSize(recs[i].dtype)}});
+      }
+      codec_ranks.push_back(CodecInput(ds, *comp, a.chunk_bytes));
+    }
+    CodecLoadSetup(a.paired_codec, codec_ranks, *comp);
+  }
   for (int rep = 0; rep < a.reps; ++rep) {
     if (a.drop) drop_status = DropCaches();
     json floor;
     if (paired) floor = FloorPasses(a.paired_raw, floor_bufs, false, a.drop);
+    double codec_secs = 0;
+    if (codec) {
+      codec_secs = CodecLoadFloor(a.paired_codec, codec_ranks, codec_threads);
+      if (a.drop) DropCaches();
+    }
     std::vector<ckpt::Status> results(static_cast<size_t>(world));
     auto rank_load = [&](int r) -> ckpt::Status {
       ckpt::OpenOptions oo;
@@ -706,8 +931,10 @@ int Load(const Args& a) {
       if (!s.ok()) Die("load: " + s.ToString());
     reps.push_back({{"seconds", secs}, {"rank_maxrss_kib", child_rss}});
     if (!floor.is_null()) AddFloor(&reps.back(), floor);
+    if (codec) AddCodecFloor(&reps.back(), codec_secs, codec_threads);
   }
   if (paired) std::filesystem::remove_all(a.paired_raw);
+  if (codec) std::filesystem::remove_all(a.paired_codec);
   json out = {{"op", "load"},       {"ranks", world},         {"verify", a.verify}, {"procs", a.procs},
               {"logical_bytes", logical}, {"file_bytes", DirBytes(probe->dir())},
               {"reps", reps},       {"drop_caches", drop_status},
@@ -719,7 +946,7 @@ int Load(const Args& a) {
 // ---------------------------------------------------------------------------------------------
 // zstd study
 
-void ByteShuffle(const uint8_t* in, uint8_t* out, size_t nbytes, size_t elem) {
+void ShuffleChunk(const uint8_t* in, uint8_t* out, size_t nbytes, size_t elem) {
   const size_t n = nbytes / elem;
   for (size_t j = 0; j < elem; ++j)
     for (size_t i = 0; i < n; ++i) out[j * n + i] = in[i * elem + j];
@@ -732,7 +959,7 @@ json Study(const std::vector<uint8_t>& data, size_t elem, const Args& a) {
   std::vector<uint8_t> shuffled(data.size());
   for (size_t off = 0; off < data.size(); off += chunk) {
     const size_t n = std::min(chunk, data.size() - off);
-    ByteShuffle(data.data() + off, shuffled.data() + off, n, elem);
+    ShuffleChunk(data.data() + off, shuffled.data() + off, n, elem);
   }
   std::vector<uint8_t> dst(ZSTD_compressBound(chunk)), back(chunk), unsh(chunk);
   for (int level : a.levels) {
@@ -750,12 +977,12 @@ json Study(const std::vector<uint8_t>& data, size_t elem, const Args& a) {
         for (int t = 0; t < 3; ++t) {
           auto t0 = Clock::now();
           got = ZSTD_compressCCtx(cctx, dst.data(), dst.size(), src.data() + off, n, level);
-          if (sh) ByteShuffle(src.data() + off, unsh.data(), n, elem);  // the shuffle's own cost
+          if (sh) ShuffleChunk(src.data() + off, unsh.data(), n, elem);  // the shuffle's own cost
           best_c = std::min(best_c, Since(t0));
           if (ZSTD_isError(got)) Die(std::string("zstd: ") + ZSTD_getErrorName(got));
           t0 = Clock::now();
           size_t dn = ZSTD_decompressDCtx(dctx, back.data(), n, dst.data(), got);
-          if (sh && n % elem == 0) ByteShuffle(back.data(), unsh.data(), n, n / elem);  // unshuffle
+          if (sh && n % elem == 0) ShuffleChunk(back.data(), unsh.data(), n, n / elem);  // unshuffle
           best_d = std::min(best_d, Since(t0));
           if (ZSTD_isError(dn) || dn != n || std::memcmp(back.data(), src.data() + off, n) != 0)
             Die("zstd round trip failed");

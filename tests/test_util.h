@@ -114,17 +114,19 @@ inline CliResult RunCaptured(const std::string& cmd) {
 // Runs the built `ckpt` with `args` (shell syntax), stdout and stderr captured.
 inline CliResult RunCkpt(const std::string& args) { return RunCaptured(CkptCommand(args)); }
 
-// Runs argv as a child (stdout and stderr to /dev/null) and returns its exit code and peak
-// resident set size in bytes (wait4's ru_maxrss, KiB on Linux). On Linux a spawned child's
-// ru_maxrss starts from the parent's high-water mark (exec keeps the old mm's peak), so the
-// calling process must stay small: write large fixtures from a child too.
-inline std::pair<int, uint64_t> RunMeasured(std::vector<std::string> args) {
+// Runs argv as a child (stdout to `stdout_path`, stderr to /dev/null) and returns its exit
+// code and peak resident set size in bytes (wait4's ru_maxrss, KiB on Linux). On Linux a
+// spawned child's ru_maxrss starts from the parent's high-water mark (exec keeps the old mm's
+// peak), so the calling process must stay small: write large fixtures from a child too.
+inline std::pair<int, uint64_t> RunMeasured(std::vector<std::string> args,
+                                            const std::string& stdout_path = "/dev/null") {
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 1, stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0644);
   posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
   pid_t pid = 0;
   const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);

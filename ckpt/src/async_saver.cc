@@ -46,6 +46,10 @@ Result<size_t> ByteSize(const DatasetSpec& d) {
       return InvalidArgument("dataset '" + d.name + "': byte size overflows");
     n *= u;
   }
+  if (d.fill)
+    return InvalidArgument("dataset '" + d.name +
+                           "': an asynchronous save snapshots `data`; a `fill` dataset is "
+                           "written by SaveCheckpoint or SaveRanks");
   if (n > 0 && d.data == nullptr)
     return InvalidArgument("dataset '" + d.name + "' has no data");
   return n;

@@ -218,9 +218,12 @@ Status RunOrdered(int64_t n, int threads, int64_t window,
 // Writes one chunked tensor with zstd through direct chunk writes: `threads` workers shuffle and
 // compress chunks outside the HDF5 lock while the calling thread hands the finished ones to
 // HDF5 in order and feeds their logical bytes to the dataset's digests (`digest`, `pieces`).
+// A `fill` dataset is written in batches of the pipeline's window: the calling thread asks
+// for the batch's chunks in order (in fill windows of at most `window_bytes`), then the batch
+// goes through the pipeline; so at most one batch of its bytes is in memory.
 Status WriteCompressedChunks(hid_t dset, const DatasetSpec& spec, int64_t rows_per_chunk,
                              int64_t inner, const Compression& comp, int threads,
-                             Xxh3Stream* digest, PieceDigests* pieces) {
+                             uint64_t window_bytes, Xxh3Stream* digest, PieceDigests* pieces) {
   const size_t elem = DTypeSize(spec.dtype);
   const int64_t rows = spec.shape[0];
   const size_t chunk_bytes = static_cast<size_t>(rows_per_chunk * inner) * elem;
@@ -244,9 +247,17 @@ Status WriteCompressedChunks(hid_t dset, const DatasetSpec& spec, int64_t rows_p
     const int64_t row0 = c * rows_per_chunk;
     return static_cast<size_t>(std::min(rows_per_chunk, rows - row0) * inner) * elem;
   };
+  auto begin_byte = [&](int64_t c) {
+    return static_cast<uint64_t>(c * rows_per_chunk * inner) * elem;
+  };
+  std::vector<std::vector<uint8_t>> filled(spec.fill ? static_cast<size_t>(window) : 0);
+  // Chunk c's logical bytes: in the caller's buffer, or in its fill slot.
+  auto input_of = [&](int64_t c) -> const uint8_t* {
+    return spec.fill ? filled[static_cast<size_t>(c % window)].data() : src + begin_byte(c);
+  };
   auto compress = [&](int64_t c, int w) -> Status {
     const size_t have = have_bytes(c);
-    const uint8_t* base = src + static_cast<size_t>(c * rows_per_chunk * inner) * elem;
+    const uint8_t* base = input_of(c);
     // The edge chunk is stored full size, zero-padded, as HDF5 does.
     const uint8_t* input = base;
     auto& st = staged[static_cast<size_t>(w)];
@@ -277,7 +288,7 @@ Status WriteCompressedChunks(hid_t dset, const DatasetSpec& spec, int64_t rows_p
   };
   auto write = [&](int64_t c) -> Status {
     const size_t have = have_bytes(c);
-    const uint8_t* base = src + static_cast<size_t>(c * rows_per_chunk * inner) * elem;
+    const uint8_t* base = input_of(c);
     digest->Update(base, have);
     pieces->Update(base, have);
     hsize_t offset[H5S_MAX_RANK] = {0};
@@ -289,7 +300,23 @@ Status WriteCompressedChunks(hid_t dset, const DatasetSpec& spec, int64_t rows_p
   };
   // A failed allocation, or a worker that cannot start, is this save's error
   // (ResourceExhausted), never an exception that aborts the process.
-  return RunOrdered(nchunks, workers, window, compress, write);
+  if (!spec.fill) return RunOrdered(nchunks, workers, window, compress, write);
+  for (int64_t first = 0; first < nchunks; first += window) {
+    const int64_t count = std::min(window, nchunks - first);
+    for (int64_t c = first; c < first + count; ++c) {
+      std::vector<uint8_t>& buf = filled[static_cast<size_t>(c % window)];
+      const size_t have = have_bytes(c);
+      buf.resize(have);
+      for (size_t done = 0; done < have; done += window_bytes) {
+        const size_t n = static_cast<size_t>(std::min<uint64_t>(window_bytes, have - done));
+        CKPT_RETURN_IF_ERROR(spec.fill(begin_byte(c) + done, n, buf.data() + done), "");
+      }
+    }
+    CKPT_RETURN_IF_ERROR(RunOrdered(
+        count, workers, window, [&](int64_t i, int w) { return compress(first + i, w); },
+        [&](int64_t i) { return write(first + i); }));
+  }
+  return Status::Ok();
 }
 
 // Where one uncompressed dataset's bytes go in the file: HDF5 allocates the region when the
@@ -297,8 +324,8 @@ Status WriteCompressedChunks(hid_t dset, const DatasetSpec& spec, int64_t rows_p
 struct DirectSegment {
   uint64_t offset = 0;
   uint64_t bytes = 0;
-  const uint8_t* data = nullptr;
-  size_t record = 0;  // index into the records
+  const DatasetSpec* spec = nullptr;  // its `data` or `fill`
+  size_t record = 0;                  // index into the records
 };
 
 // The digests of the compressed datasets, computed as their chunks are written: record index ->
@@ -355,7 +382,8 @@ Status CreateOne(hid_t file, const DatasetSpec& spec, size_t record, const SaveO
     auto& [digest, pieces] =
         hashed->try_emplace(record, Xxh3Stream(), PieceDigests(EffectivePieceBytes(options.piece_bytes)))
             .first->second;
-    return WriteCompressedChunks(dset.get(), spec, rows_per_chunk, inner, comp, threads, &digest,
+    return WriteCompressedChunks(dset.get(), spec, rows_per_chunk, inner, comp, threads,
+                                 EffectivePieceBytes(options.fill_window_bytes), &digest,
                                  &pieces);
   }
   const haddr_t addr = H5Dget_offset(dset.get());
@@ -363,7 +391,7 @@ Status CreateOne(hid_t file, const DatasetSpec& spec, size_t record, const SaveO
   DirectSegment seg;
   seg.offset = static_cast<uint64_t>(addr);
   seg.bytes = static_cast<uint64_t>(numel) * elem;
-  seg.data = static_cast<const uint8_t*>(spec.data);
+  seg.spec = &spec;
   seg.record = record;
   direct->push_back(seg);
   return Status::Ok();
@@ -408,7 +436,8 @@ Result<std::vector<DirectSegment>> WriteStructure(const std::string& path,
       if (d < 0 || __builtin_mul_overflow(numel, d, &numel))
         return InvalidArgument(where + ": bad shape");
     }
-    if (need_data && numel > 0 && spec.data == nullptr)
+    if (spec.data && spec.fill) return InvalidArgument(where + ": both data and fill");
+    if (need_data && numel > 0 && spec.data == nullptr && !spec.fill)
       return InvalidArgument(where + ": no data");
     DatasetRecord rec;
     rec.name = spec.name;
@@ -452,8 +481,9 @@ Result<RankFileWritten> WriteRankFile(const std::string& path, const RankFileHea
   // Phase 2: the uncompressed bytes, outside HDF5 (and its global lock), in file order. Each
   // 1 MiB piece is hashed into its dataset's digest and, with file_checksum, into the file's
   // digest while it is in cache, then written and its writeback started: one pass over the
-  // data, overlapped with the disk. The bytes between the regions (HDF5 metadata, compressed
-  // chunks) are read back for the file digest.
+  // data, overlapped with the disk. A `fill` dataset's bytes arrive a window
+  // (fill_window_bytes) at a time into one buffer and go through the same steps. The bytes
+  // between the regions (HDF5 metadata, compressed chunks) are read back for the file digest.
   std::sort(direct.begin(), direct.end(),
             [](const DirectSegment& a, const DirectSegment& b) { return a.offset < b.offset; });
   Env* env = options.env ? options.env : Env::Default();
@@ -483,22 +513,38 @@ Result<RankFileWritten> WriteRankFile(const std::string& path, const RankFileHea
     }
     return Status::Ok();
   };
+  std::vector<uint8_t> window;  // a fill dataset's current window
+  const uint64_t window_bytes = EffectivePieceBytes(options.fill_window_bytes);
   uint64_t pos = 0;
   for (const auto& seg : direct) {
     CKPT_RETURN_IF_ERROR(hash_gap(pos, seg.offset), "");
-    for (uint64_t done = 0; done < seg.bytes; done += kBlockBytes) {
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(seg.bytes - done, kBlockBytes));
-      const uint8_t* p = seg.data + done;
-      digests[seg.record]->Update(p, n);
-      pieces[seg.record]->Update(p, n);
-      if (file_digest) file_digest->Update(p, n);
-      CKPT_RETURN_IF_ERROR(
-          file->Write(seg.offset + done, std::string_view(reinterpret_cast<const char*>(p), n)),
-          "dataset /" + out.datasets[seg.record].name);
-      // Start the piece's writeback now (a hint, as RocksDB's bytes_per_sync): the disk works
-      // while the next pieces are hashed and copied, instead of all of it waiting for the
-      // fsync. Errors surface at the fsync.
-      file->StartWriteback(seg.offset + done, n);
+    const std::string where = "dataset /" + out.datasets[seg.record].name;
+    for (uint64_t at = 0; at < seg.bytes;) {
+      const uint8_t* base = nullptr;
+      uint64_t len = seg.bytes - at;
+      if (seg.spec->fill) {
+        len = std::min<uint64_t>(len, window_bytes);
+        window.resize(static_cast<size_t>(len));
+        CKPT_RETURN_IF_ERROR(seg.spec->fill(at, static_cast<size_t>(len), window.data()), where);
+        base = window.data();
+      } else {
+        base = static_cast<const uint8_t*>(seg.spec->data) + at;
+      }
+      for (uint64_t done = 0; done < len; done += kBlockBytes) {
+        const size_t n = static_cast<size_t>(std::min<uint64_t>(len - done, kBlockBytes));
+        const uint8_t* p = base + done;
+        digests[seg.record]->Update(p, n);
+        pieces[seg.record]->Update(p, n);
+        if (file_digest) file_digest->Update(p, n);
+        const uint64_t off = seg.offset + at + done;
+        CKPT_RETURN_IF_ERROR(
+            file->Write(off, std::string_view(reinterpret_cast<const char*>(p), n)), where);
+        // Start the piece's writeback now (a hint, as RocksDB's bytes_per_sync): the disk
+        // works while the next pieces are hashed and copied, instead of all of it waiting for
+        // the fsync. Errors surface at the fsync.
+        file->StartWriteback(off, n);
+      }
+      at += len;
     }
     pos = seg.offset + seg.bytes;
   }

@@ -91,6 +91,13 @@ DatasetSpec DatasetSpec::Tensor(std::string name, DType dtype, std::vector<int64
   return s;
 }
 
+DatasetSpec DatasetSpec::Filled(std::string name, DType dtype, std::vector<int64_t> shape,
+                                DatasetFill fill) {
+  DatasetSpec s = Tensor(std::move(name), dtype, std::move(shape), nullptr);
+  s.fill = std::move(fill);
+  return s;
+}
+
 DatasetSpec DatasetSpec::Blob(std::string name, std::string blob_kind, std::string_view bytes) {
   DatasetSpec s;
   s.name = std::move(name);

@@ -8,16 +8,20 @@
 //     ckpt::BuildPartition for the new world size and stage; topology and engine_config
 //     updated; counters, optimizer, client_state kept.
 //  3. Prepare the new ranks a few at a time (ReshardOptions::threads, ckpt::SaveRanks hands
-//     them out in order): ckpt::LoadResharded (the load a resumed run on the new topology
-//     does) reads only the slices the rank owns, each verified by the pieces it touches (or,
-//     for a source without piece digests, each dataset it reads from whole, once), so even
-//     without step 1's pass no unverified byte is copied; rank 0 also gets the frozen
-//     parameters; data_position and scheduler; the RNG blobs when the world size is
-//     unchanged; a `reshard` json dataset recording what was done.
-//  4. Write: the rank's file goes into the staging directory at once (ckpt::SaveRanks, the
-//     ckpt commit protocol, which writes the tag and `latest` after the last rank) and the
-//     rank's state is freed, so peak memory is `threads` new ranks' shards however many new
-//     ranks there are. A failing rank stops the ranks not yet started; nothing is committed.
+//     them out in order): a ckpt::ReshardedShardReader (what ckpt::LoadResharded, the load a
+//     resumed run on the new topology does, is built on) opens the source for the rank; rank
+//     0 gets the frozen parameters; every rank data_position and scheduler, the RNG blobs
+//     when the world size is unchanged, and a `reshard` json dataset recording what was done.
+//  4. Write: the rank's master and moments are DatasetSpec::fill datasets, which the rank-file
+//     writer pulls a window (ReshardOptions::window_bytes) at a time, in order, hashing and
+//     writing each as it comes (ckpt::SaveRanks, the ckpt commit protocol, which writes the
+//     tag and `latest` after the last rank). Each window reads only the source slices it
+//     covers, each verified by the pieces it touches (or, for a source without piece
+//     digests, each dataset it reads from whole, once), so even without step 1's pass no
+//     unverified byte is copied. Peak memory is `threads` × (a window + the reader's piece
+//     cache), whatever the model size and however many new ranks there are; the files are
+//     byte for byte those a whole shard in memory would give. A failing rank stops the ranks
+//     not yet started; nothing is committed.
 //  5. Rename the staging directory to OUT (output_dir.h).
 #include "convert/reshard.h"
 
@@ -40,10 +44,9 @@ namespace {
 constexpr std::string_view kReshardDataset = "reshard";
 
 struct PreparedRank {
-  Status status;
-  std::vector<float> master, exp_avg, exp_avg_sq;
-  std::vector<std::vector<uint8_t>> frozen;  // backing storage for frozen tensors
-  std::vector<std::string> texts;            // backing storage for json / blob datasets
+  std::unique_ptr<ReshardedShardReader> reader;
+  ReshardedRank small;             // frozen parameters and small state (no shard vectors)
+  std::vector<std::string> texts;  // backing storage for json / blob datasets
   RankContents contents;
   RankReadStats stats;
 };
@@ -52,7 +55,7 @@ Status PrepareRank(const std::string& src_path, const ReshardOptions& opts, Env*
                    const ReshardTarget& target, const nlohmann::json& note, Progress& progress,
                    PreparedRank& out) {
   const int j = out.stats.rank;
-  // The same load a resumed run does (ckpt/load_resharded.h): only the slices this rank owns,
+  // The reads a resumed run does (ckpt/load_resharded.h): only the slices this rank owns,
   // each verified by its pieces; a source without piece digests was checked whole in step 1,
   // or (--no-verify) each dataset this rank reads from is checked whole once.
   LoadReshardOptions lo;
@@ -60,33 +63,34 @@ Status PrepareRank(const std::string& src_path, const ReshardOptions& opts, Env*
   lo.source.env = env;
   lo.optimizer_type.clear();  // a converter copies whatever moments the source holds
   lo.source_verified = opts.verify_source;  // step 1 checked every dataset whole
-  CKPT_ASSIGN_OR_RETURN(ReshardedRank loaded, LoadResharded(src_path, target, j, lo), "");
-  out.master = std::move(loaded.master);
-  out.exp_avg = std::move(loaded.exp_avg);
-  out.exp_avg_sq = std::move(loaded.exp_avg_sq);
-  out.stats.bytes_owned = loaded.accounting.bytes_owned + loaded.accounting.small_bytes;
-  out.stats.bytes_read = loaded.accounting.bytes_read + loaded.accounting.small_bytes;
-  out.stats.slices = loaded.accounting.slices;
-  out.stats.piece_bytes = loaded.accounting.piece_bytes;
-  progress.Add(loaded.accounting.bytes_owned);
+  CKPT_ASSIGN_OR_RETURN(out.reader, ReshardedShardReader::Open(src_path, target, j, lo), "");
+  CKPT_RETURN_IF_ERROR(out.reader->ReadSmallState(&out.small), "");
   auto& ds = out.contents.datasets;
-  const std::vector<int64_t> shape = {static_cast<int64_t>(out.master.size())};
-  ds.push_back(DatasetSpec::Tensor(std::string(kMaster), DType::kF32, shape, out.master.data()));
-  ds.push_back(DatasetSpec::Tensor(std::string(kExpAvg), DType::kF32, shape, out.exp_avg.data()));
-  ds.push_back(
-      DatasetSpec::Tensor(std::string(kExpAvgSq), DType::kF32, shape, out.exp_avg_sq.data()));
-  // Reserve first: DatasetSpec keeps raw pointers into these buffers.
-  out.frozen.reserve(loaded.frozen.size());
-  for (auto& [name, raw] : loaded.frozen) {
+  const std::vector<int64_t> shape = {out.reader->shard_numel()};
+  for (std::string_view state : {kMaster, kExpAvg, kExpAvgSq}) {
+    ReshardedShardReader* reader = out.reader.get();
+    ds.push_back(DatasetSpec::Filled(
+        std::string(state), DType::kF32, shape,
+        [reader, state, &progress](uint64_t offset, size_t length, void* to) -> Status {
+          const uint64_t owned = reader->accounting().bytes_owned;
+          CKPT_RETURN_IF_ERROR(reader->ReadShard(state, static_cast<int64_t>(offset / 4),
+                                                 static_cast<int64_t>(length / 4),
+                                                 static_cast<float*>(to)),
+                               "");
+          progress.Add(reader->accounting().bytes_owned - owned);
+          return Status::Ok();
+        }));
+  }
+  for (auto& [name, raw] : out.small.frozen) {
     const ParamEntry* p = nullptr;
     for (const auto& q : target.params)
       if (q.name == name) p = &q;
-    out.frozen.push_back(std::move(raw));
-    ds.push_back(DatasetSpec::Tensor(std::string(kFrozenPrefix) + name, p->dtype, p->shape,
-                                     out.frozen.back().data()));
+    ds.push_back(
+        DatasetSpec::Tensor(std::string(kFrozenPrefix) + name, p->dtype, p->shape, raw.data()));
   }
-  out.texts.reserve(loaded.extras.size() + 1);
-  for (auto& [ex, bytes] : loaded.extras) {
+  // Reserve first: DatasetSpec keeps raw pointers into these strings.
+  out.texts.reserve(out.small.extras.size() + 1);
+  for (auto& [ex, bytes] : out.small.extras) {
     out.texts.emplace_back(bytes.begin(), bytes.end());
     if (ex.record.kind == "json")
       ds.push_back(DatasetSpec::Json(ex.name, out.texts.back()));
@@ -96,6 +100,15 @@ Status PrepareRank(const std::string& src_path, const ReshardOptions& opts, Env*
   out.texts.push_back(note.dump());
   ds.push_back(DatasetSpec::Json(std::string(kReshardDataset), out.texts.back()));
   return Status::Ok();
+}
+
+// What the rank read, once its file is written.
+void FinishStats(const ReadAccounting& a, RankReadStats& stats) {
+  stats.bytes_owned = a.bytes_owned + a.small_bytes;
+  stats.bytes_read = a.bytes_read + a.small_bytes;
+  stats.slices = a.slices;
+  stats.piece_bytes = a.piece_bytes;
+  stats.windows = a.reads;
 }
 
 int ReshardThreads(const ReshardOptions& opts) {
@@ -228,8 +241,7 @@ Result<ReshardReport> Reshard(const std::string& src_path, const std::string& ou
 
   CKPT_ASSIGN_OR_RETURN(StagedOutput staged, StagedOutput::Begin(out, env), "");
 
-  // 3-4. Prepare and write the new ranks a few at a time: each rank's state exists only while
-  // its file is written, so memory is that of `threads` new ranks, not of all of them.
+  // 3-4. Prepare and write the new ranks a few at a time, each a window at a time.
   const int threads = ReshardThreads(opts);
   report.threads = threads;
   report.ranks.resize(static_cast<size_t>(opts.dp));
@@ -241,6 +253,7 @@ Result<ReshardReport> Reshard(const std::string& src_path, const std::string& ou
   save.env = env;
   save.compression = comp;
   save.piece_bytes = opts.piece_bytes;
+  save.fill_window_bytes = opts.window_bytes;
   const Status saved = SaveRanks(
       staged.staging(), m, threads,
       [&](int j, const WriteRankFn& write) -> Status {
@@ -249,6 +262,7 @@ Result<ReshardReport> Reshard(const std::string& src_path, const std::string& ou
         CKPT_RETURN_IF_ERROR(PrepareRank(src_path, opts, env, target, note, progress, r),
                              "new rank " + std::to_string(j));
         CKPT_RETURN_IF_ERROR(write(r.contents), "save");
+        FinishStats(r.reader->accounting(), r.stats);
         report.ranks[static_cast<size_t>(j)] = r.stats;
         return Status::Ok();
       },

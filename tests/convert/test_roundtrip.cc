@@ -6,6 +6,9 @@
 #include <cstdio>
 #include <cstring>
 
+#include "ckpt/load_resharded.h"
+#include "ckpt/hash.h"
+#include "ckpt/reader.h"
 #include "convert/reshard.h"
 #include "convert/universal.h"
 #include "convert_test_util.h"
@@ -147,6 +150,56 @@ TEST_CASE("universal holds the generator's exact values with shapes", "[io]") {
       CHECK(m.FindDataset(0, UniversalSourceGroup(r) + "/data_position") != nullptr);
     }
     CHECK(m.FindDataset(0, "scheduler") != nullptr);
+  }
+}
+
+// Issue 15: reshard reads and writes a new rank's state a window at a time (windows smaller
+// and larger than the source's 256-byte pieces, so windows cut pieces and parameters). What
+// it writes is what a whole-shard load returns, so the files are those the whole-shard
+// writer gave (the writer's fill and data paths write the same bytes: test_commit.cc).
+TEST_CASE("reshard writes each new rank window by window: the bytes LoadResharded loads", "[io]") {
+  const std::string comp = GENERATE("none", "zstd:1+shuffle");
+  testing::ScratchDir dir("win");
+  const std::string src = dir / "src";
+  REQUIRE(testing::MakeSynthetic(src, 3, 2).ok());
+  auto source = CheckpointReader::Open(src);
+  REQUIRE(source.ok());
+  for (uint64_t window : {200, 1000}) {
+    INFO(comp << ", windows of " << window << " bytes");
+    ReshardOptions o;
+    o.dp = 2;
+    o.zero_stage = 3;
+    o.compression = comp;
+    o.piece_bytes = 256;
+    o.window_bytes = window;
+    const std::string out = dir / ("w" + std::to_string(window));
+    auto r = Reshard(src, out, o);
+    REQUIRE(r.ok());
+    auto target = PlanReshard(source->manifest(), 2, 3);
+    REQUIRE(target.ok());
+    auto written = CheckpointReader::Open(out);
+    REQUIRE(written.ok());
+    for (int j = 0; j < 2; ++j) {
+      const RankReadStats& s = r->ranks[static_cast<size_t>(j)];
+      CHECK(s.windows > 3);
+      CHECK(s.within_bound());
+      auto loaded = LoadResharded(src, *target, j);
+      REQUIRE(loaded.ok());
+      for (auto [state, vec] : {std::pair{kMaster, &loaded->master},
+                                std::pair{kExpAvg, &loaded->exp_avg},
+                                std::pair{kExpAvgSq, &loaded->exp_avg_sq}}) {
+        auto bytes = written->ReadDatasetBytes(j, state);
+        REQUIRE(bytes.ok());
+        REQUIRE(bytes->size() == vec->size() * 4);
+        CHECK(std::memcmp(bytes->data(), vec->data(), bytes->size()) == 0);
+        const DatasetRecord* rec = written->manifest().FindDataset(j, state);
+        REQUIRE(rec != nullptr);
+        CHECK(rec->xxh3 == DigestHex(Xxh3(vec->data(), vec->size() * 4)));
+      }
+    }
+    auto probs = CheckCheckpoint(written->dir(), /*deep=*/true);
+    REQUIRE(probs.ok());
+    CHECK(probs->empty());
   }
 }
 

@@ -187,7 +187,8 @@ std::function<int()> SetupReshard(CLI::App& sub) {
         ranks.push_back({{"rank", s.rank},
                          {"bytes_read", s.bytes_read},
                          {"bytes_owned", s.bytes_owned},
-                         {"ratio", s.ratio()}});
+                         {"ratio", s.ratio()},
+                         {"windows", s.windows}});
       PrintJson({{"source", r->source_dir},
                  {"source_kind", std::string(SourceKindName(r->source_kind))},
                  {"out", r->out},

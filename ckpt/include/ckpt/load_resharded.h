@@ -7,12 +7,15 @@
 // one whole-dataset pass the first time the rank reads from it. Memory: the rank's own shard
 // plus one piece per source dataset it reads. What it read is reported (ReadAccounting).
 //
-// `ckpt reshard` builds its output ranks with the same call; engine_min's `train --resume`
-// uses it when the run's world size or stage differs from the checkpoint's.
+// engine_min's `train --resume` uses it when the run's world size or stage differs from the
+// checkpoint's. `ckpt reshard` reads the same way a window at a time (ReshardedShardReader,
+// which LoadResharded is built on), so its memory does not grow with the model.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -40,6 +43,8 @@ struct ReadAccounting {
   uint64_t bytes_read = 0;   // bytes read from the source for them, whole pieces and
                              // whole-dataset verification passes included
   uint64_t slices = 0;       // source slices read (each has two edges)
+  uint64_t reads = 0;        // range reads of the shard: 3 for a whole load (one per state),
+                             // one per window for a windowed one
   uint64_t piece_bytes = 0;  // largest piece of the source datasets (0: none recorded)
   uint64_t small_bytes = 0;  // frozen parameters and small state (RNG, data position, ...)
   // bytes_read / bytes_owned (1 when the rank owns nothing).
@@ -85,6 +90,39 @@ struct LoadReshardOptions {
 // InvalidArgument for a rank outside the target.
 Result<ReshardedRank> LoadResharded(const std::string& source_path, const ReshardTarget& target,
                                     int rank, const LoadReshardOptions& options = {});
+
+// One new rank's shard read a range at a time, with LoadResharded's checks, verification and
+// accounting: what a caller that writes the shard out in windows uses (`ckpt reshard`), so that
+// only a window of it is ever in memory. Not thread-safe (it holds an open source); one per
+// thread.
+class ReshardedShardReader {
+ public:
+  // Opens the source for rank `rank` of `target` and checks it as LoadResharded does (the same
+  // errors). ReadAccounting::slices and piece_bytes are known from here on.
+  static Result<std::unique_ptr<ReshardedShardReader>> Open(const std::string& source_path,
+                                                            const ReshardTarget& target, int rank,
+                                                            const LoadReshardOptions& options = {});
+  ~ReshardedShardReader();
+
+  // Elements in each state of the rank's shard (target.partition.shard_numel[rank]).
+  int64_t shard_numel() const;
+  // Elements [offset, offset + count) of the shard's `state` (kMaster, kExpAvg, kExpAvgSq) into
+  // `out`, padding zero: the source slices the range covers, verified as LoadResharded's.
+  // Ranges of one state read in increasing order read each source piece once (a piece cut by a
+  // range's end is kept for the next range; the source keeps at most 6). InvalidArgument for a
+  // range outside the shard or an unknown state; DataLoss naming the file, dataset and piece.
+  Status ReadShard(std::string_view state, int64_t offset, int64_t count, float* out);
+  // The frozen parameters (rank 0, options.frozen) and small state (options.extras) into
+  // out->frozen and out->extras, as LoadResharded (accounting().small_bytes grows).
+  Status ReadSmallState(ReshardedRank* out);
+  // What was read so far.
+  const ReadAccounting& accounting() const;
+
+ private:
+  ReshardedShardReader() = default;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 // The same checks alone (what a caller runs on every rank before any collective work).
 Status CheckReshardable(const Manifest& source, const ReshardTarget& target,

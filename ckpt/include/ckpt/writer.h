@@ -26,6 +26,13 @@ struct Compression {
   std::string ToString() const;
 };
 
+// Writes bytes [offset, offset + length) of a dataset's logical bytes into `out` (see
+// DatasetSpec::fill). A non-Ok status fails the save with it.
+using DatasetFill = std::function<Status(uint64_t offset, size_t length, void* out)>;
+
+// SaveOptions::fill_window_bytes by default.
+inline constexpr uint64_t kFillWindowBytes = 8u << 20;
+
 // One dataset a rank writes. `data` points at numel × DTypeSize(dtype) logical little-endian
 // bytes that stay valid for the duration of SaveCheckpoint.
 struct DatasetSpec {
@@ -35,9 +42,20 @@ struct DatasetSpec {
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;
   const void* data = nullptr;
+  // Instead of `data` (which must then be null): the writer asks for the bytes a window at a
+  // time, so they need never be in memory at once (`ckpt reshard`). Each byte is asked for
+  // exactly once, in increasing offset order, in windows of at most
+  // SaveOptions::fill_window_bytes whose offset and length are multiples of the element size
+  // (a compressed dataset's windows also end at its chunks' ends), on the thread that writes the rank's
+  // file. The file is byte for byte what `data` holding the same bytes writes, compressed or
+  // not. SaveCheckpoint and SaveRanks take it; AsyncSaver does not (InvalidArgument).
+  DatasetFill fill;
 
   static DatasetSpec Tensor(std::string name, DType dtype, std::vector<int64_t> shape,
                             const void* data);
+  // A tensor whose bytes come from `fill`.
+  static DatasetSpec Filled(std::string name, DType dtype, std::vector<int64_t> shape,
+                            DatasetFill fill);
   // Opaque bytes (1-D uint8), e.g. an RNG state with blob_kind "mt19937_64".
   static DatasetSpec Blob(std::string name, std::string blob_kind, std::string_view bytes);
   // JSON text stored as 1-D uint8 with kind "json".
@@ -60,6 +78,9 @@ struct SaveOptions {
   // last one shorter), in the same pass as the dataset digest; slice reads verify the pieces
   // they touch. Rounded down to a multiple of 8 (every element size divides it), at least 8.
   uint64_t piece_bytes = kDefaultPieceBytes;
+  // The most bytes asked of a DatasetSpec::fill at once (the writer holds one window per fill
+  // dataset being written). Rounded down to a multiple of 8, at least 8.
+  uint64_t fill_window_bytes = kFillWindowBytes;
   // How long rank 0 waits for the root lock while a `ckpt gc` (or another save) holds it
   // (RootLock::Acquire; gc yields to a waiting saver). Then FailedPrecondition.
   double lock_wait_seconds = 60;

@@ -10,6 +10,7 @@
 #include "ckpt/env.h"
 #include "ckpt/state_source.h"
 #include "ckpt/status.h"
+#include "ckpt/writer.h"
 
 namespace ckpt::convert {
 
@@ -25,9 +26,11 @@ struct ReshardOptions {
   // piece digests by one whole pass over each dataset a new rank reads from).
   bool verify_source = true;
   uint64_t piece_bytes = kDefaultPieceBytes;  // of the output (SaveOptions::piece_bytes)
-  // New ranks prepared and written at once; each holds its shard (master and both moments)
-  // only while its file is written, so peak memory is about this many new ranks' shards.
-  // 0: min(dp, hardware threads, kDefaultReshardThreads).
+  // Bytes of a new rank's state read and written at once (SaveOptions::fill_window_bytes).
+  uint64_t window_bytes = kFillWindowBytes;
+  // New ranks prepared and written at once. Each is read and written a window
+  // (window_bytes) at a time, so peak memory is about this many windows and source
+  // piece caches, whatever the model size. 0: min(dp, hardware threads, kDefaultReshardThreads).
   int threads = 0;
   Env* env = nullptr;         // nullptr: Env::Default()
   bool progress = false;
@@ -42,6 +45,7 @@ struct RankReadStats {
   uint64_t bytes_owned = 0;  // bytes of source state it holds (no padding)
   uint64_t slices = 0;       // source slices of optimizer state it read
   uint64_t piece_bytes = 0;  // the source's largest piece (0: none recorded)
+  uint64_t windows = 0;      // windows its shard was read and written in (all three states)
   double ratio() const { return bytes_owned ? double(bytes_read) / double(bytes_owned) : 1.0; }
   // The read bound of issue 15: bytes_read <= 1.05 x bytes_owned + one piece per slice edge.
   bool within_bound() const {
@@ -72,8 +76,10 @@ struct ReshardReport {
 
 // Writes a normal checkpoint root at `out` (must not exist or be empty) holding the source's
 // tag for opts.dp ranks: partition by ckpt::BuildPartition; opts.threads new ranks at a time
-// read only the slices they will own (ckpt::LoadResharded) and are written (ckpt::SaveRanks)
-// and freed, so memory does not grow with the number of new ranks. Frozen parameters go to rank
+// are written (ckpt::SaveRanks) a window at a time, each window read from only the source
+// slices it covers (ckpt::ReshardedShardReader), so memory grows neither with the number of
+// new ranks nor with the model. The files are those a whole-shard write would give, byte for
+// byte. Frozen parameters go to rank
 // 0; data_position and scheduler are copied; RNG blobs are copied when the world size is
 // unchanged and omitted otherwise (engine_min seeds a missing generator from seed,
 // global_step and rank), which every new rank file records in its `reshard` json dataset.

@@ -4,6 +4,8 @@
 #include <map>
 
 #include "ckpt/shape.h"
+#include "ckpt/writer.h"
+#include "convert/reshard.h"
 #include "safetensors/safetensors.h"
 #include "numeric.h"
 #include "ckpt/rank_file_size.h"
@@ -337,10 +339,13 @@ void EstimatePeakRam(const CheckpointConfig& c, const std::vector<ParamEntry>& p
   }
   e.export_peak_ram =
       6 * std::min<uint64_t>(uint64_t{1} << 22, largest.numel) + largest.frozen_bytes + cache;
-  uint64_t prepared = 0;
-  for (const RankFileEstimate& r : e.ranks) {
-    prepared += 12 * static_cast<uint64_t>(r.shard_numel) + r.aux_payload;
-  }
+  // `threads` new ranks at a time, each written a window at a time from a reader whose piece
+  // cache holds at most 6 source pieces; rank 0 holds the frozen tensors whole.
+  const uint64_t threads = static_cast<uint64_t>(
+      std::min<int64_t>(c.world, convert::kDefaultReshardThreads));
+  uint64_t aux = 0;
+  for (const RankFileEstimate& r : e.ranks) aux = std::max(aux, r.aux_payload);
+  uint64_t prepared = threads * (kFillWindowBytes + 6 * kDefaultPieceBytes + aux);
   for (const ParamEntry& p : params) {
     if (p.frozen && p.tied_to.empty()) prepared += static_cast<uint64_t>(p.numel) * DTypeSize(p.dtype);
   }
@@ -425,9 +430,9 @@ std::string FormatCheckpointEstimate(const CheckpointEstimate& e) {
   out += StrFormat("peak RAM, export-fp32: about %llu bytes (%.3f GiB): streaming buffers, "
                    "largest frozen tensor, HDF5 chunk caches\n",
                    static_cast<unsigned long long>(e.export_peak_ram), gib(e.export_peak_ram));
-  out += StrFormat("peak RAM, reshard into this layout: about %llu bytes (%.3f GiB): every new "
-                   "rank's fp32 master + moments at once, plus up to %llu bytes (%.3f GiB) of "
-                   "HDF5 chunk cache\n",
+  out += StrFormat("peak RAM, reshard into this layout: about %llu bytes (%.3f GiB): up to 4 "
+                   "new ranks at once, each a window and a piece cache at a time, and the "
+                   "frozen tensors, plus up to %llu bytes (%.3f GiB) of HDF5 chunk cache\n",
                    static_cast<unsigned long long>(e.reshard_peak_ram), gib(e.reshard_peak_ram),
                    static_cast<unsigned long long>(e.reshard_chunk_cache_max),
                    gib(e.reshard_chunk_cache_max));

@@ -260,15 +260,16 @@ TEST_CASE("peak RAM estimates bound the measured export-fp32 and reshard", "[io]
     in >> kib;
     return kib * 1024;
   };
-  const uint64_t reshard = max_rss("reshard " + root + " " + scratch / "rs" + " --dp 3");
+  // --threads 3: the estimate's min(world, 4) new ranks at a time, whatever the cores here.
+  const uint64_t reshard = max_rss("reshard " + root + " " + scratch / "rs" + " --dp 3 --threads 3");
   const uint64_t exported = max_rss("export-fp32 " + root + " " + scratch / "exp");
   INFO("reshard measured " << reshard << " estimated " << e->reshard_peak_ram);
   INFO("export measured " << exported << " estimated " << e->export_peak_ram);
-  // Reshard holds every new rank's state at once: the estimate is most of what it uses, and
+  // Reshard holds three windows and piece caches: the estimate is most of what it uses, and
   // the rest is the process itself (code, HDF5, chunk caches).
   CHECK(reshard >= e->reshard_peak_ram * 9 / 10);
   CHECK(reshard <= e->reshard_peak_ram + e->reshard_chunk_cache_max + (64u << 20));
   // Export streams: far below the state size, within the process overhead of the estimate.
   CHECK(exported <= e->export_peak_ram + (96u << 20));
-  CHECK(exported < e->reshard_peak_ram / 2);
+  CHECK(exported < 12 * static_cast<uint64_t>(e->trainable_params) / 2);
 }

@@ -105,9 +105,10 @@ struct CheckpointEstimate {
   // frozen tensor twice (raw and converted) and up to 16 MiB of HDF5 chunk cache per rank
   // file. Estimated from convert/src/export.cc, not measured.
   uint64_t export_peak_ram = 0;
-  // `ckpt reshard` into this layout: every new rank's master + moments are prepared in memory
-  // before the collective save (convert/src/reshard.cc), so 12 B × Σ shard + frozen + aux;
-  // on top, each new rank's reader keeps up to 16 MiB of HDF5 chunk cache per source dataset
+  // `ckpt reshard` into this layout with its default --threads on a machine of at least 4
+  // cores, K = min(world, 4) new ranks at a time, each written a window at a time
+  // (convert/src/reshard.cc): K × (8 MiB window + 6 source pieces of 4 MiB + the largest
+  // rank's aux) + the frozen tensors, whatever the model size; on top, each new rank's reader keeps up to 16 MiB of HDF5 chunk cache per source dataset
   // it reads (reshard_chunk_cache_max).
   uint64_t reshard_peak_ram = 0;
   uint64_t reshard_chunk_cache_max = 0;

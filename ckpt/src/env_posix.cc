@@ -8,11 +8,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <random>
 
 #include "ckpt/env.h"
 #include "ckpt/unique_fd.h"
+#include "direct_read.h"
 
 namespace ckpt {
 
@@ -70,16 +72,53 @@ Result<uint64_t> SizeOf(int fd, const std::string& path) {
 class PosixRandomAccessFile final : public RandomAccessFile {
  public:
   PosixRandomAccessFile(std::string path, UniqueFd fd, uint64_t size)
-      : path_(std::move(path)), fd_(std::move(fd)), size_(size) {}
+      : path_(std::move(path)), fd_(std::move(fd)), size_(size), direct_(fd_.get(), path_) {}
   Status Read(uint64_t offset, size_t n, void* out) const override {
     return PreadExact(fd_.get(), offset, n, out, path_);
   }
   uint64_t size() const override { return size_; }
 
+  // Uncached ranges bypass the page cache (internal::DirectReader); the rest reads as the
+  // defaults do.
+  Status ReadLarge(uint64_t offset, uint64_t n, void* out,
+                   const PartFn& on_filled) const override {
+    if (direct_.Wanted(offset, n)) {
+      auto* dst = static_cast<uint8_t*>(out);
+      bool fell_back = false;
+      Status s = direct_.Scan(
+          offset, n,
+          [&](uint64_t at, const uint8_t* p, size_t len) -> Status {
+            // Copied and handed on 1 MiB at a time, so on_filled finds it in cache.
+            constexpr size_t kStep = 1u << 20;
+            for (size_t k = 0; k < len; k += kStep) {
+              const size_t m = std::min(kStep, len - k);
+              uint8_t* to = dst + (at + k - offset);
+              std::memcpy(to, p + k, m);
+              if (on_filled) CKPT_RETURN_IF_ERROR(on_filled(at + k, to, m), "");
+            }
+            return Status::Ok();
+          },
+          &fell_back);
+      if (!fell_back) return s;
+    }
+    internal::CountBufferedRead(n);
+    return RandomAccessFile::ReadLarge(offset, n, out, on_filled);
+  }
+  Status Scan(uint64_t offset, uint64_t n, const PartFn& consume) const override {
+    if (direct_.Wanted(offset, n)) {
+      bool fell_back = false;
+      Status s = direct_.Scan(offset, n, consume, &fell_back);
+      if (!fell_back) return s;
+    }
+    internal::CountBufferedRead(n);
+    return RandomAccessFile::Scan(offset, n, consume);
+  }
+
  private:
   std::string path_;
   UniqueFd fd_;
   uint64_t size_;
+  internal::DirectReader direct_;
 };
 
 class PosixRandomWriteFile final : public RandomWriteFile {
@@ -344,6 +383,29 @@ class PosixEnv final : public Env {
 };
 
 }  // namespace
+
+Status RandomAccessFile::ReadLarge(uint64_t offset, uint64_t n, void* out,
+                                   const PartFn& on_filled) const {
+  auto* dst = static_cast<uint8_t*>(out);
+  for (uint64_t done = 0; done < n;) {
+    const size_t len = static_cast<size_t>(std::min<uint64_t>(n - done, kLargeReadBlock));
+    CKPT_RETURN_IF_ERROR(Read(offset + done, len, dst + done), "");
+    if (on_filled) CKPT_RETURN_IF_ERROR(on_filled(offset + done, dst + done, len), "");
+    done += len;
+  }
+  return Status::Ok();
+}
+
+Status RandomAccessFile::Scan(uint64_t offset, uint64_t n, const PartFn& consume) const {
+  std::vector<uint8_t> buf(static_cast<size_t>(std::min<uint64_t>(n, kLargeReadBlock)));
+  for (uint64_t done = 0; done < n;) {
+    const size_t len = static_cast<size_t>(std::min<uint64_t>(n - done, kLargeReadBlock));
+    CKPT_RETURN_IF_ERROR(Read(offset + done, len, buf.data()), "");
+    CKPT_RETURN_IF_ERROR(consume(offset + done, buf.data(), len), "");
+    done += len;
+  }
+  return Status::Ok();
+}
 
 Result<std::string> ReadCheckpointFileToString(Env* env, const std::string& path,
                                                uint64_t max_bytes) {

@@ -902,14 +902,15 @@ Status RankFile::ReadAll(const DatasetRecord& rec, void* out, Xxh3Stream* digest
   if (rec.bytes == 0) return Status::Ok();
   CKPT_ASSIGN_OR_RETURN(std::optional<uint64_t> at, impl_->DirectOffset(rec), "");
   if (at) {
-    // Read in pieces and hash each while it is in cache: one pass over the bytes.
-    auto* p = static_cast<uint8_t*>(out);
-    for (uint64_t done = 0; done < rec.bytes; done += kBlockBytes) {
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(rec.bytes - done, kBlockBytes));
-      CKPT_RETURN_IF_ERROR(impl_->data->Read(*at + done, n, p + done), "dataset /" + rec.name);
-      if (digest) digest->Update(p + done, n);
-    }
-    return Status::Ok();
+    // One pass over the bytes: each part is hashed as soon as it has arrived, while it is in
+    // cache.
+    RandomAccessFile::PartFn hash;
+    if (digest)
+      hash = [digest](uint64_t, const uint8_t* p, size_t n) {
+        digest->Update(p, n);
+        return Status::Ok();
+      };
+    return impl_->data->ReadLarge(*at, rec.bytes, out, hash).WithContext("dataset /" + rec.name);
   }
   CKPT_ASSIGN_OR_RETURN(const Impl::ZstdChunks* z, impl_->Zstd(rec), "");
   if (z) {
@@ -1034,31 +1035,32 @@ Result<RankFile::WholeFileCheck> RankFile::CheckWholeFile(
   }
   std::sort(regions.begin(), regions.end(),
             [](const Region& a, const Region& b) { return a.begin < b.begin; });
-  // One sequential pass in 4 MiB reads (the disk's large-request rate; the hashing of each
-  // read runs while it is in L2-sized steps of 1 MiB).
-  constexpr uint64_t kReadBytes = 4u << 20;
-  std::vector<uint8_t> buf(static_cast<size_t>(std::min<uint64_t>(kReadBytes, impl_->file_bytes)));
+  // One sequential pass in large reads (Scan: O_DIRECT ahead of the hashing when the file is
+  // not cached); the hashing of each part runs in L2-sized steps of 1 MiB.
   Xxh3Stream file_digest;
   size_t next = 0;  // first region not yet finished
-  for (uint64_t pos = 0; pos < impl_->file_bytes;) {
-    const size_t n = static_cast<size_t>(std::min<uint64_t>(kReadBytes, impl_->file_bytes - pos));
-    CKPT_RETURN_IF_ERROR(impl_->data->Read(pos, n, buf.data()), "");
-    for (size_t step = 0; step < n; step += kBlockBytes) {
-      const uint64_t lo = pos + step, hi = pos + std::min<uint64_t>(n, step + kBlockBytes);
-      file_digest.Update(buf.data() + step, static_cast<size_t>(hi - lo));
-      for (size_t k = next; k < regions.size() && regions[k].begin < hi; ++k) {
-        Region& r = regions[k];
-        const uint64_t a = std::max(lo, r.begin), b = std::min(hi, r.end);
-        if (a >= b) continue;
-        const uint8_t* p = buf.data() + (a - pos);
-        r.digest.Update(p, static_cast<size_t>(b - a));
-        if (r.pieces) r.pieces->Update(p, static_cast<size_t>(b - a));
-      }
-      while (next < regions.size() && regions[next].end <= hi) ++next;
-    }
-    pos += n;
-    if (progress) progress(n);
-  }
+  CKPT_RETURN_IF_ERROR(
+      impl_->data->Scan(0, impl_->file_bytes,
+                        [&](uint64_t pos, const uint8_t* buf, size_t n) -> Status {
+                          for (size_t step = 0; step < n; step += kBlockBytes) {
+                            const uint64_t lo = pos + step,
+                                           hi = pos + std::min<uint64_t>(n, step + kBlockBytes);
+                            file_digest.Update(buf + step, static_cast<size_t>(hi - lo));
+                            for (size_t k = next; k < regions.size() && regions[k].begin < hi;
+                                 ++k) {
+                              Region& r = regions[k];
+                              const uint64_t a = std::max(lo, r.begin), b = std::min(hi, r.end);
+                              if (a >= b) continue;
+                              const uint8_t* p = buf + (a - pos);
+                              r.digest.Update(p, static_cast<size_t>(b - a));
+                              if (r.pieces) r.pieces->Update(p, static_cast<size_t>(b - a));
+                            }
+                            while (next < regions.size() && regions[next].end <= hi) ++next;
+                          }
+                          if (progress) progress(n);
+                          return Status::Ok();
+                        }),
+      "");
   out.file_xxh3 = file_digest.HexDigest();
   for (Region& r : regions) {
     std::vector<std::string> piece_hex;
@@ -1166,7 +1168,8 @@ Status RankFile::ReadSlice(const DatasetRecord& rec, int64_t offset, int64_t cou
   if (at) {
     const size_t elem = DTypeSize(rec.dtype);
     return impl_->data
-        ->Read(*at + static_cast<uint64_t>(offset) * elem, static_cast<size_t>(count) * elem, out)
+        ->ReadLarge(*at + static_cast<uint64_t>(offset) * elem, static_cast<uint64_t>(count) * elem,
+                    out, nullptr)
         .WithContext("dataset /" + rec.name);
   }
   CKPT_ASSIGN_OR_RETURN(const Impl::ZstdChunks* z, impl_->Zstd(rec), "");

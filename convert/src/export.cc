@@ -19,11 +19,13 @@
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
 #include "ckpt/json.h"
 #include "ckpt/progress.h"
 #include "ckpt/root.h"
+#include "ckpt/run_ahead.h"
 #include "ckpt/state_source.h"
 #include "safetensors/safetensors.h"
 #include "convert/output_dir.h"
@@ -172,51 +174,126 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
   };
   if (!report.tied.empty()) metadata["tied_weights"] = tied.dump();
 
-  // 2-3. Stage and write.
+  // 2-3. Stage and write. The pieces (one per frozen tensor, chunk_elements per trainable
+  // one) are read and converted on a helper thread, up to kAhead pieces ahead of the writes
+  // (RunAhead), so the disk reads the next piece while this thread writes the last one.
+  struct Piece {
+    size_t file, tensor;
+    int64_t begin = 0, end = 0;  // element range; a frozen tensor is one piece
+  };
+  constexpr size_t kNoTensor = SIZE_MAX;  // a file's only piece when it has no elements
+  std::vector<Piece> pieces;
+  for (size_t f = 0; f < files.size(); ++f) {
+    const size_t first_piece = pieces.size();
+    for (size_t t = 0; t < files[f].tensors.size(); ++t) {
+      const ParamEntry& p = *files[f].tensors[t].param;
+      if (p.frozen) {
+        pieces.push_back({f, t, 0, p.numel});
+        continue;
+      }
+      const int64_t step = static_cast<int64_t>(opts.chunk_elements);
+      for (int64_t b = 0; b < p.numel; b += step)
+        pieces.push_back({f, t, b, std::min(p.numel, b + step)});
+    }
+    if (pieces.size() == first_piece) pieces.push_back({f, kNoTensor});  // still written
+  }
+  constexpr int kAhead = 2;
+  struct Slot {
+    std::vector<float> values;   // a trainable piece as read
+    std::vector<uint8_t> bytes;  // the piece in the output dtype (unused for fp32 output)
+    const uint8_t* data = nullptr;
+    uint64_t size = 0;
+  };
+  std::vector<Slot> slots(kAhead);
   CKPT_ASSIGN_OR_RETURN(StagedOutput staged, StagedOutput::Begin(out, env), "");
   Progress progress("export-fp32", report.total_size, opts.progress);
-  std::vector<float> buf;
-  std::vector<uint8_t> enc;
-  for (const auto& file : files) {
-    std::vector<safetensors::SafetensorsTensorSpec> specs;
-    for (const auto& t : file.tensors)
-      specs.push_back({t.name, t.out_dtype, t.param->shape});
-    const std::string path = staged.staging() + "/" + file.name;
-    CKPT_ASSIGN_OR_RETURN(auto writer,
-                          safetensors::SafetensorsWriter::Create(path, specs, metadata, env), "");
+  std::optional<safetensors::SafetensorsWriter> writer;
+  size_t open_file = files.size();  // the file `writer` writes
+  auto finish_file = [&]() -> Status {
+    CKPT_RETURN_IF_ERROR(writer->Finish(), "");
     ExportedFile done;
-    done.name = file.name;
-    for (const auto& t : file.tensors) {
-      const ParamEntry& p = *t.param;
-      const std::string where = "parameter '" + t.name + "'";
-      if (p.frozen) {
-        CKPT_ASSIGN_OR_RETURN(auto raw, src->ReadFrozenBytes(p.name));  // names the parameter
-        if (raw.size() != static_cast<uint64_t>(p.numel) * DTypeSize(p.dtype))
-          return DataLoss(where + ": frozen dataset size does not match the parameter table");
-        CKPT_ASSIGN_OR_RETURN(auto bytes, EncodeFrozen(p, std::move(raw), t.out_dtype), where);
-        CKPT_RETURN_IF_ERROR(writer.Append(bytes.data(), bytes.size()), where);
-        progress.Add(bytes.size());
-      } else {
-        const int64_t step = static_cast<int64_t>(opts.chunk_elements);
-        for (int64_t b = 0; b < p.numel; b += step) {
-          const int64_t e = std::min(p.numel, b + step);
-          buf.resize(static_cast<size_t>(e - b));
-          CKPT_RETURN_IF_ERROR(src->ReadParamRange(p.name, kMaster, b, e, buf.data()));
-          if (t.out_dtype == DType::kF32) {
-            CKPT_RETURN_IF_ERROR(writer.Append(buf.data(), buf.size() * 4), where);
-          } else {
-            Encode(buf.data(), e - b, t.out_dtype, enc);
-            CKPT_RETURN_IF_ERROR(writer.Append(enc.data(), enc.size()), where);
-          }
-          progress.Add(static_cast<uint64_t>(e - b) * DTypeSize(t.out_dtype));
-        }
-      }
-      done.tensors.push_back(t.name);
-    }
-    CKPT_RETURN_IF_ERROR(writer.Finish(), "");
-    done.bytes = writer.file_size();
+    done.name = files[open_file].name;
+    for (const auto& t : files[open_file].tensors) done.tensors.push_back(t.name);
+    done.bytes = writer->file_size();
     report.files.push_back(std::move(done));
+    writer.reset();
+    return Status::Ok();
+  };
+  auto produce = [&](uint64_t i, int k) -> Status {
+    const Piece& pc = pieces[i];
+    Slot& slot = slots[static_cast<size_t>(k)];
+    if (pc.tensor == kNoTensor) {
+      slot.size = 0;
+      return Status::Ok();
+    }
+    const PlannedTensor& t = files[pc.file].tensors[pc.tensor];
+    const ParamEntry& p = *t.param;
+    if (p.frozen) {
+      const std::string where = "parameter '" + t.name + "'";
+      CKPT_ASSIGN_OR_RETURN(auto raw, src->ReadFrozenBytes(p.name));  // names it
+      if (raw.size() != static_cast<uint64_t>(p.numel) * DTypeSize(p.dtype))
+        return DataLoss(where + ": frozen dataset size does not match the parameter table");
+      CKPT_ASSIGN_OR_RETURN(slot.bytes, EncodeFrozen(p, std::move(raw), t.out_dtype), where);
+      slot.data = slot.bytes.data();
+      slot.size = slot.bytes.size();
+      return Status::Ok();
+    }
+    slot.values.resize(static_cast<size_t>(pc.end - pc.begin));
+    CKPT_RETURN_IF_ERROR(
+        src->ReadParamRange(p.name, kMaster, pc.begin, pc.end, slot.values.data()));
+    if (t.out_dtype == DType::kF32) {
+      slot.data = reinterpret_cast<const uint8_t*>(slot.values.data());
+      slot.size = slot.values.size() * 4;
+    } else {
+      Encode(slot.values.data(), pc.end - pc.begin, t.out_dtype, slot.bytes);
+      slot.data = slot.bytes.data();
+      slot.size = slot.bytes.size();
+    }
+    return Status::Ok();
+  };
+  auto consume = [&](uint64_t i, int k) -> Status {
+    const Piece& pc = pieces[i];
+    if (pc.file != open_file) {
+      if (writer) CKPT_RETURN_IF_ERROR(finish_file(), "");
+      std::vector<safetensors::SafetensorsTensorSpec> specs;
+      for (const auto& t : files[pc.file].tensors)
+        specs.push_back({t.name, t.out_dtype, t.param->shape});
+      const std::string path = staged.staging() + "/" + files[pc.file].name;
+      CKPT_ASSIGN_OR_RETURN(auto w,
+                            safetensors::SafetensorsWriter::Create(path, specs, metadata, env), "");
+      writer.emplace(std::move(w));
+      open_file = pc.file;
+    }
+    const Slot& slot = slots[static_cast<size_t>(k)];
+    if (slot.size == 0) return Status::Ok();
+    CKPT_RETURN_IF_ERROR(writer->Append(slot.data, slot.size),
+                         "parameter '" + files[pc.file].tensors[pc.tensor].name + "'");
+    progress.Add(slot.size);
+    return Status::Ok();
+  };
+  // A frozen tensor is read whole: it is read and written on this thread with nothing read
+  // ahead, so its stored and converted copies are the only large buffers (as documented).
+  auto frozen = [&](size_t i) {
+    return pieces[i].tensor != kNoTensor &&
+           files[pieces[i].file].tensors[pieces[i].tensor].param->frozen;
+  };
+  for (size_t i = 0; i < pieces.size();) {
+    if (frozen(i)) {
+      CKPT_RETURN_IF_ERROR(produce(i, 0), "");
+      CKPT_RETURN_IF_ERROR(consume(i, 0), "");
+      slots[0].bytes = std::vector<uint8_t>();
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < pieces.size() && !frozen(j)) ++j;
+    CKPT_RETURN_IF_ERROR(RunAhead(
+                             j - i, kAhead, [&](uint64_t u, int k) { return produce(i + u, k); },
+                             [&](uint64_t u, int k) { return consume(i + u, k); }),
+                         "");
+    i = j;
   }
+  if (writer) CKPT_RETURN_IF_ERROR(finish_file(), "");
   progress.Finish();
 
   // 4. Everything read has matched its checksum.

@@ -280,7 +280,7 @@ def main():
                         "--paired-raw", paired_dir])
     record("load_verified", j["logical_bytes"], [r["seconds"] for r in j["reps"]], rss, raw_r_gibs,
            {"rss_over_buffers_kib": j["maxrss_kib"] - j["maxrss_kib_before"],
-            "paired": paired(j)})
+            "paired": paired(j), "direct_read": j.get("direct_read")})
     j, _, rss = R.json([ckpt_io, "load", ck_root, "--reps", str(a.reps), "--drop-caches", "--procs"])
     record("load_verified_procs", j["logical_bytes"], [r["seconds"] for r in j["reps"]],
            max(r["rank_maxrss_kib"] for r in j["reps"]), raw_r_gibs,

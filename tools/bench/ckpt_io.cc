@@ -53,6 +53,7 @@
 
 #include "ckpt/async_saver.h"
 #include "ckpt/collective.h"
+#include "ckpt/env.h"
 #include "ckpt/hash.h"
 #include "ckpt/load_resharded.h"
 #include "ckpt/manifest.h"
@@ -935,7 +936,14 @@ int Load(const Args& a) {
   }
   if (paired) std::filesystem::remove_all(a.paired_raw);
   if (codec) std::filesystem::remove_all(a.paired_codec);
+  // How the large reads went (O_DIRECT or the page cache; env.h), over every repetition of
+  // this process (the rank processes of --procs report nothing here).
+  const ckpt::DirectReadStats io = ckpt::GetDirectReadStats();
   json out = {{"op", "load"},       {"ranks", world},         {"verify", a.verify}, {"procs", a.procs},
+              {"direct_read", {{"direct_bytes", io.direct_bytes},
+                               {"buffered_bytes", io.buffered_bytes},
+                               {"cached_ranges", io.cached_ranges},
+                               {"refused_files", io.refused}}},
               {"logical_bytes", logical}, {"file_bytes", DirBytes(probe->dir())},
               {"reps", reps},       {"drop_caches", drop_status},
               {"maxrss_kib_before", rss_before}, {"maxrss_kib", MaxRssKiB()}};

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -32,16 +33,47 @@ class WritableFile {
   virtual Status Close() = 0;
 };
 
-// A file read at offsets (pread). Thread-safe: concurrent Read calls are allowed.
+// A file read at offsets (pread). Thread-safe: concurrent calls are allowed.
 class RandomAccessFile {
  public:
+  // Called with consecutive parts of a large read, in order, each exactly once: `offset` is
+  // the part's file offset, [data, data + n) its bytes, valid only during the call. An error
+  // returned ends the read with that error.
+  using PartFn = std::function<Status(uint64_t offset, const uint8_t* data, size_t n)>;
+
   virtual ~RandomAccessFile() = default;
   // Reads exactly n bytes at offset into out. The file ending first is DataLoss naming the file
   // and the offset; an OS error is PosixError.
   virtual Status Read(uint64_t offset, size_t n, void* out) const = 0;
   // The file's size when it was opened.
   virtual uint64_t size() const = 0;
+
+  // Large sequential reads (a dataset, a slice of one, a whole file), with the errors of Read.
+  // ReadLarge fills out and calls on_filled (may be empty) with each consecutive part of out
+  // once it holds the file's bytes, so a caller hashes them while they are in cache. Scan hands
+  // consecutive parts of the range to `consume` from the file's own buffers (no copy into the
+  // caller's memory). By default both run Read in blocks of kLargeReadBlock bytes; PosixEnv
+  // may read with O_DIRECT ahead of the caller instead (see DirectReadStats).
+  static constexpr size_t kLargeReadBlock = 4u << 20;
+  virtual Status ReadLarge(uint64_t offset, uint64_t n, void* out,
+                           const PartFn& on_filled) const;
+  virtual Status Scan(uint64_t offset, uint64_t n, const PartFn& consume) const;
 };
+
+// How PosixEnv's large reads went in this process (issue 19). A large read of an uncached range
+// on a file system that allows it bypasses the page cache: O_DIRECT reads into aligned 8 MiB
+// buffers, a helper thread keeping the disk busy while the caller copies and hashes the
+// previous buffer. Decided per read at run time: a range already in the page cache (probed with
+// preadv2(RWF_NOWAIT)) or a file system that refuses O_DIRECT (tmpfs, some network file
+// systems) is read with plain pread. CKPT_DIRECT_IO=off never uses O_DIRECT, =on skips the
+// page-cache probe; unset or "auto" decides as above.
+struct DirectReadStats {
+  uint64_t direct_bytes = 0;    // bytes delivered by O_DIRECT reads
+  uint64_t buffered_bytes = 0;  // bytes of large reads delivered by pread
+  uint64_t cached_ranges = 0;   // large reads read buffered because the range was cached
+  uint64_t refused = 0;         // files whose file system refused O_DIRECT
+};
+DirectReadStats GetDirectReadStats();
 
 // An existing file written at offsets: the rank file's uncompressed regions, which HDF5
 // allocated. Not thread-safe. Close() is idempotent; the destructor closes quietly.

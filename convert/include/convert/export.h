@@ -31,7 +31,7 @@ struct ExportOptions {
   TiedExport tied = TiedExport::kMetadata;
   Env* env = nullptr;                  // nullptr: Env::Default()
   bool progress = false;               // progress bar on a TTY
-  uint64_t chunk_elements = 1u << 22;  // elements read per hyperslab (memory bound)
+  uint64_t chunk_elements = 1u << 22;  // elements read per piece (memory bound)
 };
 
 struct ExportedFile {
@@ -59,8 +59,10 @@ struct ExportReport {
 // into directory `out` (must not exist or be empty): model.safetensors, or
 // model-0000k-of-0000n.safetensors shards + model.safetensors.index.json when the tensors
 // exceed max_shard_bytes. Reads only master weights (never the moments) and checks their XXH3
-// while streaming; peak memory is about chunk_elements × 6 bytes plus the largest frozen
-// tensor. The directory appears atomically only when everything succeeded.
+// while streaming. The next pieces are read on a helper thread while the last one is written
+// (two pieces ahead); peak memory is about 2 × chunk_elements × (4 + output dtype size) bytes
+// plus twice the largest frozen tensor (its stored and converted copies; nothing is read
+// ahead while it is written). The directory appears atomically only when everything succeeded.
 Result<ExportReport> ExportFp32(const std::string& src, const std::string& out,
                                 const ExportOptions& opts = {});
 

@@ -221,9 +221,12 @@ Status RunOrdered(int64_t n, int threads, int64_t window,
 // A `fill` dataset is written in batches of the pipeline's window: the calling thread asks
 // for the batch's chunks in order (in fill windows of at most `window_bytes`), then the batch
 // goes through the pipeline; so at most one batch of its bytes is in memory.
+// With `writeback` (the same file), each chunk's writeback starts as soon as HDF5 has written
+// it, so the disk writes while the next chunks compress instead of all at the final fsync.
 Status WriteCompressedChunks(hid_t dset, const DatasetSpec& spec, int64_t rows_per_chunk,
                              int64_t inner, const Compression& comp, int threads,
-                             uint64_t window_bytes, Xxh3Stream* digest, PieceDigests* pieces) {
+                             uint64_t window_bytes, Xxh3Stream* digest, PieceDigests* pieces,
+                             RandomWriteFile* writeback) {
   const size_t elem = DTypeSize(spec.dtype);
   const int64_t rows = spec.shape[0];
   const size_t chunk_bytes = static_cast<size_t>(rows_per_chunk * inner) * elem;
@@ -296,6 +299,12 @@ Status WriteCompressedChunks(hid_t dset, const DatasetSpec& spec, int64_t rows_p
     if (H5Dwrite_chunk(dset, H5P_DEFAULT, 0, offset, out_size[static_cast<size_t>(c % window)],
                        out[static_cast<size_t>(c % window)].data()) < 0)
       return IOError("write chunk: " + h5::ErrorText());
+    unsigned mask = 0;
+    haddr_t addr = HADDR_UNDEF;
+    hsize_t size = 0;
+    if (writeback && H5Dget_chunk_info_by_coord(dset, offset, &mask, &addr, &size) >= 0 &&
+        addr != HADDR_UNDEF)
+      writeback->StartWriteback(static_cast<uint64_t>(addr), static_cast<uint64_t>(size));
     return Status::Ok();
   };
   // A failed allocation, or a worker that cannot start, is this save's error
@@ -337,7 +346,8 @@ using ChunkDigests = std::map<size_t, std::pair<Xxh3Stream, PieceDigests>>;
 // compressed tensors are chunked and written now through direct chunk writes, hashed into
 // `hashed` on the way.
 Status CreateOne(hid_t file, const DatasetSpec& spec, size_t record, const SaveOptions& options,
-                 int threads, std::vector<DirectSegment>* direct, ChunkDigests* hashed) {
+                 int threads, std::vector<DirectSegment>* direct, ChunkDigests* hashed,
+                 RandomWriteFile* writeback) {
   const size_t elem = DTypeSize(spec.dtype);
   const int64_t numel = Numel(spec.shape);
   const Compression& comp = options.compression;
@@ -384,7 +394,7 @@ Status CreateOne(hid_t file, const DatasetSpec& spec, size_t record, const SaveO
             .first->second;
     return WriteCompressedChunks(dset.get(), spec, rows_per_chunk, inner, comp, threads,
                                  EffectivePieceBytes(options.fill_window_bytes), &digest,
-                                 &pieces);
+                                 &pieces, writeback);
   }
   const haddr_t addr = H5Dget_offset(dset.get());
   if (addr == HADDR_UNDEF) return Internal("dataset has no allocated storage: " + h5::ErrorText());
@@ -403,14 +413,17 @@ Status CreateOne(hid_t file, const DatasetSpec& spec, size_t record, const SaveO
 constexpr size_t kBlockBytes = 1u << 20;
 
 // Phase 1: the HDF5 structure (attributes, every dataset, compressed chunks); the file is
-// closed when it returns, with its uncompressed regions allocated but not yet written.
+// closed when it returns, with its uncompressed regions allocated but not yet written. With
+// `data_file`, the file is also opened through options.env as soon as HDF5 has created it: the
+// compressed chunks start their writeback through it, and phase 2 writes through it.
 Result<std::vector<DirectSegment>> WriteStructure(const std::string& path,
                                                   const RankFileHeader& header,
                                                   const std::vector<DatasetSpec>& datasets,
                                                   const SaveOptions& options, hid_t fapl,
                                                   bool need_data,
                                                   std::vector<DatasetRecord>* records,
-                                                  ChunkDigests* hashed) {
+                                                  ChunkDigests* hashed,
+                                                  std::unique_ptr<RandomWriteFile>* data_file) {
   h5::Init();
   int threads = options.compress_threads;
   if (threads <= 0) {
@@ -421,6 +434,10 @@ Result<std::vector<DirectSegment>> WriteStructure(const std::string& path,
   std::vector<DirectSegment> direct;
   h5::Handle file = h5::File(H5Fcreate(path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, fapl));
   if (!file.valid()) return IOError("create " + path + ": " + h5::ErrorText());
+  if (data_file) {
+    Env* env = options.env ? options.env : Env::Default();
+    CKPT_ASSIGN_OR_RETURN(*data_file, env->OpenRandomWriteFile(path));
+  }
   CKPT_RETURN_IF_ERROR(h5::WriteStringAttr(file.get(), "format", std::string(kFormatName)), path);
   CKPT_RETURN_IF_ERROR(h5::WriteStringAttr(file.get(), "format_version",
                                        std::to_string(kFormatMajor) + "." +
@@ -446,7 +463,8 @@ Result<std::vector<DirectSegment>> WriteStructure(const std::string& path,
     rec.dtype = spec.dtype;
     rec.shape = spec.shape;
     rec.bytes = static_cast<uint64_t>(numel) * DTypeSize(spec.dtype);
-    CKPT_RETURN_IF_ERROR(CreateOne(file.get(), spec, records->size(), options, threads, &direct, hashed),
+    CKPT_RETURN_IF_ERROR(CreateOne(file.get(), spec, records->size(), options, threads, &direct, hashed,
+                                   data_file ? data_file->get() : nullptr),
                          where);
     records->push_back(std::move(rec));
   }
@@ -474,9 +492,10 @@ Result<RankFileWritten> WriteRankFile(const std::string& path, const RankFileHea
                                       const SaveOptions& options) {
   RankFileWritten out;
   ChunkDigests hashed;
+  std::unique_ptr<RandomWriteFile> file;
   CKPT_ASSIGN_OR_RETURN(std::vector<DirectSegment> direct,
                         WriteStructure(path, header, datasets, options, H5P_DEFAULT,
-                                       /*need_data=*/true, &out.datasets, &hashed),
+                                       /*need_data=*/true, &out.datasets, &hashed, &file),
                         "");
   // Phase 2: the uncompressed bytes, outside HDF5 (and its global lock), in file order. Each
   // 1 MiB piece is hashed into its dataset's digest and, with file_checksum, into the file's
@@ -487,7 +506,6 @@ Result<RankFileWritten> WriteRankFile(const std::string& path, const RankFileHea
   std::sort(direct.begin(), direct.end(),
             [](const DirectSegment& a, const DirectSegment& b) { return a.offset < b.offset; });
   Env* env = options.env ? options.env : Env::Default();
-  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<RandomWriteFile> file, env->OpenRandomWriteFile(path));
   CKPT_ASSIGN_OR_RETURN(uint64_t size, file->Size());
   for (const auto& seg : direct) size = std::max(size, seg.offset + seg.bytes);
   // Reserve the whole file first: a full disk fails here, before any data is written, with
@@ -584,7 +602,7 @@ Status WriteRankFileStructure(const std::string& path, const RankFileHeader& hea
   ChunkDigests unused;
   CKPT_ASSIGN_OR_RETURN(std::vector<DirectSegment> direct,
                         WriteStructure(path, header, datasets, options, static_cast<hid_t>(fapl),
-                                       /*need_data=*/false, &records, &unused),
+                                       /*need_data=*/false, &records, &unused, nullptr),
                         "");
   (void)direct;
   return Status::Ok();

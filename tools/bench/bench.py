@@ -828,9 +828,9 @@ def print_table(res):
                   "(one thread, 4 MiB chunks)" % title)
             for state, d in z[src]["states"].items():
                 for r in d["rows"]:
-                    print("  %-32s %2d %-5s %6.3f %8.0f %8.0f" % (
+                    print("  %-32s %2d %-24s %6.3f %8.0f %8.0f" % (
                         "%s [%.0f MiB]" % (state, d["bytes"] / MiB), r["level"],
-                        "yes" if r["shuffle"] else "no", r["ratio"], r["compress_mib_per_s"],
+                        r.get("variant", "yes" if r["shuffle"] else "no"), r["ratio"], r["compress_mib_per_s"],
                         r["decompress_mib_per_s"]))
     if "async_save" in ph:
         x = ph["async_save"]
@@ -988,12 +988,12 @@ def markdown(res):
                      if src == "engine" else "the synthetic checkpoint (uniform random mantissas)")
             L.append("zstd on %s (one thread, 4 MiB chunks, best of 3 per chunk):" % title)
             L.append("")
-            L.append("| state | MiB | level | shuffle | ratio | compress MiB/s | decompress MiB/s |")
+            L.append("| state | MiB | level | shuffle (byte planes) | ratio | compress MiB/s | decompress MiB/s |")
             L.append("|---|---:|---:|---|---:|---:|---:|")
             for state, d in z[src]["states"].items():
                 for r in d["rows"]:
                     L.append("| %s | %.1f | %d | %s | %.3f | %.0f | %.0f |" % (
-                        state, d["bytes"] / MiB, r["level"], "yes" if r["shuffle"] else "no",
+                        state, d["bytes"] / MiB, r["level"], r.get("variant", "yes" if r["shuffle"] else "no"),
                         r["ratio"], r["compress_mib_per_s"], r["decompress_mib_per_s"]))
             L.append("")
     if "async_save" in ph:

@@ -16,7 +16,8 @@
 namespace ckpt {
 namespace {
 
-std::atomic<uint64_t> g_direct_bytes{0}, g_buffered_bytes{0}, g_cached_ranges{0}, g_refused{0};
+std::atomic<uint64_t> g_direct_bytes{0}, g_buffered_bytes{0}, g_cached_ranges{0}, g_refused{0},
+    g_into_caller{0};
 
 enum class Mode { kAuto, kOn, kOff };
 
@@ -74,6 +75,33 @@ BufferPool& Pool() {
 // The producer's signal that O_DIRECT was refused: ends the run, never returned.
 Status RefusedSignal() { return Internal("O_DIRECT refused"); }
 
+// One O_DIRECT request: `need` bytes at `pos` into `buf` (both aligned), asking for `ask` (need
+// rounded up to kAlign: the file's last block may come back short). EINVAL on the first request
+// of a read, before any byte arrived, means the file system refuses O_DIRECT for reads
+// (*refused, RefusedSignal()). Returns the bytes that arrived in *got (>= need).
+Status DirectPread(int dfd, const std::string& path, uint8_t* buf, uint64_t pos, uint64_t need,
+                   uint64_t ask, bool first, bool* refused, uint64_t* got_out) {
+  uint64_t got = 0;
+  while (got < need) {
+    const ssize_t r = ::pread(dfd, buf + got, ask - got, static_cast<off_t>(pos + got));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EINVAL && first && got == 0) {
+        *refused = true;  // O_DIRECT accepted at open, refused for reads
+        return RefusedSignal();
+      }
+      return PosixError("read " + path, errno);
+    }
+    got += static_cast<uint64_t>(r);
+    // The end of the file: nothing more, or a partial block (a further O_DIRECT request
+    // would start unaligned).
+    if (got < need && (r == 0 || got % internal::DirectReader::kAlign != 0))
+      return DataLoss(path + ": unexpected end of file at byte " + std::to_string(pos + got));
+  }
+  *got_out = got;
+  return Status::Ok();
+}
+
 bool Cached(int fd, uint64_t offset) {
   char c;
   iovec iov{&c, 1};
@@ -88,10 +116,28 @@ DirectReadStats GetDirectReadStats() {
   s.buffered_bytes = g_buffered_bytes.load();
   s.cached_ranges = g_cached_ranges.load();
   s.refused = g_refused.load();
+  s.direct_into_caller_bytes = g_into_caller.load();
   return s;
 }
 
 namespace internal {
+
+Status PreadExact(int fd, uint64_t offset, size_t n, void* out, const std::string& path) {
+  auto* p = static_cast<uint8_t*>(out);
+  while (n > 0) {
+    const ssize_t r = ::pread(fd, p, n, static_cast<off_t>(offset));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return PosixError("read " + path, errno);
+    }
+    if (r == 0) return DataLoss(path + ": unexpected end of file at byte " + std::to_string(offset));
+    p += r;
+    n -= static_cast<size_t>(r);
+    offset += static_cast<uint64_t>(r);
+  }
+  return Status::Ok();
+}
+
 
 void CountBufferedRead(uint64_t n) { g_buffered_bytes += n; }
 
@@ -131,6 +177,62 @@ bool DirectReader::Wanted(uint64_t offset, uint64_t n) const {
   return true;
 }
 
+bool DirectReader::CanReadInto(uint64_t offset, uint64_t n, const void* out) {
+  const uint64_t addr = reinterpret_cast<uintptr_t>(out);
+  if ((addr - offset) % kAlign != 0) return false;
+  const uint64_t lo = (offset + kAlign - 1) & ~(kAlign - 1), hi = (offset + n) & ~(kAlign - 1);
+  return hi > lo && hi - lo >= kBlock;
+}
+
+Status DirectReader::ReadInto(uint64_t offset, uint64_t n, uint8_t* out,
+                              const RandomAccessFile::PartFn& on_filled, bool* fell_back) const {
+  *fell_back = false;
+  const int dfd = DirectFd();
+  if (dfd < 0) {
+    *fell_back = true;
+    return Status::Ok();
+  }
+  const uint64_t end = offset + n;
+  const uint64_t lo = (offset + kAlign - 1) & ~(kAlign - 1), hi = end & ~(kAlign - 1);
+  const uint64_t blocks = (hi - lo + kBlock - 1) / kBlock;
+  auto filled = [&](uint64_t at, uint64_t len) -> Status {
+    if (!on_filled || len == 0) return Status::Ok();
+    return on_filled(at, out + (at - offset), static_cast<size_t>(len));
+  };
+  bool refused = false;
+  Status status = RunAhead(
+      blocks, kIntoAhead,
+      [&](uint64_t i, int) -> Status {
+        const uint64_t pos = lo + i * kBlock;
+        const uint64_t need = std::min(kBlock, hi - pos);
+        uint64_t got = 0;
+        return DirectPread(dfd, path_, out + (pos - offset), pos, need, need, i == 0, &refused,
+                           &got);
+      },
+      [&](uint64_t i, int) -> Status {
+        if (i == 0) {  // the unaligned head, once O_DIRECT is known to work here
+          CKPT_RETURN_IF_ERROR(PreadExact(fd_, offset, static_cast<size_t>(lo - offset), out, path_),
+                               "");
+          CKPT_RETURN_IF_ERROR(filled(offset, lo - offset), "");
+        }
+        const uint64_t pos = lo + i * kBlock;
+        return filled(pos, std::min(kBlock, hi - pos));
+      },
+      kProducers);
+  if (refused) {
+    Refuse();
+    *fell_back = true;
+    return Status::Ok();
+  }
+  CKPT_RETURN_IF_ERROR(status, "");
+  CKPT_RETURN_IF_ERROR(
+      PreadExact(fd_, hi, static_cast<size_t>(end - hi), out + (hi - offset), path_), "");
+  CKPT_RETURN_IF_ERROR(filled(hi, end - hi), "");
+  g_direct_bytes += n;
+  g_into_caller += hi - lo;
+  return Status::Ok();
+}
+
 Status DirectReader::Scan(uint64_t offset, uint64_t n, const RandomAccessFile::PartFn& consume,
                           bool* fell_back) const {
   *fell_back = false;
@@ -165,22 +267,8 @@ Status DirectReader::Scan(uint64_t offset, uint64_t n, const RandomAccessFile::P
           const uint64_t need = std::min(kBlock, end - pos);
           const uint64_t ask = (need + kAlign - 1) & ~(kAlign - 1);
           uint64_t got = 0;
-          while (got < need) {
-            const ssize_t r =
-                ::pread(dfd, slots[k].buf + got, ask - got, static_cast<off_t>(pos + got));
-            if (r < 0) {
-              if (errno == EINTR) continue;
-              if (errno == EINVAL && i == 0 && got == 0) {
-                refused = true;  // O_DIRECT accepted at open, refused for reads
-                return RefusedSignal();
-              }
-              return PosixError("read " + path_, errno);
-            }
-            if (r == 0)
-              return DataLoss(path_ + ": unexpected end of file at byte " +
-                              std::to_string(pos + got));
-            got += static_cast<uint64_t>(r);
-          }
+          CKPT_RETURN_IF_ERROR(
+              DirectPread(dfd, path_, slots[k].buf, pos, need, ask, i == 0, &refused, &got), "");
           slots[k].have = std::min(got, need);
           return Status::Ok();
         },

@@ -31,21 +31,7 @@ Status UniqueFd::Close(std::string_view path) {
 
 namespace {
 
-Status PreadExact(int fd, uint64_t offset, size_t n, void* out, const std::string& path) {
-  auto* p = static_cast<uint8_t*>(out);
-  while (n > 0) {
-    const ssize_t r = ::pread(fd, p, n, static_cast<off_t>(offset));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return PosixError("read " + path, errno);
-    }
-    if (r == 0) return DataLoss(path + ": unexpected end of file at byte " + std::to_string(offset));
-    p += r;
-    n -= static_cast<size_t>(r);
-    offset += static_cast<uint64_t>(r);
-  }
-  return Status::Ok();
-}
+using internal::PreadExact;
 
 Status PwriteAll(int fd, uint64_t offset, std::string_view data, const std::string& path) {
   const char* p = data.data();
@@ -85,6 +71,10 @@ class PosixRandomAccessFile final : public RandomAccessFile {
     if (direct_.Wanted(offset, n)) {
       auto* dst = static_cast<uint8_t*>(out);
       bool fell_back = false;
+      if (internal::DirectReader::CanReadInto(offset, n, out)) {
+        Status s = direct_.ReadInto(offset, n, dst, on_filled, &fell_back);
+        if (!fell_back) return s;
+      }
       Status s = direct_.Scan(
           offset, n,
           [&](uint64_t at, const uint8_t* p, size_t len) -> Status {

@@ -70,6 +70,12 @@ class Binding(unittest.TestCase):
             else:
                 got = r.read_dataset(0, name)
                 self.assertEqual(got.tobytes(), a.tobytes(), name)
+                self.assertEqual(got.shape, a.shape, name)
+                # Allocated on a 4 KiB boundary, as large datasets lie in the file: a large
+                # one is then read with O_DIRECT straight into it (docs/performance.md).
+                if got.size:
+                    self.assertEqual(got.ctypes.data % 4096, 0, name)
+                self.assertTrue(got.flags.writeable and got.flags.c_contiguous, name)
         self.assertEqual(r.dataset_record(0, "np/bf16_bits")["dtype"], "bf16")
         got = torch.from_numpy(r.read_dataset(0, "np/bf16_bits").view(np.int16)).view(torch.bfloat16)
         self.assertTrue(torch.equal(got, bits))

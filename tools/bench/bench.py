@@ -75,7 +75,8 @@ def paired(j):
            "best_variants": [r.get("raw_best_variant") for r in j["reps"]],
            "note": "every raw variant (buffered, sync_file_range, O_DIRECT 4/16/64 MiB) on the "
                    "same in-memory bytes, one file per rank, immediately before each ckpt "
-                   "repetition; the ratio is to the best of them"}
+                   "repetition (loads: reading the checkpoint's own rank files); the ratio is "
+                   "to the best of them"}
     old = [r["raw_buffered_seconds"] / r["seconds"] for r in j["reps"]
            if r.get("raw_buffered_seconds", -1) > 0]
     if old:
@@ -106,6 +107,15 @@ def drop_caches():
         return "ok"
     except OSError as e:
         return "could not drop the page cache (%s); reads may come from memory" % e
+
+
+def drop_caches_keep_program(binary):
+    """Drops the page cache, then runs `binary --version` untimed, so a timed run of it starts
+    with its data cold but the program and its shared libraries (about 50 with HDF5's) paged
+    in, as in use; the raw floors are timed inside their process and pay neither."""
+    status = drop_caches()
+    subprocess.run([binary, "--version"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return status
 
 
 def stats(values):
@@ -269,10 +279,12 @@ def main():
     logical = j["logical_bytes"]
     pr_root = os.path.join(work, "ckpt_procs")
     j, _, rss = R.json([ckpt_io, "save", pr_root, "--ranks", str(a.ranks), "--params", str(params),
-                        "--reps", str(a.reps), "--drop-caches", "--procs"])
+                        "--reps", str(a.reps), "--drop-caches", "--procs",
+                        "--paired-raw", paired_dir])
     record("save_procs", j["logical_bytes"], [r["seconds"] for r in j["reps"]],
            j["rank_maxrss_kib"], raw_w_gibs,
-           {"note": "one process per rank (as under mpirun); peak RSS is one rank's"})
+           {"note": "one process per rank (as under mpirun); peak RSS is one rank's",
+            "paired": paired(j)})
     shutil.rmtree(pr_root, ignore_errors=True)
 
     # --- load with checksum verification -------------------------------------------------
@@ -281,10 +293,12 @@ def main():
     record("load_verified", j["logical_bytes"], [r["seconds"] for r in j["reps"]], rss, raw_r_gibs,
            {"rss_over_buffers_kib": j["maxrss_kib"] - j["maxrss_kib_before"],
             "paired": paired(j), "direct_read": j.get("direct_read")})
-    j, _, rss = R.json([ckpt_io, "load", ck_root, "--reps", str(a.reps), "--drop-caches", "--procs"])
+    j, _, rss = R.json([ckpt_io, "load", ck_root, "--reps", str(a.reps), "--drop-caches", "--procs",
+                        "--paired-raw", paired_dir])
     record("load_verified_procs", j["logical_bytes"], [r["seconds"] for r in j["reps"]],
            max(r["rank_maxrss_kib"] for r in j["reps"]), raw_r_gibs,
-           {"note": "one process per rank (as under mpirun); peak RSS is one rank's"})
+           {"note": "one process per rank (as under mpirun); peak RSS is one rank's",
+            "paired": paired(j)})
     j, _, rss = R.json([ckpt_io, "load", ck_root, "--reps", "1", "--drop-caches", "--no-verify"])
     record("load_unverified", j["logical_bytes"], [r["seconds"] for r in j["reps"]], rss, raw_r_gibs)
     # check --deep, paired with a cold read of the same files (hard links named as raw_io
@@ -302,7 +316,7 @@ def main():
         j, _, _ = R.json([raw_io, "read", link_dir, "--files", str(len(rank_files)),
                           "--variant", ph["raw_read"]["variant"]])
         c_floor.append(j["seconds"])
-        drop_caches()
+        drop_caches_keep_program(ckpt)
         _, _, secs, rss, rc = R.run([ckpt, "check", "--deep", ck_root], check=False)
         c_secs.append(secs)
     shutil.rmtree(link_dir)
@@ -364,7 +378,7 @@ def main():
         out = os.path.join(work, name)
         for _ in range(a.reps):
             shutil.rmtree(out, ignore_errors=True)
-            drop_caches()
+            drop_caches_keep_program(ckpt)
             o, _, t, rss, _ = R.run([ckpt, "export-fp32", src, out, "--json"])
             secs.append(t)
             rsss.append(rss)
@@ -673,6 +687,10 @@ def main():
            ph["save"]["paired"]["ratio"]["median"], ">=", 0.9)
     target("load (verified) >= 0.9x raw read (paired, median of reps)",
            ph["load_verified"]["paired"]["ratio"]["median"], ">=", 0.9)
+    target("save, one process per rank >= 0.9x raw write (paired, median of reps)",
+           ph["save_procs"]["paired"]["ratio"]["median"], ">=", 0.9)
+    target("load, one process per rank >= 0.9x raw read (paired, median of reps)",
+           ph["load_verified_procs"]["paired"]["ratio"]["median"], ">=", 0.9)
     target("check --deep >= 0.9x cold read of the files (paired, median of reps)",
            ph["check_deep"]["paired"]["ratio"]["median"], ">=", 0.9)
     if "export_fp32" in ph:

@@ -53,7 +53,9 @@ class RandomAccessFile {
   // once it holds the file's bytes, so a caller hashes them while they are in cache. Scan hands
   // consecutive parts of the range to `consume` from the file's own buffers (no copy into the
   // caller's memory). By default both run Read in blocks of kLargeReadBlock bytes; PosixEnv
-  // may read with O_DIRECT ahead of the caller instead (see DirectReadStats).
+  // may read with O_DIRECT ahead of the caller instead (see DirectReadStats), and ReadLarge
+  // reads straight into `out` when out and offset share their position within a 4 KiB block
+  // (the writer aligns large datasets to 4 KiB: give it 4 KiB-aligned memory).
   static constexpr size_t kLargeReadBlock = 4u << 20;
   virtual Status ReadLarge(uint64_t offset, uint64_t n, void* out,
                            const PartFn& on_filled) const;
@@ -72,6 +74,9 @@ struct DirectReadStats {
   uint64_t buffered_bytes = 0;  // bytes of large reads delivered by pread
   uint64_t cached_ranges = 0;   // large reads read buffered because the range was cached
   uint64_t refused = 0;         // files whose file system refused O_DIRECT
+  // Of direct_bytes, those read straight into the caller's memory (ReadLarge into a buffer at
+  // the same position within a 4 KiB block as the data in the file; no bounce buffer).
+  uint64_t direct_into_caller_bytes = 0;
 };
 DirectReadStats GetDirectReadStats();
 

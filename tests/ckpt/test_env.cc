@@ -366,7 +366,8 @@ TEST_CASE("large reads: O_DIRECT ahead of the caller, the same bytes as pread, i
     // (3, as `offset` above), so the middle of the range goes straight into it, the unaligned
     // head and tail by pread.
     std::unique_ptr<uint8_t, decltype(&std::free)> mem(
-        static_cast<uint8_t*>(std::aligned_alloc(4096, n + 8192)), &std::free);
+        static_cast<uint8_t*>(std::aligned_alloc(4096, (n + 8192 + 4095) & ~uint64_t{4095})),
+        &std::free);
     REQUIRE(mem != nullptr);
     for (const bool congruent : {true, false}) {
       INFO("destination congruent with the file offset: " << congruent);
@@ -440,6 +441,39 @@ TEST_CASE("large reads: O_DIRECT ahead of the caller, the same bytes as pread, i
       CHECK_THAT(s.message(), Catch::Contains(path));
     }
   }
+}
+
+TEST_CASE("a large output written in odd appends, synced midway, is byte for byte", "[io]") {
+  ScratchDir d;
+  const std::string bytes = PatternBytes((27u << 20) + 4321, 11);
+  // Odd append sizes (a header, then pieces that straddle the 4 MiB write and writeback
+  // boundaries), a Sync in the middle and more appends after it, as a writer may do.
+  const std::vector<size_t> sizes = {9, 1234567, (8u << 20) - 5, 3, (5u << 20) + 77,
+                                     (1u << 20), 4095, 4097};
+  const std::string path = d / "out.bin";
+  {
+    auto w = Env::Default()->NewWritableFile(path);
+    REQUIRE(w.ok());
+    size_t at = 0, k = 0;
+    while (at < bytes.size()) {
+      const size_t n = std::min(sizes[k++ % sizes.size()], bytes.size() - at);
+      REQUIRE((*w)->Append(std::string_view(bytes).substr(at, n)).ok());
+      at += n;
+      if (k == 5) REQUIRE((*w)->Sync().ok());
+    }
+    REQUIRE((*w)->Sync().ok());
+    REQUIRE((*w)->Close().ok());
+    REQUIRE((*w)->Close().ok());  // idempotent
+  }
+  CHECK(Slurp(path) == bytes);
+  const std::string log = d / "log.bin";
+  for (int i = 0; i < 2; ++i) {
+    auto w = Env::Default()->NewAppendableFile(log);
+    REQUIRE(w.ok());
+    REQUIRE((*w)->Append(std::string_view(bytes).substr(i * (bytes.size() / 2), bytes.size() / 2)).ok());
+    REQUIRE((*w)->Close().ok());
+  }
+  CHECK(Slurp(log) == bytes.substr(0, 2 * (bytes.size() / 2)));
 }
 
 TEST_CASE("a load and a deep check read uncached data with O_DIRECT and still verify it", "[io]") {

@@ -7,10 +7,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <cstdio>
@@ -22,6 +20,7 @@
 #include "ckpt/hash.h"
 #include "ckpt/h5.h"
 #include "ckpt/rank_threads.h"
+#include "ckpt/run_ahead.h"
 #include "ckpt/shape.h"
 #include "zstd_filter.h"
 
@@ -178,71 +177,24 @@ class PipelineThreads {
 // HDF5, in order). The first error stops it: later items are not started and the error is
 // returned once the workers have stopped. A failed allocation is ResourceExhausted; with
 // threads <= 1, or when no thread can be started, everything runs on the calling thread.
+// (ckpt::RunAhead's pipeline, with a worker index and allocation failures as a Status.)
 Status RunOrdered(int64_t n, int threads, int64_t window,
                   const std::function<Status(int64_t, int)>& work,
                   const std::function<Status(int64_t)>& consume) {
+  auto guarded = [&](int64_t i, int w) {
+    return OutOfMemoryAsStatus("chunk", [&] { return work(i, w); });
+  };
   if (threads <= 1 || n <= 1) {
     for (int64_t i = 0; i < n; ++i) {
-      CKPT_RETURN_IF_ERROR(OutOfMemoryAsStatus("chunk", [&] { return work(i, 0); }));
+      CKPT_RETURN_IF_ERROR(guarded(i, 0));
       CKPT_RETURN_IF_ERROR(consume(i));
     }
     return Status::Ok();
   }
-  std::mutex mu;
-  std::condition_variable cv;
-  int64_t next = 0, consumed = 0;
-  bool stop = false;
-  std::vector<std::optional<Status>> done(static_cast<size_t>(n));
-  auto worker = [&](int w) {
-    while (true) {
-      int64_t i;
-      {
-        std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] { return stop || next >= n || next < consumed + window; });
-        if (stop || next >= n) return;
-        i = next++;
-      }
-      Status s = OutOfMemoryAsStatus("chunk", [&] { return work(i, w); });
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        done[static_cast<size_t>(i)] = std::move(s);
-      }
-      cv.notify_all();
-    }
-  };
-  std::vector<std::thread> pool;
-  try {
-    for (int w = 0; w < threads; ++w) pool.emplace_back(worker, w);
-  } catch (const std::exception&) {
-    // Fewer threads than asked (a thread limit, no memory): those that started do the work.
-  }
-  Status result;
-  for (int64_t i = 0; i < n && result.ok(); ++i) {
-    {
-      std::unique_lock<std::mutex> lock(mu);
-      if (pool.empty()) {  // no worker started: run the item here
-        lock.unlock();
-        done[static_cast<size_t>(i)] = OutOfMemoryAsStatus("chunk", [&] { return work(i, 0); });
-        lock.lock();
-      }
-      cv.wait(lock, [&] { return done[static_cast<size_t>(i)].has_value(); });
-      result = *done[static_cast<size_t>(i)];
-    }
-    if (result.ok()) result = consume(i);
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      consumed = i + 1;
-      if (!result.ok()) stop = true;
-    }
-    cv.notify_all();
-  }
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    stop = true;
-  }
-  cv.notify_all();
-  for (auto& t : pool) t.join();
-  return result;
+  return RunAheadOnProducers(
+      static_cast<uint64_t>(n), static_cast<int>(std::max<int64_t>(window, 1)),
+      [&](uint64_t i, int, int w) { return guarded(static_cast<int64_t>(i), w); },
+      [&](uint64_t i, int) { return consume(static_cast<int64_t>(i)); }, threads);
 }
 
 // Writes one chunked tensor with zstd through direct chunk writes: `threads` workers shuffle and

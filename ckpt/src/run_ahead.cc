@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <mutex>
-#include <system_error>
+#include <exception>
 #include <thread>
 #include <vector>
 
@@ -11,6 +11,13 @@ namespace ckpt {
 
 Status RunAhead(uint64_t n, int slots, const std::function<Status(uint64_t i, int slot)>& produce,
                 const std::function<Status(uint64_t i, int slot)>& consume, int producers) {
+  return RunAheadOnProducers(
+      n, slots, [&](uint64_t i, int slot, int) { return produce(i, slot); }, consume, producers);
+}
+
+Status RunAheadOnProducers(
+    uint64_t n, int slots, const std::function<Status(uint64_t i, int slot, int producer)>& produce,
+    const std::function<Status(uint64_t i, int slot)>& consume, int producers) {
   const uint64_t depth = static_cast<uint64_t>(std::max(slots, 1));
   std::mutex mu;
   std::condition_variable cv;
@@ -21,7 +28,7 @@ Status RunAhead(uint64_t n, int slots, const std::function<Status(uint64_t i, in
   std::vector<uint64_t> done(depth, n);
   std::vector<Status> result(depth);
 
-  auto producer = [&] {
+  auto producer = [&](int t) {
     while (true) {
       uint64_t i;
       {
@@ -30,7 +37,7 @@ Status RunAhead(uint64_t n, int slots, const std::function<Status(uint64_t i, in
         if (stop || next >= n) return;
         i = next++;
       }
-      Status s = produce(i, static_cast<int>(i % depth));
+      Status s = produce(i, static_cast<int>(i % depth), t);
       std::lock_guard<std::mutex> lock(mu);
       if (!s.ok()) stop = true;  // the items claimed before i still finish
       result[i % depth] = std::move(s);
@@ -43,14 +50,14 @@ Status RunAhead(uint64_t n, int slots, const std::function<Status(uint64_t i, in
       static_cast<int>(std::min<uint64_t>(std::max(producers, 1), std::max<uint64_t>(n, 1)));
   for (int t = 0; t < wanted; ++t) {
     try {
-      threads.emplace_back(producer);
-    } catch (const std::system_error&) {
+      threads.emplace_back(producer, t);
+    } catch (const std::exception&) {  // a thread limit, no memory: fewer producers
       break;
     }
   }
   if (threads.empty()) {
     for (uint64_t i = 0; i < n; ++i) {
-      CKPT_RETURN_IF_ERROR(produce(i, static_cast<int>(i % depth)), "");
+      CKPT_RETURN_IF_ERROR(produce(i, static_cast<int>(i % depth), 0), "");
       CKPT_RETURN_IF_ERROR(consume(i, static_cast<int>(i % depth)), "");
     }
     return Status::Ok();

@@ -1,16 +1,35 @@
 // Helpers for the ckpt suites: build small manifests and save them with N thread ranks.
 #pragma once
 
+#include <atomic>
 #include <fstream>
 #include <functional>
 #include <thread>
 
 #include "ckpt/collective.h"
+#include "ckpt/env.h"
 #include "ckpt/manifest.h"
 #include "ckpt/writer.h"
 #include "test_util.h"
 
 namespace ckpt::testing {
+
+// Counts the bytes read through it, then forwards. Large reads (ReadLarge, Scan) take
+// RandomAccessFile's defaults, which are Reads: counted too, never O_DIRECT.
+class CountingFile final : public RandomAccessFile {
+ public:
+  CountingFile(std::unique_ptr<RandomAccessFile> f, std::atomic<uint64_t>* n)
+      : f_(std::move(f)), n_(n) {}
+  Status Read(uint64_t offset, size_t n, void* out) const override {
+    *n_ += n;
+    return f_->Read(offset, n, out);
+  }
+  uint64_t size() const override { return f_->size(); }
+
+ private:
+  std::unique_ptr<RandomAccessFile> f_;
+  std::atomic<uint64_t>* n_;
+};
 
 // A model with a 2-D weight, an odd-sized bias, a tied alias and a frozen fp32 table.
 inline Manifest SmallModel(const std::string& tag, int world, int zero) {

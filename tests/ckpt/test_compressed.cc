@@ -16,9 +16,11 @@
 #include "ckpt/reader.h"
 #include "ckpt/root.h"
 #include "ckpt/writer.h"
+#include "ckpt_test_helpers.h"
 #include "test_util.h"
 
 using namespace ckpt;
+using ckpt::testing::CountingFile;
 using ckpt::testing::ScratchDir;
 
 namespace {
@@ -31,23 +33,8 @@ class CountingEnv final : public EnvWrapper {
   Result<std::unique_ptr<RandomAccessFile>> NewCheckpointFile(const std::string& p) override {
     auto f = EnvWrapper::NewCheckpointFile(p);
     if (!f.ok()) return f;
-    return std::unique_ptr<RandomAccessFile>(new File(std::move(*f), &bytes_read));
+    return std::unique_ptr<RandomAccessFile>(new CountingFile(std::move(*f), &bytes_read));
   }
-
- private:
-  class File final : public RandomAccessFile {
-   public:
-    File(std::unique_ptr<RandomAccessFile> f, std::atomic<uint64_t>* n) : f_(std::move(f)), n_(n) {}
-    Status Read(uint64_t offset, size_t n, void* out) const override {
-      *n_ += n;
-      return f_->Read(offset, n, out);
-    }
-    uint64_t size() const override { return f_->size(); }
-
-   private:
-    std::unique_ptr<RandomAccessFile> f_;
-    std::atomic<uint64_t>* n_;
-  };
 };
 
 struct Chunk {

@@ -21,6 +21,7 @@
 #include "ckpt/hash.h"
 #include "ckpt/reader.h"
 #include "ckpt/root.h"
+#include "ckpt/run_ahead.h"
 #include "ckpt/unique_fd.h"
 #include "ckpt_test_helpers.h"
 #include "test_util.h"
@@ -30,22 +31,6 @@ using namespace ckpt::testing;
 namespace fs = std::filesystem;
 
 namespace {
-
-// Counts the bytes read through it.
-class CountingFile final : public RandomAccessFile {
- public:
-  CountingFile(std::unique_ptr<RandomAccessFile> f, std::atomic<uint64_t>* n)
-      : f_(std::move(f)), n_(n) {}
-  Status Read(uint64_t offset, size_t n, void* out) const override {
-    *n_ += n;
-    return f_->Read(offset, n, out);
-  }
-  uint64_t size() const override { return f_->size(); }
-
- private:
-  std::unique_ptr<RandomAccessFile> f_;
-  std::atomic<uint64_t>* n_;
-};
 
 // Records the name of every call that reaches it, then forwards (EnvWrapper). Thread-safe:
 // rank threads save, and check --deep checks files, in parallel. Read `calls` only while no
@@ -441,6 +426,73 @@ TEST_CASE("large reads: O_DIRECT ahead of the caller, the same bytes as pread, i
       CHECK_THAT(s.message(), Catch::Contains(path));
     }
   }
+}
+
+TEST_CASE("RunAhead: in order, a bounded distance ahead, per-producer indices, first error",
+          "[unit]") {
+  for (const int producers : {1, 3}) {
+    INFO("producers " << producers);
+    constexpr uint64_t kN = 200;
+    constexpr int kSlots = 4;
+    std::mutex mu;
+    std::vector<uint64_t> slot_item(kSlots, kN);  // the item each slot holds
+    std::atomic<uint64_t> consumed{0};
+    std::atomic<uint64_t> most_ahead{0};
+    std::set<int> seen_producers;
+    std::vector<uint64_t> order;
+    Status s = RunAheadOnProducers(
+        kN, kSlots,
+        [&](uint64_t i, int slot, int producer) -> Status {
+          CHECK(slot == static_cast<int>(i % kSlots));
+          const uint64_t ahead = i - consumed.load();
+          uint64_t m = most_ahead.load();
+          while (ahead > m && !most_ahead.compare_exchange_weak(m, ahead)) {
+          }
+          std::lock_guard<std::mutex> lock(mu);
+          seen_producers.insert(producer);
+          slot_item[static_cast<size_t>(slot)] = i;
+          return Status::Ok();
+        },
+        [&](uint64_t i, int slot) -> Status {
+          std::lock_guard<std::mutex> lock(mu);
+          CHECK(slot_item[static_cast<size_t>(slot)] == i);  // not yet overwritten
+          order.push_back(i);
+          consumed = i + 1;
+          return Status::Ok();
+        },
+        producers);
+    REQUIRE(s.ok());
+    REQUIRE(order.size() == kN);
+    for (uint64_t i = 0; i < kN; ++i) CHECK(order[i] == i);
+    CHECK(most_ahead.load() < static_cast<uint64_t>(kSlots));
+    for (int p : seen_producers) CHECK((p >= 0 && p < producers));
+
+    // A producer's error comes back after the items before it; nothing after it is consumed.
+    std::vector<uint64_t> got;
+    s = RunAhead(
+        kN, kSlots, [&](uint64_t i, int) { return i == 57 ? DataLoss("item 57") : Status::Ok(); },
+        [&](uint64_t i, int) {
+          got.push_back(i);
+          return Status::Ok();
+        },
+        producers);
+    CHECK(s.message() == "item 57");
+    CHECK(got.size() == 57);
+    // A consumer's error stops the producers within the slots ahead.
+    std::atomic<uint64_t> produced{0};
+    s = RunAhead(
+        kN, kSlots,
+        [&](uint64_t, int) {
+          ++produced;
+          return Status::Ok();
+        },
+        [&](uint64_t i, int) { return i == 10 ? Internal("enough") : Status::Ok(); }, producers);
+    CHECK(s.message() == "enough");
+    CHECK(produced.load() <= 11 + kSlots);
+  }
+  CHECK(RunAhead(0, 2, [](uint64_t, int) { return Internal("never"); },
+                 [](uint64_t, int) { return Internal("never"); })
+            .ok());
 }
 
 TEST_CASE("a large output written in odd appends, synced midway, is byte for byte", "[io]") {

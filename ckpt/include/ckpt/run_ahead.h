@@ -21,4 +21,10 @@ namespace ckpt {
 Status RunAhead(uint64_t n, int slots, const std::function<Status(uint64_t i, int slot)>& produce,
                 const std::function<Status(uint64_t i, int slot)>& consume, int producers = 1);
 
+// As RunAhead; produce also gets the index of the producer running it, 0 .. producers - 1 (0
+// on the calling thread), for state kept per producer thread (a zstd context).
+Status RunAheadOnProducers(
+    uint64_t n, int slots, const std::function<Status(uint64_t i, int slot, int producer)>& produce,
+    const std::function<Status(uint64_t i, int slot)>& consume, int producers);
+
 }  // namespace ckpt

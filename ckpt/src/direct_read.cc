@@ -138,7 +138,6 @@ Status PreadExact(int fd, uint64_t offset, size_t n, void* out, const std::strin
   return Status::Ok();
 }
 
-
 void CountBufferedRead(uint64_t n) { g_buffered_bytes += n; }
 
 int DirectReader::DirectFd() const {

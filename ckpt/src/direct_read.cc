@@ -70,8 +70,6 @@ BufferPool& Pool() {
   return *pool;
 }
 
-// Whether the byte at `offset` is in the page cache: a one-byte read that may not wait for
-// the disk. A file system without RWF_NOWAIT for buffered reads answers "not cached".
 // The producer's signal that O_DIRECT was refused: ends the run, never returned.
 Status RefusedSignal() { return Internal("O_DIRECT refused"); }
 
@@ -102,6 +100,8 @@ Status DirectPread(int dfd, const std::string& path, uint8_t* buf, uint64_t pos,
   return Status::Ok();
 }
 
+// Whether the byte at `offset` is in the page cache: a one-byte read that may not wait for
+// the disk. A file system without RWF_NOWAIT for buffered reads answers "not cached".
 bool Cached(int fd, uint64_t offset) {
   char c;
   iovec iov{&c, 1};

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <condition_variable>
-#include <mutex>
 #include <exception>
+#include <mutex>
 #include <thread>
 #include <vector>
 

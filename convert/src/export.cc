@@ -22,6 +22,7 @@
 #include <optional>
 #include <set>
 
+#include "ckpt/aligned_buffer.h"
 #include "ckpt/json.h"
 #include "ckpt/progress.h"
 #include "ckpt/root.h"
@@ -199,12 +200,17 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
   }
   constexpr int kAhead = 2;
   struct Slot {
-    std::vector<float> values;   // a trainable piece as read
+    AlignedBuffer values;        // a trainable piece as read (chunk_elements floats)
     std::vector<uint8_t> bytes;  // the piece in the output dtype (unused for fp32 output)
     const uint8_t* data = nullptr;
     uint64_t size = 0;
   };
   std::vector<Slot> slots(kAhead);
+  int64_t longest_piece = 0;
+  for (const auto& pc : pieces)
+    if (pc.tensor != kNoTensor && !files[pc.file].tensors[pc.tensor].param->frozen)
+      longest_piece = std::max(longest_piece, pc.end - pc.begin);
+  for (auto& slot : slots) slot.values = AlignedBuffer(static_cast<size_t>(longest_piece) * 4);
   CKPT_ASSIGN_OR_RETURN(StagedOutput staged, StagedOutput::Begin(out, env), "");
   Progress progress("export-fp32", report.total_size, opts.progress);
   std::optional<safetensors::SafetensorsWriter> writer;
@@ -238,14 +244,13 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
       slot.size = slot.bytes.size();
       return Status::Ok();
     }
-    slot.values.resize(static_cast<size_t>(pc.end - pc.begin));
-    CKPT_RETURN_IF_ERROR(
-        src->ReadParamRange(p.name, kMaster, pc.begin, pc.end, slot.values.data()));
+    float* values = slot.values.as<float>();
+    CKPT_RETURN_IF_ERROR(src->ReadParamRange(p.name, kMaster, pc.begin, pc.end, values));
     if (t.out_dtype == DType::kF32) {
-      slot.data = reinterpret_cast<const uint8_t*>(slot.values.data());
-      slot.size = slot.values.size() * 4;
+      slot.data = slot.values.data();
+      slot.size = static_cast<uint64_t>(pc.end - pc.begin) * 4;
     } else {
-      Encode(slot.values.data(), pc.end - pc.begin, t.out_dtype, slot.bytes);
+      Encode(values, pc.end - pc.begin, t.out_dtype, slot.bytes);
       slot.data = slot.bytes.data();
       slot.size = slot.bytes.size();
     }

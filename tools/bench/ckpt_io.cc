@@ -213,9 +213,19 @@ json FloorPasses(const std::string& dir, const std::vector<raw_floor::AlignedBuf
           {"variants", variants}};
 }
 
+// Which side of a repetition its paired floor runs on: before the ckpt run on even
+// repetitions, after it on odd ones. On the development VM the virtual disk sits on the host's
+// page cache: a read of a file read seconds earlier comes partly from the host's memory, and a
+// write right after 5 GiB of floor writes meets a host still flushing them. Alternating gives
+// the ckpt run and its floor each side equally often; a pause of one second between them lets the
+// host finish the previous run's writeback (docs/performance.md).
+bool FloorAfter(int rep) { return rep % 2 == 1; }
+void Settle() { std::this_thread::sleep_for(std::chrono::milliseconds(1000)); }
+
 // A repetition's record gets the floor beside it: raw_seconds is the best variant (the ratio
-// the benchmark reports), raw_buffered_seconds the old floor.
-void AddFloor(json* rep, const json& floor) {
+// the benchmark reports), raw_buffered_seconds the old floor, floor_order which ran first.
+void AddFloor(json* rep, const json& floor, int rep_index) {
+  (*rep)["floor_order"] = FloorAfter(rep_index) ? "ckpt first" : "floor first";
   (*rep)["raw_seconds"] = floor["best_seconds"];
   (*rep)["raw_best_variant"] = floor["best_variant"];
   (*rep)["raw_buffered_seconds"] = floor["buffered_seconds"];
@@ -588,10 +598,12 @@ int Save(const Args& a) {
     for (int rep = 0; rep < a.reps; ++rep) {
       between_reps(rep);
       json floor;
-      if (!a.paired_raw.empty()) {
+      auto run_floor = [&] {
         floor = FloorPasses(a.paired_raw, floor_bufs, true, a.drop);
         std::filesystem::remove_all(a.paired_raw);
-      }
+        Settle();
+      };
+      if (!a.paired_raw.empty() && !FloorAfter(rep)) run_floor();
       std::pair<double, uint64_t> codec_floor;
       if (codec) {
         if (a.drop) DropCaches();
@@ -611,8 +623,12 @@ int Save(const Args& a) {
       for (auto& t : threads) t.join();
       const double secs = Since(t0);
       if (!results[0].ok()) Die("save: " + results[0].ToString());
+      if (!a.paired_raw.empty() && FloorAfter(rep)) {
+        Settle();
+        run_floor();
+      }
       reps.push_back({{"seconds", secs}, {"file_bytes", DirBytes(a.root + "/" + meta.tag)}});
-      if (!floor.is_null()) AddFloor(&reps.back(), floor);
+      if (!floor.is_null()) AddFloor(&reps.back(), floor, rep);
       if (codec) AddCodecFloor(&reps.back(), codec_floor.first, codec_threads, codec_floor.second);
     }
   } else {
@@ -676,18 +692,24 @@ int Save(const Args& a) {
       if (rep == 0) gen_secs = Since(tg);
       between_reps(rep);
       json floor;
-      if (!floor_bufs.empty()) {
+      auto run_floor = [&] {
         floor = FloorPasses(a.paired_raw, floor_bufs, true, a.drop);
         std::filesystem::remove_all(a.paired_raw);
-      }
+        Settle();
+      };
+      if (!floor_bufs.empty() && !FloorAfter(rep)) run_floor();
       const std::string tokens(static_cast<size_t>(a.ranks), 'g');
       const auto t0 = Clock::now();
       if (write(go[1], tokens.data(), tokens.size()) != static_cast<ssize_t>(tokens.size()))
         Die("pipe write");
       collect(done[0]);
       const double secs = Since(t0);
+      if (!floor_bufs.empty() && FloorAfter(rep)) {
+        Settle();
+        run_floor();
+      }
       reps.push_back({{"seconds", secs}, {"file_bytes", DirBytes(a.root + "/" + prev_tag)}});
-      if (!floor.is_null()) AddFloor(&reps.back(), floor);
+      if (!floor.is_null()) AddFloor(&reps.back(), floor, rep);
     }
     for (pid_t k : kids) {
       int st = 0;
@@ -886,7 +908,10 @@ int Load(const Args& a) {
   for (int rep = 0; rep < a.reps; ++rep) {
     if (a.drop) drop_status = DropCaches();
     json floor;
-    if (paired) floor = FloorPasses(a.paired_raw, floor_bufs, false, a.drop);
+    if (paired && !FloorAfter(rep)) {
+      floor = FloorPasses(a.paired_raw, floor_bufs, false, a.drop);
+      Settle();
+    }
     double codec_secs = 0;
     if (codec) {
       codec_secs = CodecLoadFloor(a.paired_codec, codec_ranks, codec_threads);
@@ -976,8 +1001,12 @@ int Load(const Args& a) {
     }
     for (auto& s : results)
       if (!s.ok()) Die("load: " + s.ToString());
+    if (paired && FloorAfter(rep)) {
+      Settle();
+      floor = FloorPasses(a.paired_raw, floor_bufs, false, a.drop);
+    }
     reps.push_back({{"seconds", secs}, {"rank_maxrss_kib", child_rss}});
-    if (!floor.is_null()) AddFloor(&reps.back(), floor);
+    if (!floor.is_null()) AddFloor(&reps.back(), floor, rep);
     if (codec) AddCodecFloor(&reps.back(), codec_secs, codec_threads);
   }
   if (paired) std::filesystem::remove_all(a.paired_raw);
@@ -1177,7 +1206,7 @@ int ReshardLoad(const Args& a) {
                        {"piece_bytes", acc.piece_bytes}, {"ratio", acc.ratio()}});
     }
     reps.push_back({{"seconds", secs}, {"bytes_read", read}});
-    AddFloor(&reps.back(), floor);
+    AddFloor(&reps.back(), floor, 0);  // always before: a reshard reads a part of each file
   }
   std::filesystem::remove_all(a.paired_raw);
   json out = {{"op", "reshard-load"}, {"from", man.topology.dp_world_size}, {"to", world},

@@ -2,8 +2,8 @@
 //
 //   ckpt_io save ROOT --ranks N --params P [--zero S] [--compress C] [--chunk-bytes B]
 //                [--no-file-checksum] [--compress-threads T] [--reps R] [--drop-caches]
-//                [--paired-raw DIR] [--paired-codec DIR]
-//   ckpt_io load ROOT [--reps R] [--drop-caches] [--no-verify] [--paired-raw DIR]
+//                [--paired-raw DIR [--paired-variant NAME]] [--paired-codec DIR]
+//   ckpt_io load ROOT [--reps R] [--drop-caches] [--no-verify] [--paired-raw DIR [--paired-variant NAME]]
 //                [--paired-codec DIR [--chunk-bytes B]]
 //   ckpt_io zstd ROOT [--levels 1,3,9] [--max-mib M] [--chunk-bytes B]
 //   ckpt_io async ROOT --ranks N --params P [--zero S] [--reps R]
@@ -108,6 +108,7 @@ struct Args {
   bool file_checksum = true, drop = false, verify = true, procs = false;
   std::string paired_raw;  // directory for the paired raw write / read of the same bytes
   std::string paired_codec;  // directory for the paired codec floor (zstd saves and loads)
+  std::string paired_variant;  // --paired-variant: only this floor variant (the run's best)
   std::vector<int> levels = {1, 3, 9};
   int64_t max_mib = 64;
   int to = 0;  // reshard-load: the new world size
@@ -140,6 +141,7 @@ Args Parse(int argc, char** argv) {
     else if (k == "--procs") a.procs = true;
     else if (k == "--paired-raw") a.paired_raw = val();
     else if (k == "--paired-codec") a.paired_codec = val();
+    else if (k == "--paired-variant") a.paired_variant = val();
     else if (k == "--levels") {
       a.levels.clear();
       std::string s = val();
@@ -187,11 +189,12 @@ std::vector<raw_floor::AlignedBuffer> FloorBuffers(const std::vector<Pieces>& ra
 // Every variant once; {"best_seconds", "best_variant", "buffered_seconds", "variants": {name:
 // seconds or null where unsupported}}.
 json FloorPasses(const std::string& dir, const std::vector<raw_floor::AlignedBuffer>& files,
-                 bool write_pass, bool drop) {
+                 bool write_pass, bool drop, const std::string& only = "") {
   json variants = json::object();
   double best = -1, buffered = -1;
   std::string best_name;
   for (const auto& v : write_pass ? raw_floor::WriteVariants() : raw_floor::ReadVariants()) {
+    if (!only.empty() && v.name != only) continue;
     if (write_pass) std::filesystem::remove_all(dir);
     std::filesystem::create_directories(dir);
     if (drop) DropCaches();
@@ -217,10 +220,10 @@ json FloorPasses(const std::string& dir, const std::vector<raw_floor::AlignedBuf
 // repetitions, after it on odd ones. On the development VM the virtual disk sits on the host's
 // page cache: a read of a file read seconds earlier comes partly from the host's memory, and a
 // write right after 5 GiB of floor writes meets a host still flushing them. Alternating gives
-// the ckpt run and its floor each side equally often; a pause of one second between them lets the
+// the ckpt run and its floor each side equally often; a pause of three seconds between them lets the
 // host finish the previous run's writeback (docs/performance.md).
 bool FloorAfter(int rep) { return rep % 2 == 1; }
-void Settle() { std::this_thread::sleep_for(std::chrono::milliseconds(1000)); }
+void Settle() { std::this_thread::sleep_for(std::chrono::seconds(3)); }
 
 // A repetition's record gets the floor beside it: raw_seconds is the best variant (the ratio
 // the benchmark reports), raw_buffered_seconds the old floor, floor_order which ran first.
@@ -599,7 +602,7 @@ int Save(const Args& a) {
       between_reps(rep);
       json floor;
       auto run_floor = [&] {
-        floor = FloorPasses(a.paired_raw, floor_bufs, true, a.drop);
+        floor = FloorPasses(a.paired_raw, floor_bufs, true, a.drop, a.paired_variant);
         std::filesystem::remove_all(a.paired_raw);
         Settle();
       };
@@ -693,7 +696,7 @@ int Save(const Args& a) {
       between_reps(rep);
       json floor;
       auto run_floor = [&] {
-        floor = FloorPasses(a.paired_raw, floor_bufs, true, a.drop);
+        floor = FloorPasses(a.paired_raw, floor_bufs, true, a.drop, a.paired_variant);
         std::filesystem::remove_all(a.paired_raw);
         Settle();
       };
@@ -909,7 +912,7 @@ int Load(const Args& a) {
     if (a.drop) drop_status = DropCaches();
     json floor;
     if (paired && !FloorAfter(rep)) {
-      floor = FloorPasses(a.paired_raw, floor_bufs, false, a.drop);
+      floor = FloorPasses(a.paired_raw, floor_bufs, false, a.drop, a.paired_variant);
       Settle();
     }
     double codec_secs = 0;
@@ -1003,7 +1006,7 @@ int Load(const Args& a) {
       if (!s.ok()) Die("load: " + s.ToString());
     if (paired && FloorAfter(rep)) {
       Settle();
-      floor = FloorPasses(a.paired_raw, floor_bufs, false, a.drop);
+      floor = FloorPasses(a.paired_raw, floor_bufs, false, a.drop, a.paired_variant);
     }
     reps.push_back({{"seconds", secs}, {"rank_maxrss_kib", child_rss}});
     if (!floor.is_null()) AddFloor(&reps.back(), floor, rep);

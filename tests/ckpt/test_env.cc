@@ -17,6 +17,7 @@
 #include <memory>
 #include <set>
 
+#include "ckpt/aligned_buffer.h"
 #include "ckpt/env.h"
 #include "ckpt/hash.h"
 #include "ckpt/reader.h"
@@ -214,6 +215,25 @@ TEST_CASE("one errno mapper: the same condition gets the same code", "[unit]") {
   CHECK(Env::Default()->ReadFileToString(d / "nope").status().code() == StatusCode::kNotFound);
 }
 
+TEST_CASE("AlignedBuffer: 4 KiB-aligned, the size asked for, movable", "[unit]") {
+  for (const size_t n : {size_t{0}, size_t{1}, size_t{4095}, size_t{4096}, size_t{5 << 20}}) {
+    INFO("bytes " << n);
+    AlignedBuffer b(n);
+    REQUIRE(b.data() != nullptr);
+    CHECK(reinterpret_cast<uintptr_t>(b.data()) % AlignedBuffer::kAlign == 0);
+    CHECK(b.size() == n);
+    if (n > 0) {
+      b.data()[n - 1] = 7;  // the whole size is writable (ASan checks the bounds)
+      CHECK(b.as<uint8_t>()[n - 1] == 7);
+    }
+    AlignedBuffer moved = std::move(b);
+    CHECK(moved.size() == n);
+    CHECK(b.size() == 0);  // NOLINT(bugprone-use-after-move): the moved-from state is empty
+    CHECK(reinterpret_cast<uintptr_t>(moved.data()) % AlignedBuffer::kAlign == 0);
+  }
+  CHECK(AlignedBuffer().data() == nullptr);
+}
+
 TEST_CASE("UniqueFd is move-only and closes exactly once", "[unit]") {
   int fds[2];
   REQUIRE(::pipe(fds) == 0);
@@ -350,13 +370,10 @@ TEST_CASE("large reads: O_DIRECT ahead of the caller, the same bytes as pread, i
     // 4 KiB-aligned storage; `at` and the destination share their offset within a block
     // (3, as `offset` above), so the middle of the range goes straight into it, the unaligned
     // head and tail by pread.
-    std::unique_ptr<uint8_t, decltype(&std::free)> mem(
-        static_cast<uint8_t*>(std::aligned_alloc(4096, (n + 8192 + 4095) & ~uint64_t{4095})),
-        &std::free);
-    REQUIRE(mem != nullptr);
+    AlignedBuffer mem(n + 8192);
     for (const bool congruent : {true, false}) {
       INFO("destination congruent with the file offset: " << congruent);
-      uint8_t* out = mem.get() + (offset % 4096) + (congruent ? 0 : 1);
+      uint8_t* out = mem.data() + (offset % 4096) + (congruent ? 0 : 1);
       std::memset(out, 0, n);
       const DirectReadStats before = GetDirectReadStats();
       uint64_t next = offset;
@@ -381,7 +398,7 @@ TEST_CASE("large reads: O_DIRECT ahead of the caller, the same bytes as pread, i
             (congruent ? middle : 0));
     }
     // An error from on_filled ends the read with it, head first.
-    uint8_t* out = mem.get() + (offset % 4096);
+    uint8_t* out = mem.data() + (offset % 4096);
     int calls = 0;
     Status s = (*file)->ReadLarge(offset, n, out, [&](uint64_t, const uint8_t*, size_t) {
       return ++calls == 2 ? Internal("stop here") : Status::Ok();
@@ -567,12 +584,9 @@ TEST_CASE("a load and a deep check read uncached data with O_DIRECT and still ve
   std::vector<float> master(rec->bytes / 4);
   REQUIRE(rd->ReadDataset(1, "master", master.data(), rec->bytes).ok());
   // Into page-aligned memory: straight from the disk into it, still verified.
-  std::unique_ptr<float, decltype(&std::free)> aligned(
-      static_cast<float*>(std::aligned_alloc(4096, (rec->bytes + 4095) & ~uint64_t{4095})),
-      &std::free);
-  REQUIRE(aligned != nullptr);
+  AlignedBuffer aligned(rec->bytes);
   const uint64_t into_before = GetDirectReadStats().direct_into_caller_bytes;
-  REQUIRE(rd->ReadDataset(1, "exp_avg", aligned.get(), rec->bytes).ok());
+  REQUIRE(rd->ReadDataset(1, "exp_avg", aligned.as<float>(), rec->bytes).ok());
   const uint64_t into = GetDirectReadStats().direct_into_caller_bytes - into_before;
   if (GetDirectReadStats().refused == before.refused)
     CHECK(into >= rec->bytes - 4096);

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <memory>
 #include <new>
+#include <utility>
 
 namespace ckpt {
 
@@ -25,6 +26,14 @@ class AlignedBuffer {
     data_.reset(static_cast<uint8_t*>(p));
     size_ = bytes;
   }
+  AlignedBuffer(AlignedBuffer&& o) noexcept
+      : data_(std::move(o.data_)), size_(std::exchange(o.size_, 0)) {}
+  AlignedBuffer& operator=(AlignedBuffer&& o) noexcept {
+    data_ = std::move(o.data_);
+    size_ = std::exchange(o.size_, 0);
+    return *this;
+  }
+
   uint8_t* data() const { return data_.get(); }
   size_t size() const { return size_; }
   template <typename T>

@@ -1,9 +1,13 @@
 #include "ckpt/status.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <tuple>
 
 namespace ckpt {
 
@@ -32,6 +36,31 @@ std::string Status::ToString() const {
 Status Status::WithContext(std::string_view context) const {
   if (ok() || context.empty()) return *this;
   return Status(code_, std::string(context) + ": " + message_);
+}
+
+std::string OutOfMemoryText() {
+  // Which limit the failed allocation met: a finite address-space (ulimit -v) or data-segment
+  // (ulimit -d) limit of this process is named with its size; without one, the machine's memory.
+  auto limit = [](int resource) -> rlim_t {
+    rlimit r{};
+    return ::getrlimit(resource, &r) == 0 ? r.rlim_cur : RLIM_INFINITY;
+  };
+  std::string limits;
+  for (const auto& [resource, flag, what] :
+       {std::tuple{RLIMIT_AS, "-v", "address-space"}, std::tuple{RLIMIT_DATA, "-d", "data-segment"}}) {
+    const rlim_t v = limit(resource);
+    if (v == RLIM_INFINITY) continue;
+    if (!limits.empty()) limits += " and ";
+    limits += std::string("the process's ") + what + " limit (ulimit " + flag + " " +
+              std::to_string(static_cast<unsigned long long>(v) / 1024) + " KiB)";
+  }
+  if (!limits.empty()) return "out of memory (an allocation failed under " + limits + ")";
+  const long pages = ::sysconf(_SC_AVPHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  std::string text = "out of memory (an allocation failed: the machine's memory";
+  if (pages > 0 && page > 0)
+    text += ", " + std::to_string(static_cast<long long>(pages) * page / (1024 * 1024)) +
+            " MiB free now";
+  return text + ")";
 }
 
 Status PosixError(std::string_view context, int errnum) {

@@ -380,9 +380,7 @@ int Run(int argc, char** argv) {
     // Out of memory on this rank (a resume's state, resharded or not; a save's buffers): the
     // other ranks would wait for it in their next collective, so the job aborts with the
     // reason. Nothing was committed: a save cut short leaves only its temporary directory.
-    AbortJob(ckpt::ResourceExhausted(
-        "out of memory (an allocation failed: the machine's memory or the process's "
-        "address-space limit, ulimit -v)"));
+    AbortJob(ckpt::ResourceExhausted(ckpt::OutOfMemoryText()));
   }
 }
 

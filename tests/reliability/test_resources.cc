@@ -68,6 +68,8 @@ TEST_CASE("ckpt synth and reshard past ulimit -v / -d: out of memory, exit 2, no
   INFO(out);
   CHECK(rc == 2);  // not 134 (std::terminate in a rank thread)
   CHECK(out.find("out of memory") != std::string::npos);
+  // The text names the limit that was met, with its size.
+  CHECK(out.find("address-space limit (ulimit -v 1048576 KiB)") != std::string::npos);
   CHECK(Staging(d / "big") == 0);
   // reshard onto one rank: the new rank's 48 MB of state (built by ckpt::LoadResharded inside
   // SaveRanks' worker thread) in 32 MiB of data segment (`ulimit -d` counts the heap and
@@ -77,6 +79,7 @@ TEST_CASE("ckpt synth and reshard past ulimit -v / -d: out of memory, exit 2, no
   INFO(out);
   CHECK(rc == 2);
   CHECK(out.find("out of memory") != std::string::npos);
+  CHECK(out.find("data-segment limit (ulimit -d 32768 KiB)") != std::string::npos);
   CHECK(Staging(d.str()) == 0);
   CHECK_FALSE(fs::exists(d / "out"));
 }
@@ -92,5 +95,6 @@ TEST_CASE("engine_min past ulimit -d: out of memory, the job aborts with exit 2"
   INFO(out);
   CHECK(rc == 2);  // not 134 (std::terminate on the uncaught std::bad_alloc)
   CHECK(out.find("ResourceExhausted: out of memory") != std::string::npos);
+  CHECK(out.find("ulimit -d 262144 KiB") != std::string::npos);
   CHECK(Staging(d / "run") == 0);
 }

@@ -251,9 +251,8 @@ int main(int argc, char** argv) {
         return run();
       } catch (const std::bad_alloc&) {
         // Unwinding removed any staging directory; nothing was committed.
-        std::cerr << "ckpt " << sub->get_name()
-                  << ": error: out of memory (an allocation failed: the machine's memory or "
-                     "the process's address-space limit, ulimit -v); nothing was committed\n";
+        std::cerr << "ckpt " << sub->get_name() << ": error: " << ckpt::OutOfMemoryText()
+                  << "; nothing was committed\n";
         return 2;
       } catch (const std::exception& e) {
         std::cerr << "ckpt " << sub->get_name() << ": internal error: " << e.what() << "\n";

@@ -129,6 +129,10 @@ class [[nodiscard]] Result {
   std::variant<T, Status> v_;
 };
 
+// "out of memory (...)" naming the limit an allocation just met: the process's ulimit -v or -d
+// with its size when one is set, else the machine's memory. One text for every tool.
+std::string OutOfMemoryText();
+
 // Runs f (returning a Status or a Result<T>); a failed allocation (std::bad_alloc) comes back
 // as ResourceExhausted "<what>: out of memory ...". For the bodies of worker threads, where an
 // escaping exception would abort the whole process (exit 134, its staging left behind).
@@ -137,9 +141,7 @@ auto OutOfMemoryAsStatus(std::string_view what, F&& f) -> decltype(f()) {
   try {
     return f();
   } catch (const std::bad_alloc&) {
-    return ResourceExhausted(std::string(what) +
-                             ": out of memory (an allocation failed: the machine's memory or "
-                             "the process's address-space limit, ulimit -v)");
+    return ResourceExhausted(std::string(what) + ": " + OutOfMemoryText());
   }
 }
 

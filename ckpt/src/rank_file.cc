@@ -22,6 +22,7 @@
 #include "ckpt/rank_threads.h"
 #include "ckpt/run_ahead.h"
 #include "ckpt/shape.h"
+#include "ckpt/universal.h"
 #include "zstd_filter.h"
 
 namespace ckpt::internal {
@@ -664,7 +665,8 @@ struct RankFile::Impl {
 RankFile::~RankFile() = default;
 
 Result<std::unique_ptr<RankFile>> RankFile::Open(const std::string& path, std::string label,
-                                                 const FileRecord& record, Env* env) {
+                                                 const FileRecord& record, Env* env,
+                                                 bool universal) {
   if (!env) env = Env::Default();
   h5::Init();
   std::unique_ptr<RankFile> rf(new RankFile());
@@ -678,10 +680,14 @@ Result<std::unique_ptr<RankFile>> RankFile::Open(const std::string& path, std::s
                                          record.data_extents, record.metadata_xxh3, record.xxh3));
   const hid_t fid = rf->impl_->file.get();
   // The file says what it is: refuse foreign files and newer major versions before reading.
+  const std::string_view expected = universal ? kUniversalFormat : kFormatName;
+  const int supported_major = universal ? kUniversalMajor : kFormatMajor;
   const Result<std::string> format = h5::ReadStringAttr(fid, "format");
-  if (!format.ok() || *format != kFormatName) {
+  if (!format.ok() || *format != expected) {
     H5Eclear2(H5E_DEFAULT);
-    return DataLoss(rf->impl_->label + ": not a ckpt rank file (attribute 'format' is " +
+    return DataLoss(rf->impl_->label + ": not a " +
+                    (universal ? std::string("universal checkpoint file") : "ckpt rank file") +
+                    " (attribute 'format' is " +
                     (format.ok() ? "'" + *format + "'" : std::string("missing")) + ")");
   }
   const Result<std::string> version = h5::ReadStringAttr(fid, "format_version");
@@ -689,9 +695,9 @@ Result<std::unique_ptr<RankFile>> RankFile::Open(const std::string& path, std::s
   if (!version.ok() || std::sscanf(version->c_str(), "%d.%d", &major, &minor) != 2 || major < 0) {
     return DataLoss(rf->impl_->label + ": missing or malformed attribute 'format_version'");
   }
-  if (major > kFormatMajor) {
+  if (major > supported_major) {
     return Unimplemented(rf->impl_->label + ": written by format version " + *version +
-                         ", this reader supports " + std::to_string(kFormatMajor) +
+                         ", this reader supports " + std::to_string(supported_major) +
                          ".x; upgrade ckpt to read it");
   }
   rf->impl_->dapl = h5::NoExternalLinks();

@@ -107,8 +107,11 @@ class RankFile {
   // other than hard links are refused (DataLoss) before HDF5 reads them, and so are datasets
   // h5::CheckStorage refuses (external storage, virtual or compact layouts, unknown filters).
   // Offset reads go through env (nullptr: Env::Default()); HDF5 reads through its own driver.
+  // `universal`: the file is a universal checkpoint's (sealed the same way; its root
+  // attributes say 'ckpt-universal' and the universal layout's version).
   static Result<std::unique_ptr<RankFile>> Open(const std::string& path, std::string label,
-                                                const FileRecord& record, Env* env = nullptr);
+                                                const FileRecord& record, Env* env = nullptr,
+                                                bool universal = false);
   ~RankFile();
   // Checks the stored dtype and shape against the record (DataLoss when they differ).
   Status CheckShape(const DatasetRecord& rec) const;

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "ckpt/env.h"
 #include "ckpt/reader.h"
 #include "ckpt/root.h"
 #include "ckpt/state_source.h"
@@ -213,6 +214,20 @@ TEST_CASE("one StateSource interface over a sharded checkpoint and its universal
     REQUIRE(h.ok());
     CHECK(h->step == 5);  // scheduler.step: the manifest records no optimizer step
     CHECK(from.find("scheduler.step") != std::string::npos);
+  }
+
+  // `ckpt check --deep` of the universal copy reads its file once: the file's digest and every
+  // dataset's come from one scan (counted by the large-read statistics; HDF5's own reads and
+  // the seal check's small reads are not).
+  {
+    const DirectReadStats before = GetDirectReadStats();
+    auto checked = CheckSource(dir / "uni", "", /*deep=*/true);
+    REQUIRE(checked.ok());
+    CHECK(checked->problems.empty());
+    const DirectReadStats after = GetDirectReadStats();
+    CHECK((after.direct_bytes - before.direct_bytes) +
+              (after.buffered_bytes - before.buffered_bytes) ==
+          std::filesystem::file_size(dir / "uni/universal.h5"));
   }
 
   // Flip one byte of rank 2's exp_avg_sq values: exactly one of three shares finds it.

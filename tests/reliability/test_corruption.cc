@@ -21,6 +21,7 @@
 #include "ckpt/hash.h"
 #include "ckpt/reader.h"
 #include "ckpt/root.h"
+#include "ckpt/state_source.h"
 #include "convert/export.h"
 #include "safetensors/safetensors.h"
 #include "convert/universal.h"
@@ -460,18 +461,17 @@ struct UniversalReference {
   std::map<std::string, std::vector<uint8_t>> datasets;
 };
 
-// The deep check a universal directory gets: the reader opens it (manifest, file size, format
-// attributes), then the whole-file XXH3 and every dataset's XXH3 against the manifest.
+// The reader opens the directory (manifest, file size, format attributes: a refusal), then the
+// deep check it gets, `ckpt check --deep` (CheckSource: one pass over the file for the
+// whole-file XXH3 and every dataset's against the manifest). When it passes, a loader's view.
 Verdict JudgeUniversal(const std::string& dir, const UniversalReference* ref) {
   auto r = UniversalReader::Open(dir);
   if (!r.ok()) return {Outcome::kRefused, r.status().ToString(), {}};
-  const FileRecord& f = r->manifest().files.at(0);
-  auto h = Xxh3FileHex(dir + "/" + f.path);
-  if (!h.ok()) return {Outcome::kRefused, h.status().ToString(), {}};
-  if (!f.xxh3.empty() && *h != f.xxh3) return {Outcome::kDetected, "universal.h5 checksum mismatch", {}};
-  for (const auto& d : f.datasets) {
-    Status s = r->VerifyDataset(d.name);
-    if (!s.ok()) return {Outcome::kDetected, s.ToString(), {{f.path, d.name, s.message()}}};
+  auto check = CheckSource(dir, "", /*deep=*/true);
+  if (!check.ok()) return {Outcome::kRefused, check.status().ToString(), {}};
+  if (!check->problems.empty()) {
+    const Problem& p = check->problems.front();
+    return {Outcome::kDetected, p.file + " " + p.dataset + " " + p.what, check->problems};
   }
   if (!ref) return {Outcome::kBenign, "", {}};
   if (ManifestToJson(r->manifest()) != ref->manifest)

@@ -3,8 +3,8 @@
 //   ckpt_io save ROOT --ranks N --params P [--zero S] [--compress C] [--chunk-bytes B]
 //                [--no-file-checksum] [--compress-threads T] [--reps R] [--drop-caches]
 //                [--paired-raw DIR [--paired-variant NAME]] [--paired-codec DIR]
-//   ckpt_io load ROOT [--reps R] [--drop-caches] [--no-verify] [--paired-raw DIR [--paired-variant NAME]]
-//                [--paired-codec DIR [--chunk-bytes B]]
+//   ckpt_io load ROOT [--reps R] [--drop-caches] [--no-verify]
+//                [--paired-raw DIR [--paired-variant NAME]] [--paired-codec DIR [--chunk-bytes B]]
 //   ckpt_io zstd ROOT [--levels 1,3,9] [--max-mib M] [--chunk-bytes B]
 //   ckpt_io async ROOT --ranks N --params P [--zero S] [--reps R]
 //   ckpt_io reshard-load ROOT --to M [--zero S] [--reps R] [--drop-caches] --paired-raw DIR
@@ -220,8 +220,8 @@ json FloorPasses(const std::string& dir, const std::vector<raw_floor::AlignedBuf
 // repetitions, after it on odd ones. On the development VM the virtual disk sits on the host's
 // page cache: a read of a file read seconds earlier comes partly from the host's memory, and a
 // write right after 5 GiB of floor writes meets a host still flushing them. Alternating gives
-// the ckpt run and its floor each side equally often; a pause of three seconds between them lets the
-// host finish the previous run's writeback (docs/performance.md).
+// the ckpt run and its floor each side equally often; a pause of three seconds between them
+// lets the host finish the previous run's writeback (docs/performance.md).
 bool FloorAfter(int rep) { return rep % 2 == 1; }
 void Settle() { std::this_thread::sleep_for(std::chrono::seconds(3)); }
 

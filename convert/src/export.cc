@@ -200,7 +200,7 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
   }
   constexpr int kAhead = 2;
   struct Slot {
-    AlignedBuffer values;        // a trainable piece as read (chunk_elements floats)
+    AlignedBuffer values;        // a trainable piece as read (room for the longest piece)
     std::vector<uint8_t> bytes;  // the piece in the output dtype (unused for fp32 output)
     const uint8_t* data = nullptr;
     uint64_t size = 0;

@@ -221,26 +221,33 @@ def main():
     # Every variant of tools/bench/raw_floor.h (buffered, sync_file_range, O_DIRECT with 4, 16
     # and 64 MiB blocks) on the same bytes, interleaved per repetition; the floor is the best
     # variant by median, the old one (buffered_4MiB) is kept beside it (issue 19).
+    def raw_pass(op, d, files, variant, per_file=None):
+        """One raw_io pass over `files` files in d after dropping the page cache (a write
+        pass empties d first): (seconds, or None where the file system refuses the variant;
+        peak RSS in KiB)."""
+        if op == "write":
+            shutil.rmtree(d, ignore_errors=True)
+            os.makedirs(d)
+        drop_caches()
+        cmd = [raw_io, op, d, "--files", str(files), "--variant", variant]
+        if per_file is not None:
+            cmd += ["--bytes-per-file", str(per_file)]
+        j, _, rss = R.json(cmd)
+        return (None if j.get("unsupported") else j["seconds"]), rss
+
     raw_dir = os.path.join(work, "raw")
-    os.makedirs(raw_dir)
     variants = {op: R.run([raw_io, "variants", op])[0].split() for op in ("write", "read")}
     times = {op: {v: [] for v in variants[op]} for op in ("write", "read")}
     rss_w = rss_r = 0
     for _ in range(a.reps):
         for v in variants["write"]:
-            for f in os.listdir(raw_dir):
-                os.remove(os.path.join(raw_dir, f))
-            drop_caches()
-            j, _, rss_w = R.json([raw_io, "write", raw_dir, "--files", str(a.ranks),
-                                  "--bytes-per-file", str(per_file), "--variant", v])
-            if not j.get("unsupported"):
-                times["write"][v].append(j["seconds"])
+            t, rss_w = raw_pass("write", raw_dir, a.ranks, v, per_file)
+            if t is not None:
+                times["write"][v].append(t)
         for v in variants["read"]:
-            drop_caches()
-            j, _, rss_r = R.json([raw_io, "read", raw_dir, "--files", str(a.ranks),
-                                  "--variant", v])
-            if not j.get("unsupported"):
-                times["read"][v].append(j["seconds"])
+            t, rss_r = raw_pass("read", raw_dir, a.ranks, v)
+            if t is not None:
+                times["read"][v].append(t)
     raw_bytes = per_file * a.ranks
     shutil.rmtree(raw_dir)
     for op, rss in (("write", rss_w), ("read", rss_r)):
@@ -321,10 +328,8 @@ def main():
     c_secs, c_floor, rc = [], [], 0
     for rep in range(a.reps):
         def floor():
-            drop_caches()
-            j, _, _ = R.json([raw_io, "read", link_dir, "--files", str(len(rank_files)),
-                              "--variant", ph["raw_read"]["variant"]])
-            c_floor.append(j["seconds"])
+            c_floor.append(raw_pass("read", link_dir, len(rank_files),
+                                    ph["raw_read"]["variant"])[0])
             time.sleep(3)
         if not floor_after(rep):
             floor()
@@ -407,14 +412,9 @@ def main():
             # by every write variant, then by the best of them only.
             best = None
             for v in one_best or variants["write"]:
-                shutil.rmtree(one_dir, ignore_errors=True)
-                os.makedirs(one_dir)
-                drop_caches()
-                j, _, _ = R.json([raw_io, "write", one_dir, "--files", str(nfiles),
-                                  "--bytes-per-file", str(max(1, written // nfiles)),
-                                  "--variant", v])
-                if not j.get("unsupported") and (best is None or j["seconds"] < best):
-                    best, best_v = j["seconds"], v
+                t, _ = raw_pass("write", one_dir, nfiles, v, max(1, written // nfiles))
+                if t is not None and (best is None or t < best):
+                    best, best_v = t, v
             if not one_best:
                 one_best.append(best_v)
             shutil.rmtree(one_dir, ignore_errors=True)
@@ -629,16 +629,8 @@ def main():
         sreps = a.reps2
         for n in counts:
             sd = os.path.join(work, "scale")
-            os.makedirs(sd, exist_ok=True)
-            ws = []
-            for _ in range(sreps):
-                for f in os.listdir(sd):
-                    os.remove(os.path.join(sd, f))
-                drop_caches()
-                j, _, _ = R.json([raw_io, "write", sd, "--files", str(n),
-                                  "--bytes-per-file", str(per_file),
-                                  "--variant", ph["raw_write"]["variant"]])
-                ws.append(j["seconds"])
+            ws = [raw_pass("write", sd, n, ph["raw_write"]["variant"], per_file)[0]
+                  for _ in range(sreps)]
             shutil.rmtree(sd)
             j, _, _ = R.json([ckpt_io, "save", sd, "--ranks", str(n), "--params",
                               str(shard_params * n), "--reps", str(sreps), "--drop-caches"])

@@ -29,7 +29,8 @@ BIN=build-bench/bin
 helper() {
   local out="$1" src="$2"
   shift 2
-  if [ ! -x "$out" ] || [ "$src" -nt "$out" ] || [ build-bench/lib/libckpt.a -nt "$out" ]; then
+  if [ ! -x "$out" ] || [ "$src" -nt "$out" ] || [ tools/bench/raw_floor.h -nt "$out" ] ||
+     [ build-bench/lib/libckpt.a -nt "$out" ]; then
     ckpt_log "compiling $out"
     g++ -O2 -std=c++20 -Wall -Wextra -Wno-unused-parameter "$src" -o "$out" "$@"
   fi

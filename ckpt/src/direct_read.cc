@@ -11,6 +11,7 @@
 #include <cstring>
 #include <vector>
 
+#include "ckpt/aligned_buffer.h"
 #include "ckpt/run_ahead.h"
 
 namespace ckpt {
@@ -46,10 +47,7 @@ class BufferPool {
         return p;
       }
     }
-    void* p = nullptr;
-    if (posix_memalign(&p, internal::DirectReader::kAlign, internal::DirectReader::kBlock) != 0)
-      return nullptr;
-    return p;
+    return AllocateIoMemory(internal::DirectReader::kBlock);  // huge pages: 4 MiB requests
   }
   void Put(void* p) {
     std::lock_guard<std::mutex> lock(mu_);

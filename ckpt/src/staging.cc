@@ -1,5 +1,7 @@
 #include "staging.h"
 
+#include "ckpt/aligned_buffer.h"
+
 #include <cstdlib>
 #include <new>
 #include <string>
@@ -43,7 +45,7 @@ Result<uint8_t*> StagingBuffer::Reserve(size_t bytes) {
     return Internal("pinned staging memory needs a CUDA build");
 #endif
   } else {
-    p = std::aligned_alloc(kStagingAlignment, alloc);
+    p = AllocateIoMemory(alloc);
     if (p == nullptr)
       return ResourceExhausted("async save staging: cannot allocate " + std::to_string(alloc) +
                                " bytes of host memory");

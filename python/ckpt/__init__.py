@@ -140,12 +140,15 @@ class AsyncSaver:
         return self._s.done()
 
 
-def _aligned_empty(shape, dtype, align=4096):
-    """An uninitialised array whose data starts on an ``align`` boundary: a large dataset of a
-    rank file starts on a 4 KiB boundary too, so it is read with O_DIRECT straight into the
-    array instead of through a bounce buffer (docs/performance.md)."""
+def _aligned_empty(shape, dtype):
+    """An uninitialised array whose data starts on a 4 KiB boundary: a large dataset of a rank
+    file starts on a 4 KiB boundary too, so it is read with O_DIRECT straight into the array
+    instead of through a bounce buffer. From 2 MiB up it starts on a 2 MiB boundary, so the
+    transparent huge pages numpy asks for large arrays cover it and the disk moves it in
+    larger requests (ckpt/aligned_buffer.h, docs/performance.md)."""
     dtype = _np.dtype(dtype)
     nbytes = int(_np.prod(shape, dtype=_np.int64)) * dtype.itemsize
+    align = (2 << 20) if nbytes >= (2 << 20) else 4096
     raw = _np.empty(nbytes + align, dtype=_np.uint8)
     skip = (-raw.ctypes.data) % align
     return raw[skip:skip + nbytes].view(dtype).reshape(shape)

@@ -11,8 +11,10 @@
 #include <catch2/catch.hpp>
 #include <hdf5.h>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <memory>
 #include <set>
@@ -232,6 +234,46 @@ TEST_CASE("AlignedBuffer: 4 KiB-aligned, the size asked for, movable", "[unit]")
     CHECK(reinterpret_cast<uintptr_t>(moved.data()) % AlignedBuffer::kAlign == 0);
   }
   CHECK(AlignedBuffer().data() == nullptr);
+}
+
+TEST_CASE("AllocateIoMemory: 2 MiB-aligned huge-page memory from 2 MiB up", "[unit]") {
+  void* small = AllocateIoMemory(100000);
+  REQUIRE(small != nullptr);
+  CHECK(reinterpret_cast<uintptr_t>(small) % 4096 == 0);
+  std::free(small);
+  const size_t n = (4u << 20) + 1;
+  void* big = AllocateIoMemory(n);
+  REQUIRE(big != nullptr);
+  CHECK(reinterpret_cast<uintptr_t>(big) % (2u << 20) == 0);
+  static_cast<uint8_t*>(big)[n - 1] = 1;  // the whole size is writable
+  // Where the kernel has transparent huge pages ("always" or "madvise"), the mapping that holds
+  // the buffer is eligible for them (smaps: THPeligible), whether or not any were free.
+  std::string mode;
+  {
+    std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+    std::getline(f, mode);
+  }
+  if (mode.find("[always]") != std::string::npos || mode.find("[madvise]") != std::string::npos) {
+    std::ifstream smaps("/proc/self/smaps");
+    std::string line;
+    bool inside = false, found = false;
+    const uintptr_t at = reinterpret_cast<uintptr_t>(big);
+    while (std::getline(smaps, line)) {
+      unsigned long lo = 0, hi = 0;
+      if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2 && line.find(':') > 8) {
+        inside = lo <= at && at < hi;
+        continue;
+      }
+      if (inside && line.rfind("THPeligible:", 0) == 0) {
+        found = true;
+        CHECK(line.find('1') != std::string::npos);
+      }
+    }
+    CHECK(found);
+  } else {
+    WARN("transparent huge pages are off here (" << mode << "): only the alignment is checked");
+  }
+  std::free(big);
 }
 
 TEST_CASE("UniqueFd is move-only and closes exactly once", "[unit]") {

@@ -138,6 +138,8 @@ Status PreadExact(int fd, uint64_t offset, size_t n, void* out, const std::strin
 
 void CountBufferedRead(uint64_t n) { g_buffered_bytes += n; }
 
+bool DirectIoOff() { return ModeFromEnvironment() == Mode::kOff; }
+
 int DirectReader::DirectFd() const {
   std::lock_guard<std::mutex> lock(mu_);
   if (!opened_) {

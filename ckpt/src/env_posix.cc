@@ -15,6 +15,7 @@
 #include "ckpt/env.h"
 #include "ckpt/unique_fd.h"
 #include "direct_read.h"
+#include "direct_write.h"
 
 namespace ckpt {
 
@@ -33,21 +34,7 @@ namespace {
 
 using internal::PreadExact;
 
-Status PwriteAll(int fd, uint64_t offset, std::string_view data, const std::string& path) {
-  const char* p = data.data();
-  size_t n = data.size();
-  while (n > 0) {
-    const ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(offset));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return PosixError("write " + path, errno);
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-    offset += static_cast<uint64_t>(w);
-  }
-  return Status::Ok();
-}
+using internal::PwriteAll;
 
 Result<uint64_t> SizeOf(int fd, const std::string& path) {
   struct stat st{};
@@ -113,9 +100,15 @@ class PosixRandomAccessFile final : public RandomAccessFile {
 
 class PosixRandomWriteFile final : public RandomWriteFile {
  public:
-  PosixRandomWriteFile(std::string path, UniqueFd fd) : path_(std::move(path)), fd_(std::move(fd)) {}
+  PosixRandomWriteFile(std::string path, UniqueFd fd)
+      : path_(std::move(path)), fd_(std::move(fd)), direct_(fd_.get(), path_) {}
   Status Write(uint64_t offset, std::string_view data) override {
     return PwriteAll(fd_.get(), offset, data, path_);
+  }
+  Status WriteThrough(uint64_t offset, std::string_view data, const PieceFn& before) override {
+    if (direct_.Wanted(offset, data.size())) return direct_.Write(offset, data, before);
+    internal::CountBufferedWrite(data.size());
+    return RandomWriteFile::WriteThrough(offset, data, before);
   }
   Status Read(uint64_t offset, size_t n, void* out) override {
     return PreadExact(fd_.get(), offset, n, out, path_);
@@ -141,6 +134,7 @@ class PosixRandomWriteFile final : public RandomWriteFile {
  private:
   std::string path_;
   UniqueFd fd_;
+  internal::DirectWriter direct_;
 };
 
 // Holding the descriptor holds the flock; closing it releases the lock.
@@ -382,6 +376,17 @@ Status RandomAccessFile::ReadLarge(uint64_t offset, uint64_t n, void* out,
     CKPT_RETURN_IF_ERROR(Read(offset + done, len, dst + done), "");
     if (on_filled) CKPT_RETURN_IF_ERROR(on_filled(offset + done, dst + done, len), "");
     done += len;
+  }
+  return Status::Ok();
+}
+
+Status RandomWriteFile::WriteThrough(uint64_t offset, std::string_view data,
+                                     const PieceFn& before) {
+  for (size_t done = 0; done < data.size(); done += kWritePiece) {
+    const size_t n = std::min(data.size() - done, kWritePiece);
+    if (before) before(reinterpret_cast<const uint8_t*>(data.data()) + done, n);
+    CKPT_RETURN_IF_ERROR(Write(offset + done, data.substr(done, n)), "");
+    StartWriteback(offset + done, n);
   }
   return Status::Ok();
 }

@@ -543,20 +543,20 @@ Result<RankFileWritten> WriteRankFile(const std::string& path, const RankFileHea
       } else {
         base = static_cast<const uint8_t*>(seg.spec->data) + at;
       }
-      for (uint64_t done = 0; done < len; done += kBlockBytes) {
-        const size_t n = static_cast<size_t>(std::min<uint64_t>(len - done, kBlockBytes));
-        const uint8_t* p = base + done;
-        digests[seg.record]->Update(p, n);
-        pieces[seg.record]->Update(p, n);
-        if (file_digest) file_digest->Update(p, n);
-        const uint64_t off = seg.offset + at + done;
-        CKPT_RETURN_IF_ERROR(
-            file->Write(off, std::string_view(reinterpret_cast<const char*>(p), n)), where);
-        // Start the piece's writeback now (a hint, as RocksDB's bytes_per_sync): the disk
-        // works while the next pieces are hashed and copied, instead of all of it waiting for
-        // the fsync. Errors surface at the fsync.
-        file->StartWriteback(off, n);
-      }
+      // Each 1 MiB piece is hashed just before it goes out, while it is in cache; the file
+      // writes it past the page cache where it can (O_DIRECT from staging in huge pages,
+      // DirectWriteStats) or with pwrite, its writeback started at once (a hint, as
+      // RocksDB's bytes_per_sync: the disk works while the next pieces are hashed).
+      CKPT_RETURN_IF_ERROR(
+          file->WriteThrough(seg.offset + at,
+                             std::string_view(reinterpret_cast<const char*>(base),
+                                              static_cast<size_t>(len)),
+                             [&](const uint8_t* p, size_t n) {
+                               digests[seg.record]->Update(p, n);
+                               pieces[seg.record]->Update(p, n);
+                               if (file_digest) file_digest->Update(p, n);
+                             }),
+          where);
       at += len;
     }
     pos = seg.offset + seg.bytes;

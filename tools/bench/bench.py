@@ -289,7 +289,7 @@ def main():
     save = record("save", j["logical_bytes"], [r["seconds"] for r in j["reps"]], rss, raw_w_gibs,
                   {"file_bytes": j["reps"][-1]["file_bytes"],
                    "rss_over_state_kib": j["maxrss_kib"] - j["maxrss_kib_before"],
-                   "compress": "none"})
+                   "compress": "none", "direct_write": j.get("direct_write")})
     save["paired"] = paired(j)
     logical = j["logical_bytes"]
     pr_root = os.path.join(work, "ckpt_procs")

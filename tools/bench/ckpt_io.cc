@@ -727,8 +727,14 @@ int Save(const Args& a) {
     for (const auto& f : rd->manifest().files)
       for (const auto& d : f.datasets) logical += d.bytes;
   }
+  // How the large writes went (O_DIRECT from staging or pwrite; env.h), over every repetition
+  // of this process (the rank processes of --procs report nothing here).
+  const ckpt::DirectWriteStats io = ckpt::GetDirectWriteStats();
   json out = {{"op", "save"},
               {"ranks", a.ranks},
+              {"direct_write", {{"direct_bytes", io.direct_bytes},
+                                {"buffered_bytes", io.buffered_bytes},
+                                {"refused_files", io.refused}}},
               {"procs", a.procs},
               {"params", a.params},
               {"compress", comp->ToString()},

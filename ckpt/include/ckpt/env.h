@@ -80,12 +80,33 @@ struct DirectReadStats {
 };
 DirectReadStats GetDirectReadStats();
 
+// How PosixEnv's large writes went in this process (issue 19): the rank files' uncompressed
+// data (RandomWriteFile::WriteThrough) leaves through aligned staging memory with O_DIRECT,
+// two requests in flight, where the file system allows it; the unaligned head and tail of each
+// range, a file system that refuses O_DIRECT, and CKPT_DIRECT_IO=off use plain pwrite.
+struct DirectWriteStats {
+  uint64_t direct_bytes = 0;    // bytes written with O_DIRECT
+  uint64_t buffered_bytes = 0;  // bytes of WriteThrough calls written with pwrite
+  uint64_t refused = 0;         // files whose file system refused O_DIRECT writes
+};
+DirectWriteStats GetDirectWriteStats();
+
 // An existing file written at offsets: the rank file's uncompressed regions, which HDF5
 // allocated. Not thread-safe. Close() is idempotent; the destructor closes quietly.
 class RandomWriteFile {
  public:
+  // Called with each consecutive piece of a WriteThrough range just before it goes out.
+  using PieceFn = std::function<void(const uint8_t* p, size_t n)>;
+  static constexpr size_t kWritePiece = 1u << 20;
+
   virtual ~RandomWriteFile() = default;
   virtual Status Write(uint64_t offset, std::string_view data) = 0;
+  // Writes `data` at `offset`, handing each consecutive piece of at most kWritePiece bytes to
+  // `before` (may be empty) in order just before it is written (the writer hashes it while it
+  // is in cache). The default writes piece by piece through Write and starts each piece's
+  // writeback. PosixEnv moves the 4 KiB-aligned middle of a large range with O_DIRECT from
+  // aligned staging buffers in huge pages (DirectWriteStats). Durable only after Sync().
+  virtual Status WriteThrough(uint64_t offset, std::string_view data, const PieceFn& before);
   // Reads back exactly n bytes at offset (DataLoss when the file ends first).
   virtual Status Read(uint64_t offset, size_t n, void* out) = 0;
   virtual Result<uint64_t> Size() = 0;

@@ -1,0 +1,225 @@
+#include "direct_write.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include "ckpt/aligned_buffer.h"
+#include "direct_read.h"
+
+namespace ckpt {
+namespace {
+
+std::atomic<uint64_t> g_direct_bytes{0}, g_buffered_bytes{0}, g_refused{0};
+
+}  // namespace
+
+DirectWriteStats GetDirectWriteStats() {
+  DirectWriteStats s;
+  s.direct_bytes = g_direct_bytes.load();
+  s.buffered_bytes = g_buffered_bytes.load();
+  s.refused = g_refused.load();
+  return s;
+}
+
+namespace internal {
+
+Status PwriteAll(int fd, uint64_t offset, std::string_view data, const std::string& path) {
+  const char* p = data.data();
+  size_t n = data.size();
+  while (n > 0) {
+    const ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(offset));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return PosixError("write " + path, errno);
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+    offset += static_cast<uint64_t>(w);
+  }
+  return Status::Ok();
+}
+
+void CountBufferedWrite(uint64_t n) { g_buffered_bytes += n; }
+
+// The staging buffers, kept for the file's later ranges (a rank file has a few large
+// datasets): allocating them costs their page faults once.
+struct DirectWriter::Staging {
+  void* slot[kSlots] = {};
+  ~Staging() {
+    for (void* p : slot) std::free(p);
+  }
+};
+
+DirectWriter::DirectWriter(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+DirectWriter::~DirectWriter() = default;
+
+int DirectWriter::DirectFd() {
+  if (!opened_) {
+    opened_ = true;
+    const std::string self = "/proc/self/fd/" + std::to_string(fd_);
+    direct_.reset(::open(self.c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC));
+    if (!direct_.valid()) {
+      refused_ = true;
+      ++g_refused;
+    }
+  }
+  return refused_ ? -1 : direct_.get();
+}
+
+bool DirectWriter::Wanted(uint64_t offset, uint64_t n) const {
+  if (refused_ || DirectIoOff()) return false;
+  const uint64_t lo = (offset + kAlign - 1) & ~(kAlign - 1), hi = (offset + n) & ~(kAlign - 1);
+  return hi > lo && hi - lo >= kBlock;
+}
+
+Status DirectWriter::Write(uint64_t offset, std::string_view data,
+                           const RandomWriteFile::PieceFn& before) {
+  const auto* src = reinterpret_cast<const uint8_t*>(data.data());
+  const uint64_t end = offset + data.size();
+  // Pieces of [from, to) of the range: `before`, then pwrite (the unaligned head and tail).
+  auto buffered = [&](uint64_t from, uint64_t to) -> Status {
+    for (uint64_t at = from; at < to;) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(to - at, RandomWriteFile::kWritePiece));
+      const uint8_t* p = src + (at - offset);
+      if (before) before(p, n);
+      CKPT_RETURN_IF_ERROR(
+          PwriteAll(fd_, at, std::string_view(reinterpret_cast<const char*>(p), n), path_), "");
+      g_buffered_bytes += n;
+      at += n;
+    }
+    return Status::Ok();
+  };
+  const int dfd = DirectFd();
+  if (dfd < 0) return buffered(offset, end);
+  const uint64_t lo = (offset + kAlign - 1) & ~(kAlign - 1), hi = end & ~(kAlign - 1);
+  // As many staging buffers as the range has blocks, up to kSlots. Memory that cannot be had
+  // is no error: the range goes through pwrite, as it did before staging existed.
+  const int slots = static_cast<int>(std::min<uint64_t>(kSlots, (hi - lo + kBlock - 1) / kBlock));
+  if (!staging_) staging_ = std::make_unique<Staging>();
+  for (int k = 0; k < slots; ++k) {
+    if (staging_->slot[k] == nullptr) staging_->slot[k] = AllocateIoMemory(kBlock);
+    if (staging_->slot[k] == nullptr) {
+      staging_.reset();
+      return buffered(offset, end);
+    }
+  }
+  CKPT_RETURN_IF_ERROR(buffered(offset, lo), "");
+
+  // The middle: the caller's thread hashes (before) and copies block i into slot i % slots;
+  // kWriters helper threads write the filled slots, in any order.
+  struct Job {
+    uint64_t pos, len;
+    int slot;
+  };
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Job> queue;
+  bool busy[kSlots] = {};
+  bool closing = false;
+  Status failed = Status::Ok();
+  auto write_block = [&](const Job& j) -> Status {
+    const auto* buf = static_cast<const char*>(staging_->slot[j.slot]);
+    bool direct;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      direct = !refused_;
+    }
+    if (direct) {
+      uint64_t done = 0;
+      while (done < j.len) {
+        const ssize_t w = ::pwrite(dfd, buf + done, j.len - done, static_cast<off_t>(j.pos + done));
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0 && errno == EINVAL && done == 0) {  // accepted at open, refused for writes
+          std::lock_guard<std::mutex> lock(mu);
+          if (!refused_) ++g_refused;
+          refused_ = true;
+          break;
+        }
+        if (w < 0) return PosixError("write " + path_, errno);
+        done += static_cast<uint64_t>(w);
+        if (done < j.len && done % kAlign != 0) break;  // a short write off the alignment
+      }
+      g_direct_bytes += done;
+      if (done == j.len) return Status::Ok();
+      g_buffered_bytes += j.len - done;
+      return PwriteAll(fd_, j.pos + done, std::string_view(buf + done, j.len - done), path_);
+    }
+    g_buffered_bytes += j.len;
+    return PwriteAll(fd_, j.pos, std::string_view(buf, j.len), path_);
+  };
+  auto writer = [&] {
+    std::unique_lock<std::mutex> lock(mu);
+    for (;;) {
+      cv.wait(lock, [&] { return closing || !queue.empty(); });
+      if (queue.empty()) return;
+      const Job j = queue.front();
+      queue.pop_front();
+      lock.unlock();
+      Status s = write_block(j);
+      lock.lock();
+      if (!s.ok() && failed.ok()) failed = std::move(s);
+      busy[j.slot] = false;
+      cv.notify_all();
+    }
+  };
+  std::vector<std::thread> threads;
+  try {
+    for (int t = 0; t < kWriters; ++t) threads.emplace_back(writer);
+  } catch (const std::system_error&) {
+    // No helper thread (a thread limit): the caller writes each block itself below.
+  }
+  Status status = Status::Ok();
+  uint64_t block = 0;
+  for (uint64_t pos = lo; pos < hi; pos += kBlock, ++block) {
+    const int k = static_cast<int>(block % static_cast<uint64_t>(slots));
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return !busy[k] || !failed.ok(); });
+      if (!failed.ok()) break;
+    }
+    const uint64_t len = std::min(kBlock, hi - pos);
+    auto* slot = static_cast<uint8_t*>(staging_->slot[k]);
+    for (uint64_t at = 0; at < len; at += RandomWriteFile::kWritePiece) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(len - at, RandomWriteFile::kWritePiece));
+      const uint8_t* p = src + (pos + at - offset);
+      if (before) before(p, n);
+      std::memcpy(slot + at, p, n);
+    }
+    const Job j{pos, len, k};
+    if (threads.empty()) {
+      status = write_block(j);
+      if (!status.ok()) break;
+      continue;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      busy[k] = true;
+      queue.push_back(j);
+    }
+    cv.notify_all();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    closing = true;
+  }
+  cv.notify_all();
+  for (auto& t : threads) t.join();
+  if (status.ok()) status = failed;
+  CKPT_RETURN_IF_ERROR(status, "");
+  return buffered(hi, end);
+}
+
+}  // namespace internal
+}  // namespace ckpt

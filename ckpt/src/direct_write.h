@@ -1,0 +1,63 @@
+// Large writes that bypass the page cache (issue 19): PosixRandomWriteFile::WriteThrough.
+// Private to the format library (env_posix.cc).
+//
+// A save through the page cache hands every byte to the kernel twice over on a small machine:
+// copied into the cache, then written back in requests no larger than the page cache's
+// scattered 4 KiB pages allow (about 1 MiB on the development VM's virtio disk, 254 segments).
+// DirectWriter copies the caller's bytes into aligned staging buffers in huge pages
+// (AllocateIoMemory) and writes them with O_DIRECT on two helper threads while the caller
+// hashes and copies the next ones; 2 MiB pages let a request reach the device's 4 MiB limit.
+// Only whole 4 KiB blocks inside the range go this way (the writer aligns large datasets to
+// 4 KiB); the unaligned head and tail use pwrite. A file system that refuses O_DIRECT (at open
+// or at the first write) gets pwrite from the same staging buffer, and every later range of
+// the file goes through pwrite; so does a range whose staging memory cannot be allocated.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "ckpt/env.h"
+#include "ckpt/unique_fd.h"
+
+namespace ckpt::internal {
+
+class DirectWriter {
+ public:
+  static constexpr uint64_t kBlock = 8u << 20;  // bytes per O_DIRECT write
+  static constexpr int kSlots = 4;              // staging buffers (up to 32 MiB, allocated as needed)
+  static constexpr int kWriters = 2;            // O_DIRECT writes in flight at once
+  static constexpr uint64_t kAlign = 4096;
+
+  // `fd` is the file's ordinary descriptor (not owned); `path` names it in errors.
+  DirectWriter(int fd, std::string path);
+  ~DirectWriter();
+
+  // Whether Write takes [offset, offset + n): O_DIRECT not refused for this file, not switched
+  // off by CKPT_DIRECT_IO=off, and at least one whole block in the aligned middle.
+  bool Wanted(uint64_t offset, uint64_t n) const;
+
+  // Writes `data` at `offset` (Wanted holds), handing each piece of at most
+  // RandomWriteFile::kWritePiece bytes to `before` first, in order.
+  Status Write(uint64_t offset, std::string_view data, const RandomWriteFile::PieceFn& before);
+
+ private:
+  struct Staging;
+  int DirectFd();
+
+  int fd_;
+  std::string path_;
+  bool opened_ = false;
+  bool refused_ = false;
+  UniqueFd direct_;
+  std::unique_ptr<Staging> staging_;
+};
+
+// pwrite of all of `data` at `offset` (EINTR and short writes retried).
+Status PwriteAll(int fd, uint64_t offset, std::string_view data, const std::string& path);
+
+// Counts WriteThrough bytes written with pwrite (for GetDirectWriteStats).
+void CountBufferedWrite(uint64_t n);
+
+}  // namespace ckpt::internal

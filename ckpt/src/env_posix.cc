@@ -148,14 +148,18 @@ class PosixFileLock final : public FileLock {
 
 class PosixWritableFile final : public WritableFile {
  public:
-  PosixWritableFile(std::string path, UniqueFd fd) : path_(std::move(path)), fd_(std::move(fd)) {
+  // `appending`: opened with O_APPEND (a run log), whose writes stay plain write(2).
+  PosixWritableFile(std::string path, UniqueFd fd, bool appending)
+      : path_(std::move(path)), fd_(std::move(fd)), direct_(fd_.get(), path_),
+        appending_(appending) {
     // Where the writes begin: 0 for a new file, the end for an appendable one.
     const off_t end = ::lseek(fd_.get(), 0, SEEK_END);
     written_ = writeback_from_ = end > 0 ? static_cast<uint64_t>(end) : 0;
   }
   ~PosixWritableFile() override { Close().IgnoreError(); }
 
-  // Large outputs (exports, universal files) go out in 4 MiB writes, and the writeback of
+  // An append whose aligned middle holds 8 MiB or more leaves with O_DIRECT (below). Other
+  // large outputs (universal files, small tensors) go out in 4 MiB writes, and the writeback of
   // every 4 MiB written is started at once (sync_file_range, as RocksDB's bytes_per_sync and the
   // rank files' data phase): the disk works while the caller produces the next bytes, and the
   // final fsync finds little left to do instead of the whole file dirty in the page cache
@@ -163,6 +167,20 @@ class PosixWritableFile final : public WritableFile {
   // (manifests, `latest`) never reach the threshold.
   Status Append(std::string_view data) override {
     constexpr size_t kWriteBytes = 4u << 20;
+    // A large append (an export's tensor piece) leaves past the page cache as the rank files'
+    // data does (DirectWriter: its aligned middle with O_DIRECT from staging in huge pages).
+    if (!appending_ && direct_.Wanted(written_, data.size())) {
+      if (written_ > writeback_from_)
+        ::sync_file_range(fd_.get(), static_cast<off_t>(writeback_from_),
+                          static_cast<off_t>(written_ - writeback_from_), SYNC_FILE_RANGE_WRITE);
+      CKPT_RETURN_IF_ERROR(direct_.Write(written_, data, nullptr), "");
+      written_ += data.size();
+      writeback_from_ = written_;
+      // DirectWriter writes at offsets: the next write(2) continues where these bytes end.
+      if (::lseek(fd_.get(), static_cast<off_t>(written_), SEEK_SET) < 0)
+        return ErrnoError("seek " + path_, errno);
+      return Status::Ok();
+    }
     const char* p = data.data();
     size_t left = data.size();
     while (left > 0) {
@@ -191,6 +209,8 @@ class PosixWritableFile final : public WritableFile {
  private:
   std::string path_;
   UniqueFd fd_;
+  internal::DirectWriter direct_;
+  bool appending_;
   uint64_t written_ = 0;         // the file offset after the bytes appended so far
   uint64_t writeback_from_ = 0;  // start of the bytes whose writeback is not started yet
 };
@@ -213,12 +233,12 @@ class PosixEnv final : public Env {
   Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
     UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
     if (!fd.valid()) return ErrnoError("create " + path, errno);
-    return std::unique_ptr<WritableFile>(new PosixWritableFile(path, std::move(fd)));
+    return std::unique_ptr<WritableFile>(new PosixWritableFile(path, std::move(fd), false));
   }
   Result<std::unique_ptr<WritableFile>> NewAppendableFile(const std::string& path) override {
     UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
     if (!fd.valid()) return ErrnoError("open for appending " + path, errno);
-    return std::unique_ptr<WritableFile>(new PosixWritableFile(path, std::move(fd)));
+    return std::unique_ptr<WritableFile>(new PosixWritableFile(path, std::move(fd), true));
   }
   Status BeginExternalWrite(const std::string&) override { return Status::Ok(); }
   Status SyncFile(const std::string& path) override { return SyncPath(path, O_RDONLY, "fsync"); }

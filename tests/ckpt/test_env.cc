@@ -598,13 +598,15 @@ TEST_CASE("WriteThrough: O_DIRECT from staging for the aligned middle, pieces in
 
 TEST_CASE("a large output written in odd appends, synced midway, is byte for byte", "[io]") {
   ScratchDir d;
-  const std::string bytes = PatternBytes((27u << 20) + 4321, 11);
+  const std::string bytes = PatternBytes((61u << 20) + 4321, 11);
   // Odd append sizes (a header, then pieces that straddle the 4 MiB write and writeback
-  // boundaries), a Sync in the middle and more appends after it, as a writer may do.
+  // boundaries, and pieces large enough to leave with O_DIRECT from staging between plain
+  // writes), a Sync in the middle and more appends after it, as a writer may do.
   const std::vector<size_t> sizes = {9, 1234567, (8u << 20) - 5, 3, (5u << 20) + 77,
-                                     (1u << 20), 4095, 4097};
+                                     (1u << 20), 4095, (17u << 20) + 1, 4097, (9u << 20) + 3};
   const std::string path = d / "out.bin";
   {
+    const DirectWriteStats before = GetDirectWriteStats();
     auto w = Env::Default()->NewWritableFile(path);
     REQUIRE(w.ok());
     size_t at = 0, k = 0;
@@ -617,6 +619,9 @@ TEST_CASE("a large output written in odd appends, synced midway, is byte for byt
     REQUIRE((*w)->Sync().ok());
     REQUIRE((*w)->Close().ok());
     REQUIRE((*w)->Close().ok());  // idempotent
+    const DirectWriteStats after = GetDirectWriteStats();
+    if (after.refused == before.refused && !std::getenv("CKPT_DIRECT_IO"))
+      CHECK(after.direct_bytes - before.direct_bytes >= (16u + 8u) << 20);  // the large pieces
   }
   CHECK(Slurp(path) == bytes);
   const std::string log = d / "log.bin";

@@ -81,12 +81,13 @@ struct DirectReadStats {
 DirectReadStats GetDirectReadStats();
 
 // How PosixEnv's large writes went in this process (issue 19): the rank files' uncompressed
-// data (RandomWriteFile::WriteThrough) leaves through aligned staging memory with O_DIRECT,
-// two requests in flight, where the file system allows it; the unaligned head and tail of each
-// range, a file system that refuses O_DIRECT, and CKPT_DIRECT_IO=off use plain pwrite.
+// data (RandomWriteFile::WriteThrough) and appends of 8 MiB or more to a new WritableFile (an
+// export's tensor pieces) leave through aligned staging memory with O_DIRECT, two requests in
+// flight, where the file system allows it; the unaligned head and tail of each range, a file
+// system that refuses O_DIRECT, and CKPT_DIRECT_IO=off use plain pwrite.
 struct DirectWriteStats {
   uint64_t direct_bytes = 0;    // bytes written with O_DIRECT
-  uint64_t buffered_bytes = 0;  // bytes of WriteThrough calls written with pwrite
+  uint64_t buffered_bytes = 0;  // bytes of WriteThrough calls and large appends written with pwrite
   uint64_t refused = 0;         // files whose file system refused O_DIRECT writes
 };
 DirectWriteStats GetDirectWriteStats();

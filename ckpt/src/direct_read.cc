@@ -139,13 +139,18 @@ Status PreadExact(int fd, uint64_t offset, size_t n, void* out, const std::strin
 void CountBufferedRead(uint64_t n) { g_buffered_bytes += n; }
 
 bool DirectIoOff() { return ModeFromEnvironment() == Mode::kOff; }
+bool DirectIoOn() { return ModeFromEnvironment() == Mode::kOn; }
+
+UniqueFd ReopenDirect(int fd, int flags) {
+  const std::string self = "/proc/self/fd/" + std::to_string(fd);
+  return UniqueFd(::open(self.c_str(), flags | O_DIRECT | O_CLOEXEC));
+}
 
 int DirectReader::DirectFd() const {
   std::lock_guard<std::mutex> lock(mu_);
   if (!opened_) {
     opened_ = true;
-    const std::string self = "/proc/self/fd/" + std::to_string(fd_);
-    direct_.reset(::open(self.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC));
+    direct_ = ReopenDirect(fd_, O_RDONLY);
     if (!direct_.valid()) {
       refused_ = true;
       ++g_refused;

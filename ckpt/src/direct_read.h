@@ -73,8 +73,14 @@ class DirectReader {
   mutable UniqueFd direct_;
 };
 
-// Whether CKPT_DIRECT_IO=off (or 0) switches O_DIRECT off for reads and writes.
+// The open file `fd` again, through /proc/self/fd (never its path) with O_DIRECT and `flags`
+// (O_RDONLY or O_WRONLY); invalid where the file system refuses O_DIRECT.
+UniqueFd ReopenDirect(int fd, int flags);
+
+// Whether CKPT_DIRECT_IO=off (or 0) switches O_DIRECT off for reads and writes, and whether
+// CKPT_DIRECT_IO=on (or 1) asks for it where it is not the default (the rank files' saves).
 bool DirectIoOff();
+bool DirectIoOn();
 
 // pread of exactly n bytes (DataLoss naming `path` at the end of the file).
 Status PreadExact(int fd, uint64_t offset, size_t n, void* out, const std::string& path);

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <new>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -68,8 +69,7 @@ DirectWriter::~DirectWriter() = default;
 int DirectWriter::DirectFd() {
   if (!opened_) {
     opened_ = true;
-    const std::string self = "/proc/self/fd/" + std::to_string(fd_);
-    direct_.reset(::open(self.c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC));
+    direct_ = ReopenDirect(fd_, O_WRONLY);
     if (!direct_.valid()) {
       refused_ = true;
       ++g_refused;
@@ -91,7 +91,8 @@ Status DirectWriter::Write(uint64_t offset, std::string_view data,
   // Pieces of [from, to) of the range: `before`, then pwrite (the unaligned head and tail).
   auto buffered = [&](uint64_t from, uint64_t to) -> Status {
     for (uint64_t at = from; at < to;) {
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(to - at, RandomWriteFile::kWritePiece));
+      const size_t n =
+          static_cast<size_t>(std::min<uint64_t>(to - at, RandomWriteFile::kWritePiece));
       const uint8_t* p = src + (at - offset);
       if (before) before(p, n);
       CKPT_RETURN_IF_ERROR(
@@ -167,7 +168,12 @@ Status DirectWriter::Write(uint64_t offset, std::string_view data,
       const Job j = queue.front();
       queue.pop_front();
       lock.unlock();
-      Status s = write_block(j);
+      Status s = Status::Ok();
+      try {
+        s = write_block(j);
+      } catch (const std::bad_alloc&) {  // an error message that could not be built
+        s = ResourceExhausted("out of memory");
+      }
       lock.lock();
       if (!s.ok() && failed.ok()) failed = std::move(s);
       busy[j.slot] = false;
@@ -182,33 +188,39 @@ Status DirectWriter::Write(uint64_t offset, std::string_view data,
   }
   Status status = Status::Ok();
   uint64_t block = 0;
-  for (uint64_t pos = lo; pos < hi; pos += kBlock, ++block) {
-    const int k = static_cast<int>(block % static_cast<uint64_t>(slots));
-    {
-      std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [&] { return !busy[k] || !failed.ok(); });
-      if (!failed.ok()) break;
+  // The helpers are joined below whatever happens here (`before` may run out of memory).
+  try {
+    for (uint64_t pos = lo; pos < hi; pos += kBlock, ++block) {
+      const int k = static_cast<int>(block % static_cast<uint64_t>(slots));
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return !busy[k] || !failed.ok(); });
+        if (!failed.ok()) break;
+      }
+      const uint64_t len = std::min(kBlock, hi - pos);
+      auto* slot = static_cast<uint8_t*>(staging_->slot[k]);
+      for (uint64_t at = 0; at < len; at += RandomWriteFile::kWritePiece) {
+        const size_t n =
+            static_cast<size_t>(std::min<uint64_t>(len - at, RandomWriteFile::kWritePiece));
+        const uint8_t* p = src + (pos + at - offset);
+        if (before) before(p, n);
+        std::memcpy(slot + at, p, n);
+      }
+      const Job j{pos, len, k};
+      if (threads.empty()) {
+        status = write_block(j);
+        if (!status.ok()) break;
+        continue;
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        busy[k] = true;
+        queue.push_back(j);
+      }
+      cv.notify_all();
     }
-    const uint64_t len = std::min(kBlock, hi - pos);
-    auto* slot = static_cast<uint8_t*>(staging_->slot[k]);
-    for (uint64_t at = 0; at < len; at += RandomWriteFile::kWritePiece) {
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(len - at, RandomWriteFile::kWritePiece));
-      const uint8_t* p = src + (pos + at - offset);
-      if (before) before(p, n);
-      std::memcpy(slot + at, p, n);
-    }
-    const Job j{pos, len, k};
-    if (threads.empty()) {
-      status = write_block(j);
-      if (!status.ok()) break;
-      continue;
-    }
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      busy[k] = true;
-      queue.push_back(j);
-    }
-    cv.notify_all();
+  } catch (const std::bad_alloc&) {
+    status = ResourceExhausted(path_ + ": " + OutOfMemoryText());
   }
   {
     std::lock_guard<std::mutex> lock(mu);

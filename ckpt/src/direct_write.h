@@ -1,5 +1,6 @@
-// Large writes that bypass the page cache (issue 19): PosixRandomWriteFile::WriteThrough.
-// Private to the format library (env_posix.cc).
+// Large writes that bypass the page cache (issue 19): PosixWritableFile's large appends (an
+// export's tensor pieces) and, with CKPT_DIRECT_IO=on, PosixRandomWriteFile::WriteThrough (a
+// rank file's data). Private to the format library (env_posix.cc).
 //
 // A save through the page cache hands every byte to the kernel twice over on a small machine:
 // copied into the cache, then written back in requests no larger than the page cache's
@@ -26,7 +27,7 @@ namespace ckpt::internal {
 class DirectWriter {
  public:
   static constexpr uint64_t kBlock = 8u << 20;  // bytes per O_DIRECT write
-  static constexpr int kSlots = 4;              // staging buffers (up to 32 MiB, allocated as needed)
+  static constexpr int kSlots = 4;              // staging buffers (up to 32 MiB, as needed)
   static constexpr int kWriters = 2;            // O_DIRECT writes in flight at once
   static constexpr uint64_t kAlign = 4096;
 

@@ -105,8 +105,13 @@ class PosixRandomWriteFile final : public RandomWriteFile {
   Status Write(uint64_t offset, std::string_view data) override {
     return PwriteAll(fd_.get(), offset, data, path_);
   }
+  // A rank file's data goes through the page cache unless CKPT_DIRECT_IO=on: five saves of
+  // 1 GiB over 4 ranks in one process took 0.68-0.96 s from the second on that way against
+  // 0.87-1.13 s with O_DIRECT (whose first save is no slower than the rest, where the page
+  // cache's first took 1.66-2.09 s; docs/performance.md, 2026-12-02 05:40).
   Status WriteThrough(uint64_t offset, std::string_view data, const PieceFn& before) override {
-    if (direct_.Wanted(offset, data.size())) return direct_.Write(offset, data, before);
+    if (internal::DirectIoOn() && direct_.Wanted(offset, data.size()))
+      return direct_.Write(offset, data, before);
     internal::CountBufferedWrite(data.size());
     return RandomWriteFile::WriteThrough(offset, data, before);
   }
@@ -167,8 +172,9 @@ class PosixWritableFile final : public WritableFile {
   // (manifests, `latest`) never reach the threshold.
   Status Append(std::string_view data) override {
     constexpr size_t kWriteBytes = 4u << 20;
-    // A large append (an export's tensor piece) leaves past the page cache as the rank files'
-    // data does (DirectWriter: its aligned middle with O_DIRECT from staging in huge pages).
+    // A large append (an export's tensor piece) leaves past the page cache (DirectWriter: its
+    // aligned middle with O_DIRECT from staging in huge pages): a 358 MB export-fp32 took
+    // 0.45-0.50 s against 0.46-0.63 s through the page cache (docs/performance.md).
     if (!appending_ && direct_.Wanted(written_, data.size())) {
       if (written_ > writeback_from_)
         ::sync_file_range(fd_.get(), static_cast<off_t>(writeback_from_),

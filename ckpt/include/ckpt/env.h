@@ -80,11 +80,12 @@ struct DirectReadStats {
 };
 DirectReadStats GetDirectReadStats();
 
-// How PosixEnv's large writes went in this process (issue 19): the rank files' uncompressed
-// data (RandomWriteFile::WriteThrough) and appends of 8 MiB or more to a new WritableFile (an
-// export's tensor pieces) leave through aligned staging memory with O_DIRECT, two requests in
-// flight, where the file system allows it; the unaligned head and tail of each range, a file
-// system that refuses O_DIRECT, and CKPT_DIRECT_IO=off use plain pwrite.
+// How PosixEnv's large writes went in this process (issue 19): appends of 8 MiB or more to a
+// new WritableFile (an export's tensor pieces) and, with CKPT_DIRECT_IO=on, the rank files'
+// uncompressed data (RandomWriteFile::WriteThrough; by default it goes through the page cache,
+// which measured faster for repeated saves) leave through aligned staging memory with
+// O_DIRECT, two requests in flight, where the file system allows it; the unaligned head and
+// tail of each range, a file system that refuses O_DIRECT, and CKPT_DIRECT_IO=off use pwrite.
 struct DirectWriteStats {
   uint64_t direct_bytes = 0;    // bytes written with O_DIRECT
   uint64_t buffered_bytes = 0;  // bytes of WriteThrough calls and large appends written with pwrite
@@ -105,8 +106,9 @@ class RandomWriteFile {
   // Writes `data` at `offset`, handing each consecutive piece of at most kWritePiece bytes to
   // `before` (may be empty) in order just before it is written (the writer hashes it while it
   // is in cache). The default writes piece by piece through Write and starts each piece's
-  // writeback. PosixEnv moves the 4 KiB-aligned middle of a large range with O_DIRECT from
-  // aligned staging buffers in huge pages (DirectWriteStats). Durable only after Sync().
+  // writeback. With CKPT_DIRECT_IO=on PosixEnv moves the 4 KiB-aligned middle of a large range
+  // with O_DIRECT from aligned staging buffers in huge pages (DirectWriteStats). Durable only
+  // after Sync().
   virtual Status WriteThrough(uint64_t offset, std::string_view data, const PieceFn& before);
   // Reads back exactly n bytes at offset (DataLoss when the file ends first).
   virtual Status Read(uint64_t offset, size_t n, void* out) = 0;

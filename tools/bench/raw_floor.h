@@ -64,8 +64,9 @@ inline std::vector<Variant> ReadVariants() {
 // One page-aligned buffer per file, its length a multiple of kAlign (the slack is zero). From
 // 2 MiB up it is aligned to 2 MiB and asks for transparent huge pages, as ckpt's I/O memory
 // does (ckpt/aligned_buffer.h): an O_DIRECT transfer into 4 KiB pages leaves this VM's disk as
-// ~1 MiB requests (254 segments), into 2 MiB pages as 4 MiB ones, and ran 1.3x faster for the
-// same reads (docs/performance.md, 2026-12-02 05:30). A floor that skipped it would be weak.
+// ~1 MiB requests (254 segments), into 2 MiB pages as 4 MiB ones: the same reads ran 2.1-2.4x
+// faster, the writes 1.3-1.5x (docs/performance.md, 2026-12-02 05:40). A floor without it
+// would be weak.
 class AlignedBuffer {
  public:
   explicit AlignedBuffer(size_t bytes) : bytes_(bytes) {

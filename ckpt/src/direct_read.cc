@@ -128,7 +128,8 @@ Status PreadExact(int fd, uint64_t offset, size_t n, void* out, const std::strin
       if (errno == EINTR) continue;
       return PosixError("read " + path, errno);
     }
-    if (r == 0) return DataLoss(path + ": unexpected end of file at byte " + std::to_string(offset));
+    if (r == 0)
+      return DataLoss(path + ": unexpected end of file at byte " + std::to_string(offset));
     p += r;
     n -= static_cast<size_t>(r);
     offset += static_cast<uint64_t>(r);
@@ -141,28 +142,29 @@ void CountBufferedRead(uint64_t n) { g_buffered_bytes += n; }
 bool DirectIoOff() { return ModeFromEnvironment() == Mode::kOff; }
 bool DirectIoOn() { return ModeFromEnvironment() == Mode::kOn; }
 
-UniqueFd ReopenDirect(int fd, int flags) {
-  const std::string self = "/proc/self/fd/" + std::to_string(fd);
-  return UniqueFd(::open(self.c_str(), flags | O_DIRECT | O_CLOEXEC));
+int DirectDescriptor::Get(int file, int flags, std::atomic<uint64_t>* refusals) {
+  if (!opened_) {
+    opened_ = true;
+    const std::string self = "/proc/self/fd/" + std::to_string(file);
+    fd_.reset(::open(self.c_str(), flags | O_DIRECT | O_CLOEXEC));
+    if (!fd_.valid()) Refuse(refusals);
+  }
+  return refused_ ? -1 : fd_.get();
+}
+
+void DirectDescriptor::Refuse(std::atomic<uint64_t>* refusals) {
+  if (!refused_) ++*refusals;
+  refused_ = true;
 }
 
 int DirectReader::DirectFd() const {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!opened_) {
-    opened_ = true;
-    direct_ = ReopenDirect(fd_, O_RDONLY);
-    if (!direct_.valid()) {
-      refused_ = true;
-      ++g_refused;
-    }
-  }
-  return refused_ ? -1 : direct_.get();
+  return direct_.Get(fd_, O_RDONLY, &g_refused);
 }
 
 void DirectReader::Refuse() const {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!refused_) ++g_refused;
-  refused_ = true;
+  direct_.Refuse(&g_refused);
 }
 
 bool DirectReader::Wanted(uint64_t offset, uint64_t n) const {
@@ -171,7 +173,7 @@ bool DirectReader::Wanted(uint64_t offset, uint64_t n) const {
   if (mode == Mode::kOff) return false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (refused_) return false;
+    if (direct_.refused()) return false;
   }
   if (mode == Mode::kAuto && Cached(fd_, offset) && Cached(fd_, offset + n / 2) &&
       Cached(fd_, offset + n - 1)) {
@@ -215,8 +217,8 @@ Status DirectReader::ReadInto(uint64_t offset, uint64_t n, uint8_t* out,
       },
       [&](uint64_t i, int) -> Status {
         if (i == 0) {  // the unaligned head, once O_DIRECT is known to work here
-          CKPT_RETURN_IF_ERROR(PreadExact(fd_, offset, static_cast<size_t>(lo - offset), out, path_),
-                               "");
+          CKPT_RETURN_IF_ERROR(
+              PreadExact(fd_, offset, static_cast<size_t>(lo - offset), out, path_), "");
           CKPT_RETURN_IF_ERROR(filled(offset, lo - offset), "");
         }
         const uint64_t pos = lo + i * kBlock;

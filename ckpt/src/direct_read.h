@@ -12,6 +12,7 @@
 // O_DIRECT needs and the extra bytes are never handed out.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -20,6 +21,23 @@
 #include "ckpt/unique_fd.h"
 
 namespace ckpt::internal {
+
+// A file's O_DIRECT descriptor, for DirectReader and DirectWriter: the open file reopened on
+// first use through /proc/self/fd (never its path again), and refused for good once the file
+// system refuses O_DIRECT (at that open, or at a first read or write). Not thread-safe.
+class DirectDescriptor {
+ public:
+  // The descriptor (`file` reopened with `flags` | O_DIRECT), or -1 once refused; a refusal is
+  // counted in *refusals, once per file.
+  int Get(int file, int flags, std::atomic<uint64_t>* refusals);
+  void Refuse(std::atomic<uint64_t>* refusals);
+  bool refused() const { return refused_; }
+
+ private:
+  bool opened_ = false;
+  bool refused_ = false;
+  UniqueFd fd_;
+};
 
 class DirectReader {
  public:
@@ -51,8 +69,8 @@ class DirectReader {
   // 2026-12-02 05:40), the unaligned head and tail with pread. `on_filled`
   // (may be empty) gets each consecutive part once it holds the file's bytes. *fell_back as
   // for Scan: nothing was handed out.
-  Status ReadInto(uint64_t offset, uint64_t n, uint8_t* out, const RandomAccessFile::PartFn& on_filled,
-                  bool* fell_back) const;
+  Status ReadInto(uint64_t offset, uint64_t n, uint8_t* out,
+                  const RandomAccessFile::PartFn& on_filled, bool* fell_back) const;
 
   // Hands [offset, offset + n) to `consume` in order. *fell_back is set when O_DIRECT was refused
   // before any byte was handed out: nothing was consumed, the caller reads another way.
@@ -68,14 +86,8 @@ class DirectReader {
   int fd_;
   std::string path_;
   mutable std::mutex mu_;
-  mutable bool opened_ = false;
-  mutable bool refused_ = false;
-  mutable UniqueFd direct_;
+  mutable DirectDescriptor direct_;  // under mu_
 };
-
-// The open file `fd` again, through /proc/self/fd (never its path) with O_DIRECT and `flags`
-// (O_RDONLY or O_WRONLY); invalid where the file system refuses O_DIRECT.
-UniqueFd ReopenDirect(int fd, int flags);
 
 // Whether CKPT_DIRECT_IO=off (or 0) switches O_DIRECT off for reads and writes, and whether
 // CKPT_DIRECT_IO=on (or 1) asks for it where it is not the default (the rank files' saves).

@@ -7,7 +7,6 @@
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
-#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -54,32 +53,11 @@ Status PwriteAll(int fd, uint64_t offset, std::string_view data, const std::stri
 
 void CountBufferedWrite(uint64_t n) { g_buffered_bytes += n; }
 
-// The staging buffers, kept for the file's later ranges (a rank file has a few large
-// datasets): allocating them costs their page faults once.
-struct DirectWriter::Staging {
-  void* slot[kSlots] = {};
-  ~Staging() {
-    for (void* p : slot) std::free(p);
-  }
-};
-
 DirectWriter::DirectWriter(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
 DirectWriter::~DirectWriter() = default;
 
-int DirectWriter::DirectFd() {
-  if (!opened_) {
-    opened_ = true;
-    direct_ = ReopenDirect(fd_, O_WRONLY);
-    if (!direct_.valid()) {
-      refused_ = true;
-      ++g_refused;
-    }
-  }
-  return refused_ ? -1 : direct_.get();
-}
-
 bool DirectWriter::Wanted(uint64_t offset, uint64_t n) const {
-  if (refused_ || DirectIoOff()) return false;
+  if (direct_.refused() || DirectIoOff()) return false;
   const uint64_t lo = (offset + kAlign - 1) & ~(kAlign - 1), hi = (offset + n) & ~(kAlign - 1);
   return hi > lo && hi - lo >= kBlock;
 }
@@ -102,19 +80,17 @@ Status DirectWriter::Write(uint64_t offset, std::string_view data,
     }
     return Status::Ok();
   };
-  const int dfd = DirectFd();
+  const int dfd = direct_.Get(fd_, O_WRONLY, &g_refused);
   if (dfd < 0) return buffered(offset, end);
   const uint64_t lo = (offset + kAlign - 1) & ~(kAlign - 1), hi = end & ~(kAlign - 1);
   // As many staging buffers as the range has blocks, up to kSlots. Memory that cannot be had
   // is no error: the range goes through pwrite, as it did before staging existed.
   const int slots = static_cast<int>(std::min<uint64_t>(kSlots, (hi - lo + kBlock - 1) / kBlock));
-  if (!staging_) staging_ = std::make_unique<Staging>();
-  for (int k = 0; k < slots; ++k) {
-    if (staging_->slot[k] == nullptr) staging_->slot[k] = AllocateIoMemory(kBlock);
-    if (staging_->slot[k] == nullptr) {
-      staging_.reset();
-      return buffered(offset, end);
-    }
+  try {
+    while (staging_.size() < static_cast<size_t>(slots)) staging_.emplace_back(kBlock);
+  } catch (const std::bad_alloc&) {
+    staging_.clear();
+    return buffered(offset, end);
   }
   CKPT_RETURN_IF_ERROR(buffered(offset, lo), "");
 
@@ -131,11 +107,11 @@ Status DirectWriter::Write(uint64_t offset, std::string_view data,
   bool closing = false;
   Status failed = Status::Ok();
   auto write_block = [&](const Job& j) -> Status {
-    const auto* buf = static_cast<const char*>(staging_->slot[j.slot]);
+    const auto* buf = staging_[static_cast<size_t>(j.slot)].as<const char>();
     bool direct;
     {
       std::lock_guard<std::mutex> lock(mu);
-      direct = !refused_;
+      direct = !direct_.refused();
     }
     if (direct) {
       uint64_t done = 0;
@@ -144,8 +120,7 @@ Status DirectWriter::Write(uint64_t offset, std::string_view data,
         if (w < 0 && errno == EINTR) continue;
         if (w < 0 && errno == EINVAL && done == 0) {  // accepted at open, refused for writes
           std::lock_guard<std::mutex> lock(mu);
-          if (!refused_) ++g_refused;
-          refused_ = true;
+          direct_.Refuse(&g_refused);
           break;
         }
         if (w < 0) return PosixError("write " + path_, errno);
@@ -198,7 +173,7 @@ Status DirectWriter::Write(uint64_t offset, std::string_view data,
         if (!failed.ok()) break;
       }
       const uint64_t len = std::min(kBlock, hi - pos);
-      auto* slot = static_cast<uint8_t*>(staging_->slot[k]);
+      uint8_t* slot = staging_[static_cast<size_t>(k)].data();
       for (uint64_t at = 0; at < len; at += RandomWriteFile::kWritePiece) {
         const size_t n =
             static_cast<size_t>(std::min<uint64_t>(len - at, RandomWriteFile::kWritePiece));

@@ -15,12 +15,13 @@
 #pragma once
 
 #include <cstdint>
-#include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
+#include "ckpt/aligned_buffer.h"
 #include "ckpt/env.h"
-#include "ckpt/unique_fd.h"
+#include "direct_read.h"
 
 namespace ckpt::internal {
 
@@ -44,15 +45,12 @@ class DirectWriter {
   Status Write(uint64_t offset, std::string_view data, const RandomWriteFile::PieceFn& before);
 
  private:
-  struct Staging;
-  int DirectFd();
-
   int fd_;
   std::string path_;
-  bool opened_ = false;
-  bool refused_ = false;
-  UniqueFd direct_;
-  std::unique_ptr<Staging> staging_;
+  DirectDescriptor direct_;  // refused() read and Refuse() called under Write's lock
+  // Staging buffers, kept for the file's later ranges (a rank file has a few large datasets):
+  // allocating them costs their page faults once.
+  std::vector<AlignedBuffer> staging_;
 };
 
 // pwrite of all of `data` at `offset` (EINTR and short writes retried).

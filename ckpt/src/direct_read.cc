@@ -167,8 +167,8 @@ void DirectReader::Refuse() const {
   direct_.Refuse(&g_refused);
 }
 
-bool DirectReader::Wanted(uint64_t offset, uint64_t n) const {
-  if (n < kMinBytes) return false;
+bool DirectReader::Wanted(uint64_t offset, uint64_t n, uint64_t min_bytes) const {
+  if (n < min_bytes) return false;
   const Mode mode = ModeFromEnvironment();
   if (mode == Mode::kOff) return false;
   {
@@ -187,7 +187,7 @@ bool DirectReader::CanReadInto(uint64_t offset, uint64_t n, const void* out) {
   const uint64_t addr = reinterpret_cast<uintptr_t>(out);
   if ((addr - offset) % kAlign != 0) return false;
   const uint64_t lo = (offset + kAlign - 1) & ~(kAlign - 1), hi = (offset + n) & ~(kAlign - 1);
-  return hi > lo && hi - lo >= kBlock;
+  return hi > lo && hi - lo >= kMinIntoBytes;
 }
 
 Status DirectReader::ReadInto(uint64_t offset, uint64_t n, uint8_t* out,
@@ -206,7 +206,17 @@ Status DirectReader::ReadInto(uint64_t offset, uint64_t n, uint8_t* out,
     return on_filled(at, out + (at - offset), static_cast<size_t>(len));
   };
   bool refused = false;
-  Status status = RunAhead(
+  Status status = Status::Ok();
+  if (blocks == 1) {  // one request (a compressed chunk's frame): on this thread
+    uint64_t got = 0;
+    status = DirectPread(dfd, path_, out + (lo - offset), lo, hi - lo, hi - lo, true, &refused,
+                         &got);
+    if (!refused && status.ok()) {
+      status = PreadExact(fd_, offset, static_cast<size_t>(lo - offset), out, path_);
+      if (status.ok()) status = filled(offset, hi - offset);
+    }
+  } else {
+    status = RunAhead(
       blocks, kIntoAhead,
       [&](uint64_t i, int) -> Status {
         const uint64_t pos = lo + i * kBlock;
@@ -225,6 +235,7 @@ Status DirectReader::ReadInto(uint64_t offset, uint64_t n, uint8_t* out,
         return filled(pos, std::min(kBlock, hi - pos));
       },
       kProducers);
+  }
   if (refused) {
     Refuse();
     *fell_back = true;

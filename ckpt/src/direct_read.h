@@ -46,20 +46,26 @@ class DirectReader {
   static constexpr int kProducers = 2;          // O_DIRECT reads in flight at once
   static constexpr int kIntoAhead = 4;          // ReadInto: blocks read ahead of on_filled
   static constexpr uint64_t kAlign = 4096;
-  // Reads of fewer bytes go through the page cache.
+  // Reads of fewer bytes go through the page cache, except into the caller's memory:
   static constexpr uint64_t kMinBytes = 8u << 20;
+  // reads straight into memory that shares the data's place in a 4 KiB block (ReadInto) go
+  // past the page cache from here: a compressed chunk's zstd frame (about 3.5 MiB for a 4 MiB
+  // fp32 chunk) read into a reused aligned buffer. On the development VM a cold buffered read
+  // moved 0.52 GiB/s against 4.1 for O_DIRECT, the page cache's fresh memory costing host page
+  // faults (docs/performance.md, 2026-12-02 09:30).
+  static constexpr uint64_t kMinIntoBytes = 1u << 20;
 
   // `fd` is the file's ordinary descriptor (not owned); `path` names it in errors.
   DirectReader(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
 
-  // Whether a read of [offset, offset + n) should bypass the page cache: large enough, not
-  // switched off by CKPT_DIRECT_IO=off, O_DIRECT not refused for this file before, and (unless
-  // CKPT_DIRECT_IO=on) the range not already in the page cache.
-  bool Wanted(uint64_t offset, uint64_t n) const;
+  // Whether a read of [offset, offset + n) should bypass the page cache: at least `min_bytes`,
+  // not switched off by CKPT_DIRECT_IO=off, O_DIRECT not refused for this file before, and
+  // (unless CKPT_DIRECT_IO=on) the range not already in the page cache.
+  bool Wanted(uint64_t offset, uint64_t n, uint64_t min_bytes = kMinBytes) const;
 
   // Whether ReadInto can read [offset, offset + n) into `out`: the destination and the file
   // offset share their position within a kAlign block (4 KiB-aligned memory and a dataset the
-  // writer aligned to 4 KiB, issue 19), and the aligned middle holds at least one block.
+  // writer aligned to 4 KiB, issue 19), and the aligned middle holds at least kMinIntoBytes.
   static bool CanReadInto(uint64_t offset, uint64_t n, const void* out);
 
   // Reads [offset, offset + n) into `out` (CanReadInto holds): the aligned middle with O_DIRECT

@@ -55,10 +55,13 @@ class PosixRandomAccessFile final : public RandomAccessFile {
   // defaults do.
   Status ReadLarge(uint64_t offset, uint64_t n, void* out,
                    const PartFn& on_filled) const override {
-    if (direct_.Wanted(offset, n)) {
+    const bool into = internal::DirectReader::CanReadInto(offset, n, out);
+    if (direct_.Wanted(offset, n,
+                       into ? internal::DirectReader::kMinIntoBytes
+                            : internal::DirectReader::kMinBytes)) {
       auto* dst = static_cast<uint8_t*>(out);
       bool fell_back = false;
-      if (internal::DirectReader::CanReadInto(offset, n, out)) {
+      if (into) {
         Status s = direct_.ReadInto(offset, n, dst, on_filled, &fell_back);
         if (!fell_back) return s;
       }

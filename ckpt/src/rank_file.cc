@@ -9,6 +9,8 @@
 #include <atomic>
 #include <functional>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <cstdio>
@@ -16,6 +18,7 @@
 #include <thread>
 #include <utility>
 
+#include "ckpt/aligned_buffer.h"
 #include "ckpt/env.h"
 #include "ckpt/hash.h"
 #include "ckpt/h5.h"
@@ -54,9 +57,24 @@ uint64_t EffectivePieceBytes(uint64_t requested) { return std::max<uint64_t>(8, 
 
 namespace {
 
-// HDF5's shuffle filter: byte j of every element goes to plane j. The 2- and 4-byte cases
-// (bf16/fp16, fp32) read each element once and write every plane in the same pass, which the
-// compiler vectorises; the general case walks one plane at a time.
+#if defined(__SSE2__)
+// One riffle of 64 bytes held in v[0..3]: byte j of the first half goes to 2j, byte j of the
+// second half to 2j + 1 (position i moves to 2i mod 63).
+inline void Riffle64(__m128i v[4]) {
+  const __m128i a = _mm_unpacklo_epi8(v[0], v[2]), b = _mm_unpackhi_epi8(v[0], v[2]);
+  const __m128i c = _mm_unpacklo_epi8(v[1], v[3]), d = _mm_unpackhi_epi8(v[1], v[3]);
+  v[0] = a;
+  v[1] = b;
+  v[2] = c;
+  v[3] = d;
+}
+#endif
+
+// HDF5's shuffle filter: byte j of every element goes to plane j. fp32 (the bulk of a
+// checkpoint) takes 16 elements a step with SSE2: the 16 x 4 byte transpose is four riffles
+// (byte 4e + b goes to 16b + e = 16 (4e + b) mod 63); it was a tenth of a compressed save's CPU
+// as a scalar loop. bf16/fp16 read each element once and write both planes in the same pass;
+// the general case walks one plane at a time.
 void ByteShuffle(const uint8_t* in, uint8_t* out, size_t nbytes, size_t elem) {
   const size_t n = nbytes / elem;
   if (elem == 4) {
@@ -64,7 +82,20 @@ void ByteShuffle(const uint8_t* in, uint8_t* out, size_t nbytes, size_t elem) {
     uint8_t* p1 = out + n;
     uint8_t* p2 = out + 2 * n;
     uint8_t* p3 = out + 3 * n;
-    for (size_t i = 0; i < n; ++i) {
+    size_t i = 0;
+#if defined(__SSE2__)
+    for (; i + 16 <= n; i += 16) {
+      __m128i v[4];
+      for (int k = 0; k < 4; ++k)
+        v[k] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 4 * i + 16 * k));
+      for (int r = 0; r < 4; ++r) Riffle64(v);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(p0 + i), v[0]);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(p1 + i), v[1]);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(p2 + i), v[2]);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(p3 + i), v[3]);
+    }
+#endif
+    for (; i < n; ++i) {
       uint32_t v;
       std::memcpy(&v, in + 4 * i, 4);
       p0[i] = static_cast<uint8_t>(v);
@@ -198,6 +229,31 @@ Status RunOrdered(int64_t n, int threads, int64_t window,
       [&](uint64_t i, int) { return consume(static_cast<int64_t>(i)); }, threads);
 }
 
+// The compressed-chunk pipeline's memory, kept for every compressed dataset of a rank file
+// (the writer's buffers per dataset were freshly mapped each time, and fresh memory costs its
+// page faults: on the development VM 0.34 GiB/s in 4 KiB pages and 0.6 in 2 MiB pages,
+// docs/performance.md). I/O memory (huge pages from 2 MiB up), grown as a dataset needs.
+struct CompressScratch {
+  std::vector<AlignedBuffer> out;     // the window's compressed chunks
+  std::vector<size_t> out_size;       // bytes of each
+  std::vector<AlignedBuffer> staged;  // per worker: the chunk as zstd sees it (shuffled, padded)
+  std::vector<AlignedBuffer> plain;   // per worker: a short edge chunk padded before shuffling
+  std::vector<AlignedBuffer> filled;  // a `fill` dataset's window of logical chunks
+  std::vector<ZSTD_CCtx*> cctx;       // per worker
+  CompressScratch() = default;
+  CompressScratch(const CompressScratch&) = delete;
+  CompressScratch& operator=(const CompressScratch&) = delete;
+  ~CompressScratch() {
+    for (ZSTD_CCtx* c : cctx) ZSTD_freeCCtx(c);
+  }
+  // At least `n` slots, each of at least `bytes` (std::bad_alloc when memory cannot be had).
+  static void Ensure(std::vector<AlignedBuffer>& v, size_t n, size_t bytes) {
+    if (v.size() < n) v.resize(n);
+    for (size_t i = 0; i < n; ++i)
+      if (v[i].size() < bytes) v[i] = AlignedBuffer(bytes);
+  }
+};
+
 // Writes one chunked tensor with zstd through direct chunk writes: `threads` workers shuffle and
 // compress chunks outside the HDF5 lock while the calling thread hands the finished ones to
 // HDF5 in order and feeds their logical bytes to the dataset's digests (`digest`, `pieces`).
@@ -209,7 +265,7 @@ Status RunOrdered(int64_t n, int threads, int64_t window,
 Status WriteCompressedChunks(hid_t dset, const DatasetSpec& spec, int64_t rows_per_chunk,
                              int64_t inner, const Compression& comp, int threads,
                              uint64_t window_bytes, Xxh3Stream* digest, PieceDigests* pieces,
-                             RandomWriteFile* writeback) {
+                             RandomWriteFile* writeback, CompressScratch* scratch) {
   const size_t elem = DTypeSize(spec.dtype);
   const int64_t rows = spec.shape[0];
   const size_t chunk_bytes = static_cast<size_t>(rows_per_chunk * inner) * elem;
@@ -218,56 +274,58 @@ Status WriteCompressedChunks(hid_t dset, const DatasetSpec& spec, int64_t rows_p
   PipelineThreads pool(nchunks, threads);
   const int workers = pool.count();
   const int64_t window = 2 * workers;
-  std::vector<std::vector<uint8_t>> out(static_cast<size_t>(window));
-  std::vector<size_t> out_size(static_cast<size_t>(window));
-  std::vector<std::vector<uint8_t>> staged(static_cast<size_t>(workers)),
-      plain(static_cast<size_t>(workers));
-  std::vector<ZSTD_CCtx*> cctx(static_cast<size_t>(workers), nullptr);
-  struct FreeCctx {
-    std::vector<ZSTD_CCtx*>& v;
-    ~FreeCctx() {
-      for (ZSTD_CCtx* c : v) ZSTD_freeCCtx(c);
-    }
-  } free_cctx{cctx};
   auto have_bytes = [&](int64_t c) {
     const int64_t row0 = c * rows_per_chunk;
     return static_cast<size_t>(std::min(rows_per_chunk, rows - row0) * inner) * elem;
   };
+  auto& out = scratch->out;
+  auto& out_size = scratch->out_size;
+  auto& cctx = scratch->cctx;
+  const size_t bound = ZSTD_compressBound(chunk_bytes);
+  CKPT_RETURN_IF_ERROR(OutOfMemoryAsStatus("chunk buffers", [&] {
+    CompressScratch::Ensure(out, static_cast<size_t>(window), bound);
+    if (out_size.size() < static_cast<size_t>(window)) out_size.resize(static_cast<size_t>(window));
+    CompressScratch::Ensure(scratch->staged, static_cast<size_t>(workers), chunk_bytes);
+    if (cctx.size() < static_cast<size_t>(workers)) cctx.resize(static_cast<size_t>(workers), nullptr);
+    if (spec.fill)
+      CompressScratch::Ensure(scratch->filled, static_cast<size_t>(window), chunk_bytes);
+    if (comp.shuffle && have_bytes(nchunks - 1) < chunk_bytes)  // a short edge chunk
+      CompressScratch::Ensure(scratch->plain, static_cast<size_t>(workers), chunk_bytes);
+    return Status::Ok();
+  }));
   auto begin_byte = [&](int64_t c) {
     return static_cast<uint64_t>(c * rows_per_chunk * inner) * elem;
   };
-  std::vector<std::vector<uint8_t>> filled(spec.fill ? static_cast<size_t>(window) : 0);
   // Chunk c's logical bytes: in the caller's buffer, or in its fill slot.
   auto input_of = [&](int64_t c) -> const uint8_t* {
-    return spec.fill ? filled[static_cast<size_t>(c % window)].data() : src + begin_byte(c);
+    return spec.fill ? scratch->filled[static_cast<size_t>(c % window)].data() : src + begin_byte(c);
   };
   auto compress = [&](int64_t c, int w) -> Status {
     const size_t have = have_bytes(c);
     const uint8_t* base = input_of(c);
     // The edge chunk is stored full size, zero-padded, as HDF5 does.
     const uint8_t* input = base;
-    auto& st = staged[static_cast<size_t>(w)];
+    uint8_t* st = scratch->staged[static_cast<size_t>(w)].data();
     if (comp.shuffle || have < chunk_bytes) {
-      st.assign(chunk_bytes, 0);
       if (comp.shuffle) {
         const uint8_t* from = base;
         if (have < chunk_bytes) {
-          auto& pl = plain[static_cast<size_t>(w)];
-          pl.assign(chunk_bytes, 0);
-          std::memcpy(pl.data(), base, have);
-          from = pl.data();
+          uint8_t* pl = scratch->plain[static_cast<size_t>(w)].data();
+          std::memcpy(pl, base, have);
+          std::memset(pl + have, 0, chunk_bytes - have);
+          from = pl;
         }
-        ByteShuffle(from, st.data(), chunk_bytes, elem);
+        ByteShuffle(from, st, chunk_bytes, elem);  // writes every byte of the chunk
       } else {
-        std::memcpy(st.data(), base, have);
+        std::memcpy(st, base, have);
+        std::memset(st + have, 0, chunk_bytes - have);
       }
-      input = st.data();
+      input = st;
     }
     ZSTD_CCtx*& cc = cctx[static_cast<size_t>(w)];
     if (!cc && !(cc = ZSTD_createCCtx())) return ResourceExhausted("zstd: no compression context");
-    auto& dst = out[static_cast<size_t>(c % window)];
-    dst.resize(ZSTD_compressBound(chunk_bytes));
-    const size_t got = ZSTD_compressCCtx(cc, dst.data(), dst.size(), input, chunk_bytes, comp.level);
+    AlignedBuffer& dst = out[static_cast<size_t>(c % window)];
+    const size_t got = ZSTD_compressCCtx(cc, dst.data(), bound, input, chunk_bytes, comp.level);
     if (ZSTD_isError(got)) return Internal(std::string("zstd compress: ") + ZSTD_getErrorName(got));
     out_size[static_cast<size_t>(c % window)] = got;
     return Status::Ok();
@@ -296,9 +354,8 @@ Status WriteCompressedChunks(hid_t dset, const DatasetSpec& spec, int64_t rows_p
   for (int64_t first = 0; first < nchunks; first += window) {
     const int64_t count = std::min(window, nchunks - first);
     for (int64_t c = first; c < first + count; ++c) {
-      std::vector<uint8_t>& buf = filled[static_cast<size_t>(c % window)];
+      AlignedBuffer& buf = scratch->filled[static_cast<size_t>(c % window)];
       const size_t have = have_bytes(c);
-      buf.resize(have);
       for (size_t done = 0; done < have; done += window_bytes) {
         const size_t n = static_cast<size_t>(std::min<uint64_t>(window_bytes, have - done));
         CKPT_RETURN_IF_ERROR(spec.fill(begin_byte(c) + done, n, buf.data() + done), "");
@@ -330,7 +387,7 @@ using ChunkDigests = std::map<size_t, std::pair<Xxh3Stream, PieceDigests>>;
 // `hashed` on the way.
 Status CreateOne(hid_t file, const DatasetSpec& spec, size_t record, const SaveOptions& options,
                  int threads, std::vector<DirectSegment>* direct, ChunkDigests* hashed,
-                 RandomWriteFile* writeback) {
+                 RandomWriteFile* writeback, CompressScratch* scratch) {
   const size_t elem = DTypeSize(spec.dtype);
   const int64_t numel = Numel(spec.shape);
   const Compression& comp = options.compression;
@@ -377,7 +434,7 @@ Status CreateOne(hid_t file, const DatasetSpec& spec, size_t record, const SaveO
             .first->second;
     return WriteCompressedChunks(dset.get(), spec, rows_per_chunk, inner, comp, threads,
                                  EffectivePieceBytes(options.fill_window_bytes), &digest,
-                                 &pieces, writeback);
+                                 &pieces, writeback, scratch);
   }
   const haddr_t addr = H5Dget_offset(dset.get());
   if (addr == HADDR_UNDEF) return Internal("dataset has no allocated storage: " + h5::ErrorText());
@@ -419,6 +476,7 @@ Result<std::vector<DirectSegment>> WriteStructure(const std::string& path,
     threads = std::max(1, threads);
   }
   std::vector<DirectSegment> direct;
+  CompressScratch scratch;  // shared by the file's compressed datasets
   // Every allocation of kAlignThreshold bytes or more (a large dataset, a compressed chunk)
   // starts on a kDataAlignment boundary, so a reader can move it with O_DIRECT straight into
   // aligned memory (direct_read.h). Costs under 4 KiB of padding per large dataset; readers of
@@ -458,8 +516,8 @@ Result<std::vector<DirectSegment>> WriteStructure(const std::string& path,
     rec.dtype = spec.dtype;
     rec.shape = spec.shape;
     rec.bytes = static_cast<uint64_t>(numel) * DTypeSize(spec.dtype);
-    CKPT_RETURN_IF_ERROR(CreateOne(file.get(), spec, records->size(), options, threads, &direct, hashed,
-                                   data_file ? data_file->get() : nullptr),
+    CKPT_RETURN_IF_ERROR(CreateOne(file.get(), spec, records->size(), options, threads, &direct,
+                                   hashed, data_file ? data_file->get() : nullptr, &scratch),
                          where);
     records->push_back(std::move(rec));
   }
@@ -604,6 +662,70 @@ Status WriteRankFileStructure(const std::string& path, const RankFileHeader& hea
 }
 
 // ---------------------------------------------------------------------------------------------
+
+namespace {
+
+// One decompression worker's memory (a chunk's compressed frame, the chunk before it is
+// unshuffled) and zstd context. Reused across datasets and files instead of allocated per
+// dataset read: fresh memory costs its page faults (on the development VM 0.34 GiB/s in
+// 4 KiB pages, docs/performance.md), and these are I/O memory (huge pages from 2 MiB up),
+// never zero-filled.
+struct DecodeState {
+  AlignedBuffer frame, plain;
+  ZSTD_DCtx* dctx = nullptr;
+  DecodeState() = default;
+  DecodeState(const DecodeState&) = delete;
+  DecodeState& operator=(const DecodeState&) = delete;
+  ~DecodeState() { ZSTD_freeDCtx(dctx); }
+  // `buf` holds at least `n` bytes (std::bad_alloc when the memory cannot be had).
+  static void Reserve(AlignedBuffer* buf, size_t n) {
+    if (buf->size() < n) *buf = AlignedBuffer(n);
+  }
+};
+
+// The idle DecodeStates of the process: at most kKeep are kept (about 8 MiB each for the
+// default 4 MiB chunks), the rest freed when their pipeline ends.
+class DecodeStates {
+ public:
+  static constexpr size_t kKeep = 8;
+  // `n` states for one pipeline, given back when it ends.
+  class Lease {
+   public:
+    explicit Lease(size_t n) {
+      for (size_t i = 0; i < n; ++i) states_.push_back(Pool().Take());
+    }
+    ~Lease() {
+      for (auto& s : states_) Pool().Give(std::move(s));
+    }
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    DecodeState& operator[](size_t i) { return *states_[i]; }
+
+   private:
+    std::vector<std::unique_ptr<DecodeState>> states_;
+  };
+
+ private:
+  static DecodeStates& Pool() {
+    static DecodeStates* pool = new DecodeStates;  // never destroyed: used until exit
+    return *pool;
+  }
+  std::unique_ptr<DecodeState> Take() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (idle_.empty()) return std::make_unique<DecodeState>();
+    auto s = std::move(idle_.back());
+    idle_.pop_back();
+    return s;
+  }
+  void Give(std::unique_ptr<DecodeState> s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (idle_.size() < kKeep) idle_.push_back(std::move(s));
+  }
+  std::mutex mu_;
+  std::vector<std::unique_ptr<DecodeState>> idle_;
+};
+
+}  // namespace
 
 struct RankFile::Impl {
   std::string label;
@@ -862,16 +984,11 @@ Status RankFile::Impl::DecodeChunks(const DatasetRecord& rec, const ZstdChunks& 
   const int workers = pool.count();
   const int64_t window = workers + 2;
   std::vector<std::vector<uint8_t>> slots(static_cast<size_t>(window));
-  struct Worker {
-    std::vector<uint8_t> frame, scratch;
-    ZSTD_DCtx* dctx = nullptr;
-    ~Worker() { ZSTD_freeDCtx(dctx); }
-  };
-  std::vector<Worker> state(static_cast<size_t>(workers));
+  DecodeStates::Lease state(static_cast<size_t>(workers));
   std::vector<uint8_t*> where(static_cast<size_t>(window));
   auto decode = [&](int64_t i, int w) -> Status {
     const int64_t c = c0 + i;
-    Worker& ws = state[static_cast<size_t>(w)];
+    DecodeState& ws = state[static_cast<size_t>(w)];
     const size_t have = z.have(c);
     uint8_t* out = dest(c);
     if (!out) {
@@ -884,21 +1001,23 @@ Status RankFile::Impl::DecodeChunks(const DatasetRecord& rec, const ZstdChunks& 
     const std::string chunk = label + ": dataset /" + rec.name + ": chunk " + std::to_string(c) +
                               " of " + std::to_string(z.count()) + " (" + std::to_string(size) +
                               " bytes at byte " + std::to_string(at) + ")";
-    ws.frame.resize(static_cast<size_t>(size));
-    CKPT_RETURN_IF_ERROR(data->Read(at, static_cast<size_t>(size), ws.frame.data()), chunk);
-    const unsigned long long content = ZSTD_getFrameContentSize(ws.frame.data(), ws.frame.size());
+    ws.Reserve(&ws.frame, static_cast<size_t>(size));
+    // Into aligned memory: a frame the writer aligned to 4 KiB (every allocation from 1 MiB)
+    // is read with O_DIRECT past the page cache (direct_read.h, kMinIntoBytes).
+    CKPT_RETURN_IF_ERROR(data->ReadLarge(at, size, ws.frame.data(), nullptr), chunk);
+    const unsigned long long content = ZSTD_getFrameContentSize(ws.frame.data(), size);
     if (content != z.chunk_bytes)
       return DataLoss(chunk + ": not a zstd frame of the chunk's " +
                       std::to_string(z.chunk_bytes) + " bytes (corrupt)");
     const bool direct = !z.shuffle && have == z.chunk_bytes;
     uint8_t* to = out;
     if (!direct) {
-      ws.scratch.resize(z.chunk_bytes);
-      to = ws.scratch.data();
+      ws.Reserve(&ws.plain, z.chunk_bytes);
+      to = ws.plain.data();
     }
     if (!ws.dctx && !(ws.dctx = ZSTD_createDCtx()))
       return ResourceExhausted("zstd: no decompression context");
-    const size_t got = ZSTD_decompressDCtx(ws.dctx, to, z.chunk_bytes, ws.frame.data(), ws.frame.size());
+    const size_t got = ZSTD_decompressDCtx(ws.dctx, to, z.chunk_bytes, ws.frame.data(), size);
     if (ZSTD_isError(got) || got != z.chunk_bytes)
       return DataLoss(chunk + ": corrupt zstd data (" +
                       (ZSTD_isError(got) ? std::string(ZSTD_getErrorName(got))

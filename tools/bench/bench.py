@@ -101,9 +101,12 @@ def paired_codec(j):
             "codec_gib_per_s": stats([j["logical_bytes"] / GiB / r["codec_seconds"] for r in reps]),
             "threads_per_rank": reps[0]["codec_threads"],
             "note": "the codec floor (tools/bench/ckpt_io.cc): save = zstd's multithreaded "
-                    "streaming compression of the rank's chunked (and shuffled) bytes written "
-                    "and fsynced; load = the same chunks as frames, read with pread and "
-                    "decompressed on the same threads, from a cold cache"}
+                    "streaming compression (context warmed up before the clock) of the rank's "
+                    "chunked (and shuffled) bytes written and fsynced; load = the same chunks "
+                    "as frames in one file per rank, read front to back with O_DIRECT into "
+                    "touched memory while the same number of threads decompress each frame as "
+                    "its bytes arrive, from a cold cache; floor and ckpt alternate which runs "
+                    "first, each after a cache drop and a 3 s settle"}
 
 
 def drop_caches():
@@ -209,6 +212,12 @@ def main():
            "size_bytes": a.size, "ranks": a.ranks, "reps": a.reps, "reps2": a.reps2,
            "machine": machine_info(work), "phases": {}, "targets": [], "notes": []}
     ph = res["phases"]
+    # What first-touching memory costs here (raw_io touch): the floors' buffers are touched
+    # before their clocks, a ckpt process's working memory (and the page cache) inside.
+    try:
+        res["machine"]["memory_touch"] = R.json([raw_io, "touch", str(min(a.size, GiB))])[0]
+    except Exception as e:  # a probe, never a reason to stop
+        res["notes"].append("raw_io touch: %s" % e)
     res["drop_caches"] = drop_caches()
     if res["drop_caches"] != "ok":
         res["notes"].append(res["drop_caches"])
@@ -794,6 +803,12 @@ def print_table(res):
           (m.get("cpu", "?"), m.get("nproc"), m.get("mem_gib"), m.get("disk", "?"),
            "%.1f" % m["loadavg_at_start"][0], "%.1f" % m["loadavg_at_end"][0]))
     print("page cache: %s" % res["drop_caches"])
+    t = m.get("memory_touch")
+    if t:
+        print("first touch of fresh memory: %.2f GiB/s in 4 KiB pages, %.2f in 2 MiB pages "
+              "(%.2f reused at once, %.2f after 3 s)" %
+              (t["small_pages_gib_per_s"], t["huge_pages_gib_per_s"],
+               t["huge_pages_reused_at_once_gib_per_s"], t["huge_pages_reused_after_3s_gib_per_s"]))
     print()
     hdr = "%-34s %8s %24s %7s %7s %10s" % ("phase", "GiB", "seconds median (min-max)",
                                              "GiB/s", "ratio", "peak RSS")
@@ -942,6 +957,13 @@ def markdown(res):
                  res["command"], res["when_utc"], m.get("cpu", "?"), m.get("nproc"),
                  m.get("mem_gib"), " ".join(m.get("disk", "?").split()[:2]),
                  m["loadavg_at_start"][0], m["loadavg_at_end"][0], res["drop_caches"]))
+    t = m.get("memory_touch")
+    if t:
+        L.append("")
+        L.append("First touch of fresh memory (`raw_io touch`): %.2f GiB/s in 4 KiB pages, %.2f in "
+                 "2 MiB pages; 2 MiB pages freed and touched again at once %.2f, after 3 s %.2f." %
+                 (t["small_pages_gib_per_s"], t["huge_pages_gib_per_s"],
+                  t["huge_pages_reused_at_once_gib_per_s"], t["huge_pages_reused_after_3s_gib_per_s"]))
     L.append("")
     L.append("| phase | GiB | seconds, median (min-max) | GiB/s | ratio to floor | peak RSS |")
     L.append("|---|---:|---:|---:|---:|---:|")

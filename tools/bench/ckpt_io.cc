@@ -12,8 +12,9 @@
 // save: the state of every rank is generated first (ckpt::SynthParamTable, BuildPartition and
 //   SynthValue, exactly the contents `ckpt synth` writes), then only ckpt::SaveCheckpoint is
 //   timed, all ranks concurrently as threads on a ckpt::ThreadGroup (as `ckpt synth` saves).
-//   Each repetition writes a new tag; the previous one is removed untimed, so the last tag
-//   stays for the load / export / reshard phases.
+//   Each repetition writes a new tag; the previous one is removed untimed (then the cache is
+//   dropped and the machine left 3 s to settle before the clock starts), so the last tag stays
+//   for the load / export / reshard phases.
 // load: one thread per rank, each with its own CheckpointReader, reads every dataset of its
 //   rank file whole (ReadDataset: XXH3 of every dataset checked). Destination buffers are
 //   allocated and touched before the clock starts, as in raw_io.
@@ -38,6 +39,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -45,6 +47,7 @@
 #include <iterator>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -241,15 +244,23 @@ void AddFloor(json* rep, const json& floor, int rep_index) {
 // run, plus the disk. Each rank's tensors are cut into chunk-bytes chunks and byte-shuffled
 // (when the setting shuffles) once, untimed: the floor starts from bytes ready for zstd.
 //   save: per rank, concurrently: zstd's own multithreaded streaming compression
-//     (ZSTD_c_nbWorkers = threads; none for one thread) of those bytes, written as it comes in
-//     4 MiB writes, then fsync.
+//     (ZSTD_c_nbWorkers = threads; none for one thread; the context made and warmed up before
+//     the clock) of those bytes, written as it comes in 4 MiB writes, then fsync.
 //   load: per rank, concurrently, from a cold cache: the chunks compressed one frame each
-//     (written untimed), every frame read with pread and decompressed by `threads` threads
-//     (zstd decompresses a frame on one thread) into the rank's buffer; no unshuffle.
+//     (written untimed), the file read front to back with O_DIRECT into touched memory while
+//     `threads` threads decompress each frame into the rank's buffer as soon as its bytes are
+//     in (zstd decompresses a frame on one thread); no unshuffle, no hashing.
+// Floor and ckpt alternate which runs first; each starts after a cache drop and a settle, as
+// the VM returns freed memory to its host within a second (docs/performance.md).
 struct CodecRank {
   std::vector<uint8_t> input;              // chunked, shuffled when asked
   std::vector<std::pair<uint64_t, uint64_t>> frames;  // load floor: offset, size in the file
   std::vector<size_t> frame_bytes;         // decompressed size of each frame
+  // The save floor's working memory, made before any clock starts (as the raw floors' buffers
+  // are) and kept across repetitions: the compression context (warmed up by one untimed
+  // compression) and the output buffer.
+  std::unique_ptr<ZSTD_CCtx, size_t (*)(ZSTD_CCtx*)> cctx{nullptr, ZSTD_freeCCtx};
+  std::vector<uint8_t> out;
 };
 
 void ShuffleChunk(const uint8_t* in, uint8_t* out, size_t nbytes, size_t elem);
@@ -278,6 +289,26 @@ int CodecThreads(int requested, int ranks) {
                          std::max(1, ranks));
 }
 
+// Save floor, set up (untimed): each rank's compression context, with the setting's level and
+// threads, warmed up by compressing the rank's first 64 MiB (its workers and buffers are made
+// then), and its 4 MiB output buffer touched.
+void CodecSaveSetup(std::vector<CodecRank>& ranks, const ckpt::Compression& comp, int threads) {
+  for (CodecRank& c : ranks) {
+    c.cctx.reset(ZSTD_createCCtx());
+    if (!c.cctx) Die("codec floor: no compression context");
+    ZSTD_CCtx_setParameter(c.cctx.get(), ZSTD_c_compressionLevel, comp.level);
+    if (threads > 1) ZSTD_CCtx_setParameter(c.cctx.get(), ZSTD_c_nbWorkers, threads);
+    c.out.assign(4u << 20, 1);
+    ZSTD_inBuffer in{c.input.data(), std::min<size_t>(c.input.size(), 64u << 20), 0};
+    size_t left = 0;
+    do {
+      ZSTD_outBuffer out{c.out.data(), c.out.size(), 0};
+      left = ZSTD_compressStream2(c.cctx.get(), &out, &in, ZSTD_e_end);
+      if (ZSTD_isError(left)) Die(std::string("codec floor: ") + ZSTD_getErrorName(left));
+    } while (left != 0);
+  }
+}
+
 // Save floor: seconds for all ranks, compressed bytes written.
 std::pair<double, uint64_t> CodecSaveFloor(const std::string& dir, std::vector<CodecRank>& ranks,
                                            const ckpt::Compression& comp, int threads) {
@@ -295,10 +326,8 @@ std::pair<double, uint64_t> CodecSaveFloor(const std::string& dir, std::vector<C
         errors[r] = "open " + path;
         return;
       }
-      ZSTD_CCtx* cc = ZSTD_createCCtx();
-      ZSTD_CCtx_setParameter(cc, ZSTD_c_compressionLevel, comp.level);
-      if (threads > 1) ZSTD_CCtx_setParameter(cc, ZSTD_c_nbWorkers, threads);
-      std::vector<uint8_t> ob(4u << 20);
+      ZSTD_CCtx* cc = ranks[r].cctx.get();
+      std::vector<uint8_t>& ob = ranks[r].out;
       ZSTD_inBuffer in{ranks[r].input.data(), ranks[r].input.size(), 0};
       size_t left = 0;
       do {
@@ -314,7 +343,6 @@ std::pair<double, uint64_t> CodecSaveFloor(const std::string& dir, std::vector<C
         }
         out_bytes[r] += out.pos;
       } while (left != 0);
-      ZSTD_freeCCtx(cc);
       if (fsync(fd) != 0) errors[r] = "fsync " + path;
       close(fd);
     });
@@ -324,8 +352,7 @@ std::pair<double, uint64_t> CodecSaveFloor(const std::string& dir, std::vector<C
     if (!e.empty()) Die("codec floor: " + e);
   uint64_t total = 0;
   for (uint64_t b : out_bytes) total += b;
-  std::filesystem::remove_all(dir);
-  return {secs, total};
+  return {secs, total};  // the files stay until the next floor (the caller deletes them)
 }
 
 // Load floor, set up: each rank's chunks as independent frames in DIR/codec_R.zst (untimed).
@@ -354,19 +381,52 @@ void CodecLoadSetup(const std::string& dir, std::vector<CodecRank>& ranks,
 }
 
 // Load floor: seconds for all ranks, every frame read and decompressed into `ranks[r].input`.
+// Per rank, concurrently: one thread reads the rank's frame file front to back in 8 MiB blocks
+// the way the raw read floor does (O_DIRECT where the file system takes it, into memory made
+// and touched before the clock: raw_floor.h), while `threads` threads decompress each frame as
+// soon as its bytes are in (zstd decompresses a frame on one thread); no unshuffle, no hashing.
 double CodecLoadFloor(const std::string& dir, std::vector<CodecRank>& ranks, int threads) {
-  std::vector<std::string> errors(ranks.size() * static_cast<size_t>(threads));
+  std::vector<std::string> errors(ranks.size() * static_cast<size_t>(threads + 1));
+  std::vector<raw_floor::AlignedBuffer> files;
+  for (CodecRank& c : ranks) {
+    uint64_t bytes = 0;
+    for (const auto& f : c.frames) bytes = std::max<uint64_t>(bytes, f.first + f.second);
+    files.emplace_back(static_cast<size_t>(bytes));
+  }
+  constexpr uint64_t kBlock = 8u << 20;
   const auto t0 = Clock::now();
   std::vector<std::thread> ts;
   for (size_t r = 0; r < ranks.size(); ++r)
     ts.emplace_back([&, r] {
       CodecRank& c = ranks[r];
+      const raw_floor::AlignedBuffer& file = files[r];
+      std::string* err = &errors[r * static_cast<size_t>(threads + 1)];
       const std::string path = dir + "/codec_" + std::to_string(r) + ".zst";
-      const int fd = open(path.c_str(), O_RDONLY);
-      if (fd < 0) {
-        errors[r * static_cast<size_t>(threads)] = "open " + path;
-        return;
-      }
+      std::mutex mu;
+      std::condition_variable cv;
+      uint64_t have = 0;  // bytes of the file read so far (under mu)
+      bool failed = false;
+      std::thread reader([&] {
+        int fd = open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+        if (fd < 0) fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);  // O_DIRECT refused
+        const uint64_t size = file.size(), span = (size + 4095) / 4096 * 4096;
+        for (uint64_t at = 0; fd >= 0 && at < span;) {
+          const ssize_t got = pread(fd, file.data() + at, std::min(kBlock, span - at),
+                                    static_cast<off_t>(at));
+          if (got <= 0) break;
+          at += static_cast<uint64_t>(got);
+          std::lock_guard<std::mutex> lock(mu);
+          have = std::min(at, size);
+          cv.notify_all();
+        }
+        std::lock_guard<std::mutex> lock(mu);
+        if (have < size) {
+          *err = "read " + path;
+          failed = true;
+        }
+        cv.notify_all();
+        if (fd >= 0) close(fd);
+      });
       std::vector<size_t> start(c.frame_bytes.size());
       for (size_t k = 1; k < start.size(); ++k) start[k] = start[k - 1] + c.frame_bytes[k - 1];
       std::atomic<size_t> next{0};
@@ -374,25 +434,24 @@ double CodecLoadFloor(const std::string& dir, std::vector<CodecRank>& ranks, int
       for (int w = 0; w < threads; ++w)
         workers.emplace_back([&, w] {
           ZSTD_DCtx* dc = ZSTD_createDCtx();
-          std::vector<uint8_t> frame;
           for (size_t k; (k = next++) < c.frames.size();) {
-            frame.resize(c.frames[k].second);
-            if (pread(fd, frame.data(), frame.size(), static_cast<off_t>(c.frames[k].first)) !=
-                static_cast<ssize_t>(frame.size())) {
-              errors[r * static_cast<size_t>(threads) + static_cast<size_t>(w)] = "read " + path;
-              break;
+            const auto [at, fsize] = c.frames[k];
+            {
+              std::unique_lock<std::mutex> lock(mu);
+              cv.wait(lock, [&] { return failed || have >= at + fsize; });
+              if (failed) break;
             }
             const size_t got = ZSTD_decompressDCtx(dc, c.input.data() + start[k], c.frame_bytes[k],
-                                                   frame.data(), frame.size());
+                                                   file.data() + at, fsize);
             if (ZSTD_isError(got) || got != c.frame_bytes[k]) {
-              errors[r * static_cast<size_t>(threads) + static_cast<size_t>(w)] = "decompress";
+              err[1 + w] = "decompress";
               break;
             }
           }
           ZSTD_freeDCtx(dc);
         });
       for (auto& t : workers) t.join();
-      close(fd);
+      reader.join();
     });
   for (auto& t : ts) t.join();
   const double secs = Since(t0);
@@ -564,9 +623,16 @@ int Save(const Args& a) {
   uint64_t logical = 0;
   double gen_secs = 0;
   long rss_before = 0, rank_rss = 0;
+  // Before a timed save: the last repetition's checkpoint deleted, the page cache dropped, and
+  // the disk and memory left to settle. This file system may discard freed blocks (`mount -o
+  // discard`) in the seconds after a delete, which would land in the next save's time (a
+  // training job deletes old tags long before it saves); and this VM hands freed memory back
+  // to its host within a second, so memory freed just before (the dropped cache) would make
+  // whichever side runs right after a drop faster than one that runs later (docs/performance.md).
   auto between_reps = [&](int rep) {
     if (!prev_tag.empty()) std::filesystem::remove_all(a.root + "/" + prev_tag);
     if (a.drop) drop_status = DropCaches();
+    Settle();
     prev_tag = "bench" + std::to_string(rep);
   };
   if (!a.procs) {
@@ -598,8 +664,8 @@ int Save(const Args& a) {
         }
         codec_ranks.push_back(CodecInput(ds, *comp, a.chunk_bytes));
       }
+    if (codec) CodecSaveSetup(codec_ranks, *comp, codec_threads);
     for (int rep = 0; rep < a.reps; ++rep) {
-      between_reps(rep);
       json floor;
       auto run_floor = [&] {
         floor = FloorPasses(a.paired_raw, floor_bufs, true, a.drop, a.paired_variant);
@@ -607,12 +673,17 @@ int Save(const Args& a) {
         Settle();
       };
       if (!a.paired_raw.empty() && !FloorAfter(rep)) run_floor();
+      // The codec floor alternates with the save as the raw floor does, and each side starts
+      // the same way (between_reps): its last files deleted, the cache dropped, a settle.
       std::pair<double, uint64_t> codec_floor;
-      if (codec) {
+      auto run_codec = [&] {
+        std::filesystem::remove_all(a.paired_codec);
         if (a.drop) DropCaches();
+        Settle();
         codec_floor = CodecSaveFloor(a.paired_codec, codec_ranks, *comp, codec_threads);
-        if (a.drop) DropCaches();
-      }
+      };
+      if (codec && !FloorAfter(rep)) run_codec();
+      between_reps(rep);
       meta.tag = prev_tag;
       ckpt::ThreadGroup group(a.ranks);
       std::vector<ckpt::Status> results(static_cast<size_t>(a.ranks));
@@ -630,10 +701,15 @@ int Save(const Args& a) {
         Settle();
         run_floor();
       }
+      if (codec && FloorAfter(rep)) run_codec();
       reps.push_back({{"seconds", secs}, {"file_bytes", DirBytes(a.root + "/" + meta.tag)}});
       if (!floor.is_null()) AddFloor(&reps.back(), floor, rep);
-      if (codec) AddCodecFloor(&reps.back(), codec_floor.first, codec_threads, codec_floor.second);
+      if (codec) {
+        AddCodecFloor(&reps.back(), codec_floor.first, codec_threads, codec_floor.second);
+        reps.back()["codec_order"] = FloorAfter(rep) ? "ckpt first" : "floor first";
+      }
     }
+    if (codec) std::filesystem::remove_all(a.paired_codec);
   } else {
     // One process per rank, as under mpirun (no HDF5 library lock shared between ranks). The
     // parent starts the clock when every rank has its state and releases them together.
@@ -921,10 +997,18 @@ int Load(const Args& a) {
       floor = FloorPasses(a.paired_raw, floor_bufs, false, a.drop, a.paired_variant);
       Settle();
     }
+    // The codec floor alternates with the load, and each side starts the same way: the cache
+    // dropped, then a settle (as the saves do: between_reps).
     double codec_secs = 0;
-    if (codec) {
-      codec_secs = CodecLoadFloor(a.paired_codec, codec_ranks, codec_threads);
+    auto run_codec = [&] {
       if (a.drop) DropCaches();
+      Settle();
+      codec_secs = CodecLoadFloor(a.paired_codec, codec_ranks, codec_threads);
+    };
+    if (codec && !FloorAfter(rep)) run_codec();
+    if (codec) {
+      if (a.drop) DropCaches();
+      Settle();
     }
     std::vector<ckpt::Status> results(static_cast<size_t>(world));
     auto rank_load = [&](int r) -> ckpt::Status {
@@ -1014,9 +1098,13 @@ int Load(const Args& a) {
       Settle();
       floor = FloorPasses(a.paired_raw, floor_bufs, false, a.drop, a.paired_variant);
     }
+    if (codec && FloorAfter(rep)) run_codec();
     reps.push_back({{"seconds", secs}, {"rank_maxrss_kib", child_rss}});
     if (!floor.is_null()) AddFloor(&reps.back(), floor, rep);
-    if (codec) AddCodecFloor(&reps.back(), codec_secs, codec_threads);
+    if (codec) {
+      AddCodecFloor(&reps.back(), codec_secs, codec_threads);
+      reps.back()["codec_order"] = FloorAfter(rep) ? "ckpt first" : "floor first";
+    }
   }
   if (paired) std::filesystem::remove_all(a.paired_raw);
   if (codec) std::filesystem::remove_all(a.paired_codec);

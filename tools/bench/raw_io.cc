@@ -6,6 +6,7 @@
 //   raw_io write DIR --files N --bytes-per-file B [--variant NAME]
 //   raw_io read  DIR --files N [--variant NAME]   (each file read whole, whatever its size)
 //   raw_io variants write|read        (the variant names, one per line)
+//   raw_io touch BYTES                 (what first-touching memory costs here, below)
 //
 // The default variant is buffered_4MiB (write(2) / read(2) in 4 MiB blocks, the old floor).
 // Buffers are allocated and touched before the clock starts (a checkpoint's state is already
@@ -13,11 +14,15 @@
 // time is the transfer alone. Prints one JSON object: {"op", "variant", "files", "bytes",
 // "seconds", "gib_per_s", "maxrss_kib"}, or {"op", "variant", "unsupported": true} where the
 // file system refuses the variant (O_DIRECT on tmpfs). Exit 2 on usage or I/O error.
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 
+#include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "raw_floor.h"
@@ -42,6 +47,19 @@ uint64_t ParseBytes(const char* s) {
   return static_cast<uint64_t>(v * mult);
 }
 
+// Touches `bytes` of fresh anonymous memory (4 KiB pages, or 2 MiB pages asked for with
+// MADV_HUGEPAGE) and returns GiB/s; the mapping is unmapped after.
+double TouchRate(size_t bytes, bool huge) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) Die("mmap: " + std::string(std::strerror(errno)));
+  madvise(p, bytes, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::memset(p, 1, bytes);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  munmap(p, bytes);
+  return static_cast<double>(bytes) / s / (1024.0 * 1024 * 1024);
+}
+
 long MaxRssKiB() {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
@@ -53,8 +71,24 @@ long MaxRssKiB() {
 int main(int argc, char** argv) {
   if (argc < 3)
     Die("usage: raw_io write|read DIR --files N [--bytes-per-file B] [--variant NAME] | "
-        "raw_io variants write|read");
+        "raw_io variants write|read | raw_io touch BYTES");
   const std::string op = argv[1];
+  if (op == "touch") {
+    // A process's working memory is touched inside its timed work, the floors' buffers before
+    // it. On a VM whose host reclaims the guest's free memory (free page reporting), memory
+    // freed a moment ago is still backed by the host and memory freed a while ago is not; the
+    // bench records both rates beside its figures (docs/performance.md).
+    const size_t n = ParseBytes(argv[2]);
+    const double small = TouchRate(n, false), huge = TouchRate(n, true);
+    const double huge_again = TouchRate(n, true);  // just freed: reused at once
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    const double huge_later = TouchRate(n, true);
+    std::printf("{\"op\": \"touch\", \"bytes\": %zu, \"small_pages_gib_per_s\": %.3f, "
+                "\"huge_pages_gib_per_s\": %.3f, \"huge_pages_reused_at_once_gib_per_s\": %.3f, "
+                "\"huge_pages_reused_after_3s_gib_per_s\": %.3f}\n",
+                n, small, huge, huge_again, huge_later);
+    return 0;
+  }
   if (op == "variants") {
     const std::string which = argv[2];
     if (which != "write" && which != "read") Die("variants: write or read");

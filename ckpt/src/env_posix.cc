@@ -56,9 +56,9 @@ class PosixRandomAccessFile final : public RandomAccessFile {
   Status ReadLarge(uint64_t offset, uint64_t n, void* out,
                    const PartFn& on_filled) const override {
     const bool into = internal::DirectReader::CanReadInto(offset, n, out);
-    if (direct_.Wanted(offset, n,
-                       into ? internal::DirectReader::kMinIntoBytes
-                            : internal::DirectReader::kMinBytes)) {
+    if (direct_.Wanted(
+            offset, n,
+            into ? internal::DirectReader::kMinIntoBytes : internal::DirectReader::kMinBytes)) {
       auto* dst = static_cast<uint8_t*>(out);
       bool fell_back = false;
       if (into) {

@@ -286,7 +286,8 @@ Status WriteCompressedChunks(hid_t dset, const DatasetSpec& spec, int64_t rows_p
     CompressScratch::Ensure(out, static_cast<size_t>(window), bound);
     if (out_size.size() < static_cast<size_t>(window)) out_size.resize(static_cast<size_t>(window));
     CompressScratch::Ensure(scratch->staged, static_cast<size_t>(workers), chunk_bytes);
-    if (cctx.size() < static_cast<size_t>(workers)) cctx.resize(static_cast<size_t>(workers), nullptr);
+    if (cctx.size() < static_cast<size_t>(workers))
+      cctx.resize(static_cast<size_t>(workers), nullptr);
     if (spec.fill)
       CompressScratch::Ensure(scratch->filled, static_cast<size_t>(window), chunk_bytes);
     if (comp.shuffle && have_bytes(nchunks - 1) < chunk_bytes)  // a short edge chunk
@@ -298,7 +299,8 @@ Status WriteCompressedChunks(hid_t dset, const DatasetSpec& spec, int64_t rows_p
   };
   // Chunk c's logical bytes: in the caller's buffer, or in its fill slot.
   auto input_of = [&](int64_t c) -> const uint8_t* {
-    return spec.fill ? scratch->filled[static_cast<size_t>(c % window)].data() : src + begin_byte(c);
+    return spec.fill ? scratch->filled[static_cast<size_t>(c % window)].data()
+                     : src + begin_byte(c);
   };
   auto compress = [&](int64_t c, int w) -> Status {
     const size_t have = have_bytes(c);

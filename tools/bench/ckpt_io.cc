@@ -12,9 +12,9 @@
 // save: the state of every rank is generated first (ckpt::SynthParamTable, BuildPartition and
 //   SynthValue, exactly the contents `ckpt synth` writes), then only ckpt::SaveCheckpoint is
 //   timed, all ranks concurrently as threads on a ckpt::ThreadGroup (as `ckpt synth` saves).
-//   Each repetition writes a new tag; the previous one is removed untimed (then the cache is
-//   dropped and the machine left 3 s to settle before the clock starts), so the last tag stays
-//   for the load / export / reshard phases.
+//   Each repetition writes a new tag; the previous one is removed untimed (and the cache
+//   dropped) right before the clock starts, so the last tag stays for the load / export /
+//   reshard phases.
 // load: one thread per rank, each with its own CheckpointReader, reads every dataset of its
 //   rank file whole (ReadDataset: XXH3 of every dataset checked). Destination buffers are
 //   allocated and touched before the clock starts, as in raw_io.
@@ -250,8 +250,9 @@ void AddFloor(json* rep, const json& floor, int rep_index) {
 //     (written untimed), the file read front to back with O_DIRECT into touched memory while
 //     `threads` threads decompress each frame into the rank's buffer as soon as its bytes are
 //     in (zstd decompresses a frame on one thread); no unshuffle, no hashing.
-// Floor and ckpt alternate which runs first; each starts after a cache drop and a settle, as
-// the VM returns freed memory to its host within a second (docs/performance.md).
+// Floor and ckpt alternate which runs first; each starts right after deleting its own last
+// files and a cache drop, so both meet the same memory (the VM returns freed memory to its host
+// within about a second; docs/performance.md) and the same discards of deleted blocks.
 struct CodecRank {
   std::vector<uint8_t> input;              // chunked, shuffled when asked
   std::vector<std::pair<uint64_t, uint64_t>> frames;  // load floor: offset, size in the file
@@ -623,16 +624,17 @@ int Save(const Args& a) {
   uint64_t logical = 0;
   double gen_secs = 0;
   long rss_before = 0, rank_rss = 0;
-  // Before a timed save: the last repetition's checkpoint deleted, the page cache dropped, and
-  // the disk and memory left to settle. This file system may discard freed blocks (`mount -o
-  // discard`) in the seconds after a delete, which would land in the next save's time (a
-  // training job deletes old tags long before it saves); and this VM hands freed memory back
-  // to its host within a second, so memory freed just before (the dropped cache) would make
-  // whichever side runs right after a drop faster than one that runs later (docs/performance.md).
+  // Right before a timed save: the last repetition's checkpoint deleted and the cache dropped,
+  // as each codec floor deletes its own last files and drops the cache right before it runs:
+  // the two sides of a pair start alike. On the development VM that matters twice over: the
+  // root file system discards freed blocks (`mount -o discard`) in the seconds after a delete,
+  // and the VM hands freed memory back to its host within about a second, after which
+  // touching it again costs host page faults (docs/performance.md, 2026-12-02 09:40): a side
+  // that ran right after a drop of the other side's files, while the other ran after a
+  // settle, was up to 1.7x faster for that alone.
   auto between_reps = [&](int rep) {
     if (!prev_tag.empty()) std::filesystem::remove_all(a.root + "/" + prev_tag);
     if (a.drop) drop_status = DropCaches();
-    Settle();
     prev_tag = "bench" + std::to_string(rep);
   };
   if (!a.procs) {
@@ -674,12 +676,11 @@ int Save(const Args& a) {
       };
       if (!a.paired_raw.empty() && !FloorAfter(rep)) run_floor();
       // The codec floor alternates with the save as the raw floor does, and each side starts
-      // the same way (between_reps): its last files deleted, the cache dropped, a settle.
+      // the same way (between_reps): its own last files deleted, the cache dropped.
       std::pair<double, uint64_t> codec_floor;
       auto run_codec = [&] {
         std::filesystem::remove_all(a.paired_codec);
         if (a.drop) DropCaches();
-        Settle();
         codec_floor = CodecSaveFloor(a.paired_codec, codec_ranks, *comp, codec_threads);
       };
       if (codec && !FloorAfter(rep)) run_codec();
@@ -997,19 +998,15 @@ int Load(const Args& a) {
       floor = FloorPasses(a.paired_raw, floor_bufs, false, a.drop, a.paired_variant);
       Settle();
     }
-    // The codec floor alternates with the load, and each side starts the same way: the cache
-    // dropped, then a settle (as the saves do: between_reps).
+    // The codec floor alternates with the load, and each side starts the same way: right
+    // after a cache drop.
     double codec_secs = 0;
     auto run_codec = [&] {
       if (a.drop) DropCaches();
-      Settle();
       codec_secs = CodecLoadFloor(a.paired_codec, codec_ranks, codec_threads);
     };
     if (codec && !FloorAfter(rep)) run_codec();
-    if (codec) {
-      if (a.drop) DropCaches();
-      Settle();
-    }
+    if (codec && a.drop) DropCaches();
     std::vector<ckpt::Status> results(static_cast<size_t>(world));
     auto rank_load = [&](int r) -> ckpt::Status {
       ckpt::OpenOptions oo;

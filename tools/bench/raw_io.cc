@@ -83,10 +83,11 @@ int main(int argc, char** argv) {
     const double huge_again = TouchRate(n, true);  // just freed: reused at once
     std::this_thread::sleep_for(std::chrono::seconds(3));
     const double huge_later = TouchRate(n, true);
-    std::printf("{\"op\": \"touch\", \"bytes\": %zu, \"small_pages_gib_per_s\": %.3f, "
-                "\"huge_pages_gib_per_s\": %.3f, \"huge_pages_reused_at_once_gib_per_s\": %.3f, "
-                "\"huge_pages_reused_after_3s_gib_per_s\": %.3f}\n",
-                n, small, huge, huge_again, huge_later);
+    std::printf(
+        "{\"op\": \"touch\", \"bytes\": %zu, \"small_pages_gib_per_s\": %.3f, "
+        "\"huge_pages_gib_per_s\": %.3f, \"huge_pages_reused_at_once_gib_per_s\": %.3f, "
+        "\"huge_pages_reused_after_3s_gib_per_s\": %.3f}\n",
+        n, small, huge, huge_again, huge_later);
     return 0;
   }
   if (op == "variants") {

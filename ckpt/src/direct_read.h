@@ -52,7 +52,7 @@ class DirectReader {
   // past the page cache from here: a compressed chunk's zstd frame (about 3.5 MiB for a 4 MiB
   // fp32 chunk) read into a reused aligned buffer. On the development VM a cold buffered read
   // moved 0.52 GiB/s against 4.1 for O_DIRECT, the page cache's fresh memory costing host page
-  // faults (docs/performance.md, 2026-12-02 09:30).
+  // faults (docs/performance.md, 2026-12-02 09:40).
   static constexpr uint64_t kMinIntoBytes = 1u << 20;
 
   // `fd` is the file's ordinary descriptor (not owned); `path` names it in errors.

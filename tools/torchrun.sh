@@ -19,7 +19,7 @@ python="${CKPT_PYTHON:-/usr/bin/python3}"
 if [ -d "$here/build/python/ckpt" ]; then
   export PYTHONPATH="$here/build/python${PYTHONPATH:+:$PYTHONPATH}"
 fi
-port="${MASTER_PORT:-$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}"
+port="${MASTER_PORT:-$("$python" "$here/tools/free_port.py")}"
 pids=()
 for ((r = 0; r < n; r++)); do
   RANK=$r LOCAL_RANK=$r WORLD_SIZE=$n LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 \

@@ -1,8 +1,8 @@
 """Shared helpers of the Python suites: where the build is, running the CLI and the launcher."""
 import json
 import os
-import socket
 import subprocess
+import sys
 import tempfile
 
 SOURCE = os.environ.get("CKPT_SOURCE_DIR") or os.path.abspath(
@@ -32,9 +32,9 @@ def torchrun(n, *args, check=True, timeout=300):
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port for MASTER_PORT (tools/free_port.py says how it is chosen)."""
+    return int(subprocess.run([sys.executable, os.path.join(SOURCE, "tools", "free_port.py")],
+                              check=True, capture_output=True, text=True).stdout)
 
 
 def tree_digest(root):

@@ -206,36 +206,26 @@ Status DirectReader::ReadInto(uint64_t offset, uint64_t n, uint8_t* out,
     return on_filled(at, out + (at - offset), static_cast<size_t>(len));
   };
   bool refused = false;
-  Status status = Status::Ok();
-  if (blocks == 1) {  // one request (a compressed chunk's frame): on this thread
-    uint64_t got = 0;
-    status =
-        DirectPread(dfd, path_, out + (lo - offset), lo, hi - lo, hi - lo, true, &refused, &got);
-    if (!refused && status.ok()) {
-      status = PreadExact(fd_, offset, static_cast<size_t>(lo - offset), out, path_);
-      if (status.ok()) status = filled(offset, hi - offset);
-    }
-  } else {
-    status = RunAhead(
-        blocks, kIntoAhead,
-        [&](uint64_t i, int) -> Status {
-          const uint64_t pos = lo + i * kBlock;
-          const uint64_t need = std::min(kBlock, hi - pos);
-          uint64_t got = 0;
-          return DirectPread(dfd, path_, out + (pos - offset), pos, need, need, i == 0, &refused,
-                             &got);
-        },
-        [&](uint64_t i, int) -> Status {
-          if (i == 0) {  // the unaligned head, once O_DIRECT is known to work here
-            CKPT_RETURN_IF_ERROR(
-                PreadExact(fd_, offset, static_cast<size_t>(lo - offset), out, path_), "");
-            CKPT_RETURN_IF_ERROR(filled(offset, lo - offset), "");
-          }
-          const uint64_t pos = lo + i * kBlock;
-          return filled(pos, std::min(kBlock, hi - pos));
-        },
-        kProducers);
-  }
+  // A single block (a compressed chunk's frame) is read on this thread (RunAhead).
+  Status status = RunAhead(
+      blocks, kIntoAhead,
+      [&](uint64_t i, int) -> Status {
+        const uint64_t pos = lo + i * kBlock;
+        const uint64_t need = std::min(kBlock, hi - pos);
+        uint64_t got = 0;
+        return DirectPread(dfd, path_, out + (pos - offset), pos, need, need, i == 0, &refused,
+                           &got);
+      },
+      [&](uint64_t i, int) -> Status {
+        if (i == 0) {  // the unaligned head, once O_DIRECT is known to work here
+          CKPT_RETURN_IF_ERROR(
+              PreadExact(fd_, offset, static_cast<size_t>(lo - offset), out, path_), "");
+          CKPT_RETURN_IF_ERROR(filled(offset, lo - offset), "");
+        }
+        const uint64_t pos = lo + i * kBlock;
+        return filled(pos, std::min(kBlock, hi - pos));
+      },
+      kProducers);
   if (refused) {
     Refuse();
     *fell_back = true;

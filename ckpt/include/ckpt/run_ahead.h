@@ -16,8 +16,8 @@ namespace ckpt {
 // several requests in flight (a disk serves one stream of 8 MiB reads at about half the rate of
 // two). The first error ends the run: a producer's error is returned once the items before it
 // were consumed (no later item is claimed); a consumer's error stops the producers. When no
-// thread can be started, the items are produced and consumed alternately on the calling
-// thread. slots and producers below 1 count as 1.
+// thread can be started, or n is 1, the items are produced and consumed alternately on the
+// calling thread. slots and producers below 1 count as 1.
 Status RunAhead(uint64_t n, int slots, const std::function<Status(uint64_t i, int slot)>& produce,
                 const std::function<Status(uint64_t i, int slot)>& consume, int producers = 1);
 

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <fstream>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "ckpt/adamw.h"
@@ -24,6 +26,17 @@ using namespace ckpt::verify;
 struct Inputs {
   std::vector<float> w, m, v, g;
 };
+
+// Whether this process has a library whose path contains `name` mapped (/proc/self/maps).
+bool Mapped(const std::string& name) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line))
+    if (line.find(name) != std::string::npos) return true;
+  return false;
+}
+// Read during static initialisation: what the program had loaded at start.
+const bool g_nccl_mapped_at_start = Mapped("libnccl");
 
 Inputs RandomInputs(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -297,6 +310,22 @@ TEST_CASE("NCCL combines per-GPU statistics into the whole tensor's", "[cuda]") 
     CHECK(std::fabs(got[r].moments_dropped.max_abs - expected->moments_dropped.max_abs) <=
           1e-6 * expected->moments_dropped.max_abs);
   }
+#endif
+}
+
+TEST_CASE("NCCL is opened on first use, not loaded at start", "[unit]") {
+  // Every `ckpt` command links ckpt_verify; loading libnccl (some 200 MB) cost every start ~4 ms.
+  CHECK_FALSE(g_nccl_mapped_at_start);
+#ifdef CKPT_VERIFY_HAVE_NCCL
+  // ncclGetUniqueId needs no GPU: this reaches the dlopen path on a CPU-only machine.
+  REQUIRE(HaveNcclCombine());
+  auto id = NcclStatsCombiner::NewUniqueId();
+  REQUIRE(id.ok());
+  CHECK(id->size() == 128);
+  CHECK(Mapped("libnccl"));
+#else
+  CHECK_FALSE(HaveNcclCombine());
+  CHECK(NcclStatsCombiner::NewUniqueId().status().code() == StatusCode::kUnimplemented);
 #endif
 }
 

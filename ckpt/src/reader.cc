@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <exception>
 #include <cstring>
 #include <atomic>
 #include <filesystem>
@@ -306,8 +307,9 @@ Result<std::vector<Problem>> CheckCheckpoint(const std::string& tag_dir, bool de
     std::vector<std::thread> threads;
     try {
       for (size_t t = 0; t < workers; ++t) threads.emplace_back(worker);
-    } catch (const std::system_error&) {
-      // Fewer threads than asked (a thread limit): those that started do all the files.
+    } catch (const std::exception&) {
+      // Fewer threads than asked (a thread limit, or no memory for one): those that started
+      // do all the files.
     }
     if (threads.empty()) worker();
     for (auto& t : threads) t.join();

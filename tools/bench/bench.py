@@ -229,9 +229,8 @@ def main():
     except Exception as e:  # a probe, never a reason to stop
         res["notes"].append("raw_io touch: %s" % e)
     # What starting a `ckpt` command costs (its program warm): the raw floors are timed inside
-    # their process, the CLI rows (check --deep, export-fp32) as whole commands. Beside it, a
-    # program that does nothing and one that only links Debian's libhdf5 (whose dependencies,
-    # libcurl's TLS, Kerberos and LDAP libraries among them, load and initialise at start).
+    # their process, the CLI rows (check --deep, export-fp32) as whole commands; raw_io's own
+    # start is the reference (docs/performance.md, 2026-12-02 12:40, says what a start costs).
     try:
         res["machine"]["ckpt_start"] = start_costs(ckpt, raw_io, R)
     except Exception as e:  # a probe, never a reason to stop

@@ -50,7 +50,8 @@ cudart="$(sed -n 's/^CUDA_cudart_static_LIBRARY:FILEPATH=//p' build-bench/CMakeC
 if [ -n "$cudart" ] && [ "$(nm build-bench/lib/libckpt.a 2>/dev/null | grep -c ' U cudaHostAlloc')" -gt 0 ]; then
   CUDA_LIBS="$cudart -ldl -lrt"
 fi
+# libckpt.a opens libzip with dlopen on first use (ckpt/src/torch_archive.cc): not linked.
 helper "$BIN/ckpt_io" tools/bench/ckpt_io.cc -Ickpt/include build-bench/lib/libckpt.a \
-  $HDF5_LIBS -lzstd -lxxhash -lzip -lpthread $CUDA_LIBS
+  $HDF5_LIBS -lzstd -lxxhash -ldl -lpthread $CUDA_LIBS
 
 exec /usr/bin/python3 tools/bench/bench.py "$@"

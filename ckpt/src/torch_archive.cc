@@ -1,10 +1,12 @@
 #include "torch_archive.h"
 
+#include <dlfcn.h>
 #include <zip.h>
 
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <type_traits>
 #include <vector>
 
 namespace ckpt {
@@ -12,18 +14,87 @@ namespace {
 
 constexpr uint64_t kMaxPickleBytes = 256ull << 20;  // data.pkl of a checkpoint is kilobytes
 
+// libzip, opened on first use (dlopen), not linked: it needs libcrypto, whose loading and
+// relocation every process linking libzip paid at start (about 4 ms of ckpt --version's 14 on
+// the development VM, issue 19), while only reading a PyTorch .pt file uses it. zip.h gives the
+// types.
+struct ZipApi {
+  decltype(&zip_open) open = nullptr;
+  decltype(&zip_discard) discard = nullptr;
+  decltype(&zip_get_num_entries) get_num_entries = nullptr;
+  decltype(&zip_get_name) get_name = nullptr;
+  decltype(&zip_stat_init) stat_init = nullptr;
+  decltype(&zip_stat_index) stat_index = nullptr;
+  decltype(&zip_fopen_index) fopen_index = nullptr;
+  decltype(&zip_fseek) fseek = nullptr;
+  decltype(&zip_fread) fread = nullptr;
+  decltype(&zip_fclose) fclose = nullptr;
+  decltype(&zip_strerror) strerror = nullptr;
+  decltype(&zip_file_strerror) file_strerror = nullptr;
+  decltype(&zip_error_init_with_code) error_init_with_code = nullptr;
+  decltype(&zip_error_strerror) error_strerror = nullptr;
+  decltype(&zip_error_fini) error_fini = nullptr;
+};
+
+// The library by its SONAME (the loader's search), else the file found at configure time;
+// opened once per process. FailedPrecondition naming both when neither opens or one lacks a
+// function.
+Result<const ZipApi*> LoadZip() {
+  struct Loaded {
+    ZipApi api;
+    std::string error;
+  };
+  static const Loaded loaded = [] {
+    Loaded l;
+    void* h = ::dlopen(CKPT_LIBZIP_SONAME, RTLD_NOW | RTLD_LOCAL);
+    if (!h) h = ::dlopen(CKPT_LIBZIP_PATH, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+      const char* why = ::dlerror();
+      l.error = std::string("cannot open libzip (" CKPT_LIBZIP_SONAME " or " CKPT_LIBZIP_PATH
+                            "; Debian package libzip4): ") +
+                (why ? why : "unknown error");
+      return l;
+    }
+    auto find = [&](const char* name, auto* fn) {
+      *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(::dlsym(h, name));
+      if (!*fn && l.error.empty()) l.error = std::string("libzip lacks ") + name;
+    };
+    find("zip_open", &l.api.open);
+    find("zip_discard", &l.api.discard);
+    find("zip_get_num_entries", &l.api.get_num_entries);
+    find("zip_get_name", &l.api.get_name);
+    find("zip_stat_init", &l.api.stat_init);
+    find("zip_stat_index", &l.api.stat_index);
+    find("zip_fopen_index", &l.api.fopen_index);
+    find("zip_fseek", &l.api.fseek);
+    find("zip_fread", &l.api.fread);
+    find("zip_fclose", &l.api.fclose);
+    find("zip_strerror", &l.api.strerror);
+    find("zip_file_strerror", &l.api.file_strerror);
+    find("zip_error_init_with_code", &l.api.error_init_with_code);
+    find("zip_error_strerror", &l.api.error_strerror);
+    find("zip_error_fini", &l.api.error_fini);
+    return l;
+  }();
+  if (!loaded.error.empty()) return FailedPrecondition(loaded.error);
+  return &loaded.api;
+}
+
+// The API once LoadZip succeeded (every TorchFile exists only after it did).
+const ZipApi& Zip() { return **LoadZip(); }
+
 struct ZipCloser {
-  void operator()(zip_t* z) const { zip_discard(z); }
+  void operator()(zip_t* z) const { Zip().discard(z); }
 };
 struct ZipFileCloser {
-  void operator()(zip_file_t* f) const { zip_fclose(f); }
+  void operator()(zip_file_t* f) const { Zip().fclose(f); }
 };
 
 std::string ZipErrorText(int code) {
   zip_error_t e;
-  zip_error_init_with_code(&e, code);
-  std::string s = zip_error_strerror(&e);
-  zip_error_fini(&e);
+  Zip().error_init_with_code(&e, code);
+  std::string s = Zip().error_strerror(&e);
+  Zip().error_fini(&e);
   return s;
 }
 
@@ -45,18 +116,18 @@ struct TorchFile::Impl {
 
   // Reads [offset, offset + n) of record `idx` into out.
   Status ReadAt(zip_uint64_t idx, uint64_t offset, uint64_t n, void* out) {
-    std::unique_ptr<zip_file_t, ZipFileCloser> f(zip_fopen_index(zip.get(), idx, 0));
-    if (!f) return DataLoss(path + ": cannot open record: " + zip_strerror(zip.get()));
+    std::unique_ptr<zip_file_t, ZipFileCloser> f(Zip().fopen_index(zip.get(), idx, 0));
+    if (!f) return DataLoss(path + ": cannot open record: " + Zip().strerror(zip.get()));
     if (offset > 0) {
-      if (zip_fseek(f.get(), static_cast<zip_int64_t>(offset), SEEK_SET) != 0) {
+      if (Zip().fseek(f.get(), static_cast<zip_int64_t>(offset), SEEK_SET) != 0) {
         // Compressed records cannot seek: read up to the offset.
-        f.reset(zip_fopen_index(zip.get(), idx, 0));
-        if (!f) return DataLoss(path + ": cannot open record: " + zip_strerror(zip.get()));
+        f.reset(Zip().fopen_index(zip.get(), idx, 0));
+        if (!f) return DataLoss(path + ": cannot open record: " + Zip().strerror(zip.get()));
         std::vector<char> skip(1 << 16);
         uint64_t left = offset;
         while (left > 0) {
           const zip_int64_t got =
-              zip_fread(f.get(), skip.data(), std::min<uint64_t>(left, skip.size()));
+              Zip().fread(f.get(), skip.data(), std::min<uint64_t>(left, skip.size()));
           if (got <= 0) return DataLoss(path + ": record ends early");
           left -= static_cast<uint64_t>(got);
         }
@@ -65,8 +136,8 @@ struct TorchFile::Impl {
     auto* dst = static_cast<char*>(out);
     uint64_t done = 0;
     while (done < n) {
-      const zip_int64_t got = zip_fread(f.get(), dst + done, n - done);
-      if (got < 0) return DataLoss(path + ": reading a record: " + zip_file_strerror(f.get()));
+      const zip_int64_t got = Zip().fread(f.get(), dst + done, n - done);
+      if (got < 0) return DataLoss(path + ": reading a record: " + Zip().file_strerror(f.get()));
       if (got == 0) return DataLoss(path + ": record ends early (truncated archive)");
       done += static_cast<uint64_t>(got);
     }
@@ -76,9 +147,9 @@ struct TorchFile::Impl {
 
   Result<uint64_t> Size(zip_uint64_t idx) const {
     zip_stat_t st;
-    zip_stat_init(&st);
-    if (zip_stat_index(zip.get(), idx, 0, &st) != 0 || !(st.valid & ZIP_STAT_SIZE))
-      return DataLoss(path + ": cannot stat a record: " + zip_strerror(zip.get()));
+    Zip().stat_init(&st);
+    if (Zip().stat_index(zip.get(), idx, 0, &st) != 0 || !(st.valid & ZIP_STAT_SIZE))
+      return DataLoss(path + ": cannot stat a record: " + Zip().strerror(zip.get()));
     return static_cast<uint64_t>(st.size);
   }
 };
@@ -96,10 +167,11 @@ const TorchTensorRef& TorchFile::tensor(const PyValue& v) const {
 }
 
 Result<TorchFile> TorchFile::Open(const std::string& path) {
+  CKPT_RETURN_IF_ERROR(LoadZip().status(), path);
   auto impl = std::make_unique<Impl>();
   impl->path = path;
   int err = 0;
-  impl->zip.reset(zip_open(path.c_str(), ZIP_RDONLY | ZIP_CHECKCONS, &err));
+  impl->zip.reset(Zip().open(path.c_str(), ZIP_RDONLY | ZIP_CHECKCONS, &err));
   if (!impl->zip) {
     if (err == ZIP_ER_NOENT || err == ZIP_ER_OPEN) {
       if (err == ZIP_ER_NOENT) return NotFound(path + ": no such file");
@@ -108,10 +180,10 @@ Result<TorchFile> TorchFile::Open(const std::string& path) {
     return DataLoss(path + ": not a readable PyTorch zip archive (" + ZipErrorText(err) +
                     "; truncated or damaged?)");
   }
-  const zip_int64_t n = zip_get_num_entries(impl->zip.get(), 0);
+  const zip_int64_t n = Zip().get_num_entries(impl->zip.get(), 0);
   if (n <= 0) return DataLoss(path + ": empty archive");
   for (zip_int64_t i = 0; i < n; ++i) {
-    const char* name = zip_get_name(impl->zip.get(), static_cast<zip_uint64_t>(i), 0);
+    const char* name = Zip().get_name(impl->zip.get(), static_cast<zip_uint64_t>(i), 0);
     if (!name) return DataLoss(path + ": unreadable record name");
     std::string s(name);
     const size_t slash = s.find('/');
@@ -201,14 +273,14 @@ Status TorchFile::ReadFloats(const TorchTensorRef& t, int64_t first, int64_t cou
 Status TorchFile::VerifyRecords() {
   std::vector<char> buf(1 << 20);
   for (const auto& [name, idx] : impl_->records) {
-    std::unique_ptr<zip_file_t, ZipFileCloser> f(zip_fopen_index(impl_->zip.get(), idx, 0));
+    std::unique_ptr<zip_file_t, ZipFileCloser> f(Zip().fopen_index(impl_->zip.get(), idx, 0));
     if (!f)
-      return DataLoss(impl_->path + ": record " + name + ": " + zip_strerror(impl_->zip.get()));
+      return DataLoss(impl_->path + ": record " + name + ": " + Zip().strerror(impl_->zip.get()));
     while (true) {
-      const zip_int64_t got = zip_fread(f.get(), buf.data(), buf.size());
+      const zip_int64_t got = Zip().fread(f.get(), buf.data(), buf.size());
       if (got < 0)
         return DataLoss(impl_->path + ": record " + impl_->prefix + name + ": " +
-                        zip_file_strerror(f.get()));
+                        Zip().file_strerror(f.get()));
       if (got == 0) break;
       impl_->bytes_read += static_cast<uint64_t>(got);
     }

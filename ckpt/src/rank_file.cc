@@ -838,6 +838,8 @@ Result<hid_t> RankFile::Impl::Dataset(const DatasetRecord& rec, bool whole) {
   auto& handles = whole ? open_whole : open;
   auto it = handles.find(rec.name);
   if (it != handles.end()) return it->second.get();
+  if (!file.valid())
+    return FailedPrecondition(label + ": dataset /" + rec.name + ": HDF5 handles closed");
   if (H5Lexists(file.get(), rec.name.c_str(), dapl.get()) <= 0) {
     H5Eclear2(H5E_DEFAULT);  // a missing intermediate group is an error, not just "false"
     return DataLoss(label + ": dataset /" + rec.name + " is missing");
@@ -913,6 +915,9 @@ Result<std::optional<uint64_t>> RankFile::Impl::DirectOffset(const DatasetRecord
 Result<const RankFile::Impl::ZstdChunks*> RankFile::Impl::Zstd(const DatasetRecord& rec) {
   auto it = zstd.find(rec.name);
   if (it != zstd.end()) return it->second ? &*it->second : nullptr;
+  // Plain contiguous bytes (placed by DirectOffset) are no chunks: no need to ask HDF5, whose
+  // handles may be closed by now (CloseHdf5).
+  if (auto d = direct.find(rec.name); d != direct.end() && d->second) return nullptr;
   CKPT_ASSIGN_OR_RETURN(hid_t d, Dataset(rec, /*whole=*/true), "");
   std::optional<ZstdChunks> z;
   auto plan = [&]() -> Status {
@@ -1137,8 +1142,60 @@ Status RankFile::VerifyDataset(const DatasetRecord& rec) const {
 Result<RankFile::WholeFileCheck> RankFile::CheckWholeFile(
     const std::vector<DatasetRecord>& datasets,
     const std::function<void(uint64_t)>& progress) const {
+  CKPT_ASSIGN_OR_RETURN(WholeFilePlan plan, PlanWholeFile(datasets), "");
+  return RunWholeFile(datasets, plan, progress);
+}
+
+Result<RankFile::WholeFilePlan> RankFile::PlanWholeFile(
+    const std::vector<DatasetRecord>& datasets) const {
+  WholeFilePlan plan;
+  plan.early.resize(datasets.size());
+  for (size_t i = 0; i < datasets.size(); ++i) {
+    const DatasetRecord& rec = datasets[i];
+    Status s = CheckShape(rec);
+    if (!s.ok()) {
+      plan.early[i] = s;
+      continue;
+    }
+    if (rec.bytes == 0) {
+      plan.early[i] = CompareDigests(impl_->label, rec, Xxh3Stream().HexDigest(), nullptr);
+      continue;
+    }
+    Result<std::optional<uint64_t>> at = impl_->DirectOffset(rec);
+    if (!at.ok()) {
+      plan.early[i] = at.status();
+    } else if (!*at) {
+      plan.through_hdf5.push_back(i);
+    } else {
+      plan.regions.push_back({**at, **at + rec.bytes, i});
+    }
+  }
+  std::sort(plan.regions.begin(), plan.regions.end(),
+            [](const WholeFilePlan::Region& a, const WholeFilePlan::Region& b) {
+              return a.begin < b.begin;
+            });
+  return plan;
+}
+
+std::mutex& RankFileOpenMutex() {
+  static auto* mu = new std::mutex;  // never destroyed: files may be opened during exit
+  return *mu;
+}
+
+void RankFile::CloseHdf5() {
+  // Datasets first: a file with objects open stays open inside HDF5.
+  impl_->open.clear();
+  impl_->open_whole.clear();
+  impl_->dapl = h5::Handle();
+  impl_->dapl_whole = h5::Handle();
+  impl_->file = h5::Handle();
+}
+
+Result<RankFile::WholeFileCheck> RankFile::RunWholeFile(
+    const std::vector<DatasetRecord>& datasets, const WholeFilePlan& plan,
+    const std::function<void(uint64_t)>& progress) const {
   WholeFileCheck out;
-  out.datasets.resize(datasets.size());
+  out.datasets = plan.early;
   // The datasets whose bytes lie in the file as they are, in file order.
   struct Region {
     uint64_t begin, end;
@@ -1147,33 +1204,13 @@ Result<RankFile::WholeFileCheck> RankFile::CheckWholeFile(
     std::optional<PieceDigests> pieces;
   };
   std::vector<Region> regions;
-  std::vector<size_t> through_hdf5;
-  for (size_t i = 0; i < datasets.size(); ++i) {
-    const DatasetRecord& rec = datasets[i];
-    Status s = CheckShape(rec);
-    if (!s.ok()) {
-      out.datasets[i] = s;
-      continue;
-    }
-    if (rec.bytes == 0) {
-      out.datasets[i] = CompareDigests(impl_->label, rec, Xxh3Stream().HexDigest(), nullptr);
-      continue;
-    }
-    Result<std::optional<uint64_t>> at = impl_->DirectOffset(rec);
-    if (!at.ok()) {
-      out.datasets[i] = at.status();
-    } else if (!*at) {
-      through_hdf5.push_back(i);
-    } else {
-      Region& r = regions.emplace_back();
-      r.begin = **at;
-      r.end = **at + rec.bytes;
-      r.index = i;
-      if (rec.has_pieces()) r.pieces.emplace(rec.piece_bytes);
-    }
+  for (const auto& p : plan.regions) {
+    Region& r = regions.emplace_back();
+    r.begin = p.begin;
+    r.end = p.end;
+    r.index = p.index;
+    if (datasets[p.index].has_pieces()) r.pieces.emplace(datasets[p.index].piece_bytes);
   }
-  std::sort(regions.begin(), regions.end(),
-            [](const Region& a, const Region& b) { return a.begin < b.begin; });
   // One sequential pass in large reads (Scan: O_DIRECT ahead of the hashing when the file is
   // not cached); the hashing of each part runs in L2-sized steps of 1 MiB.
   Xxh3Stream file_digest;
@@ -1207,7 +1244,7 @@ Result<RankFile::WholeFileCheck> RankFile::CheckWholeFile(
     out.datasets[r.index] = CompareDigests(impl_->label, datasets[r.index], r.digest.HexDigest(),
                                            r.pieces ? &piece_hex : nullptr);
   }
-  for (size_t i : through_hdf5) out.datasets[i] = VerifyDataset(datasets[i]);
+  for (size_t i : plan.through_hdf5) out.datasets[i] = VerifyDataset(datasets[i]);
   return out;
 }
 

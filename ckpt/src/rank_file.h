@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -99,6 +100,13 @@ Status WriteRankFileStructure(const std::string& path, const RankFileHeader& hea
                               const std::vector<DatasetSpec>& datasets,
                               const SaveOptions& options, int64_t fapl);
 
+// Held by whoever opens a rank file, places its datasets and closes its HDF5 handles
+// (RankFile::CloseHdf5) in one go: libhdf5 serialises its calls anyway, and a file whose HDF5
+// state is freed before the next is opened lends it its metadata cache (about 0.5 MiB that
+// H5Fopen calloc's; first-touched memory costs the development VM ~24 us a page). A shallow
+// `ckpt check` of four files took 34.3 -> 27.1 ms, check --deep 0.221 -> 0.211 s (issue 19).
+std::mutex& RankFileOpenMutex();
+
 // A rank file opened read-only. Errors name the file (`label`) and the dataset.
 class RankFile {
  public:
@@ -147,6 +155,29 @@ class RankFile {
   };
   Result<WholeFileCheck> CheckWholeFile(const std::vector<DatasetRecord>& datasets,
                                         const std::function<void(uint64_t)>& progress) const;
+  // The same in two steps, so that a caller can close the file's HDF5 state between them and
+  // open the next file with it (CheckCheckpoint): PlanWholeFile asks HDF5 where each dataset
+  // lies (and checks its shape); RunWholeFile reads the file, and goes back to HDF5 only for
+  // the datasets the plan could not place (needs_hdf5).
+  struct WholeFilePlan {
+    struct Region {
+      uint64_t begin, end;
+      size_t index;  // into the records
+    };
+    std::vector<Region> regions;       // plain contiguous bytes, in file order
+    std::vector<size_t> through_hdf5;  // verified through VerifyDataset
+    std::vector<Status> early;         // per record: decided without reading (ok: not yet)
+    bool needs_hdf5() const { return !through_hdf5.empty(); }
+  };
+  Result<WholeFilePlan> PlanWholeFile(const std::vector<DatasetRecord>& datasets) const;
+  Result<WholeFileCheck> RunWholeFile(const std::vector<DatasetRecord>& datasets,
+                                      const WholeFilePlan& plan,
+                                      const std::function<void(uint64_t)>& progress) const;
+  // Closes every HDF5 handle of the file, so that libhdf5 frees its per-file state (a metadata
+  // cache of about 0.5 MiB, first-touched memory each time: the next file opened reuses it).
+  // Afterwards only offset reads of datasets already placed work (RunWholeFile of a plan that
+  // does not need HDF5); anything that needs HDF5 fails with FailedPrecondition.
+  void CloseHdf5();
 
  private:
   RankFile() = default;

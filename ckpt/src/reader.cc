@@ -8,6 +8,7 @@
 #include <cstring>
 #include <atomic>
 #include <filesystem>
+#include <mutex>
 #include <thread>
 #include <optional>
 
@@ -61,7 +62,15 @@ struct CheckpointReader::Impl {
       const FileRecord* f = manifest.FileForRank(rank);
       CKPT_RETURN_IF_ERROR(CheckFile(*f), "");
       const std::string path = dir + "/" + f->path;
+      std::lock_guard<std::mutex> lock(internal::RankFileOpenMutex());
       CKPT_ASSIGN_OR_RETURN(slot, internal::RankFile::Open(path, f->path, *f, env));
+      // Every dataset placed now: when all are plain bytes at known offsets (and their shapes
+      // match), the reads need no HDF5 and its per-file state is freed for the next open.
+      auto plan = slot->PlanWholeFile(f->datasets);
+      if (plan.ok() && !plan->needs_hdf5() &&
+          std::all_of(plan->early.begin(), plan->early.end(),
+                      [](const Status& s) { return s.ok(); }))
+        slot->CloseHdf5();
     }
     return slot.get();
   }
@@ -244,9 +253,12 @@ Result<std::vector<Problem>> CheckCheckpoint(const std::string& tag_dir, bool de
   for (const auto& f : m.files) total += f.bytes;
   Progress bar("check --deep", total, progress && deep);
   // Each file is checked on its own (in parallel: more requests in flight, and the hashing
-  // spread over the cores); the problems are reported in file order.
+  // spread over the cores); the problems are reported in file order. The HDF5 part of each
+  // file (opening it, placing its datasets, closing its HDF5 handles unless the pass needs
+  // them) runs one file at a time (internal::RankFileOpenMutex).
   std::vector<std::vector<Problem>> found(m.files.size());
   auto check_file = [&](const FileRecord& f, std::vector<Problem>* out) {
+    std::unique_lock<std::mutex> hdf5_lock(internal::RankFileOpenMutex());
     const std::string path = reader->dir() + "/" + f.path;
     if (!env->Exists(path)) {
       out->push_back({f.path, "", "file is missing"});
@@ -273,8 +285,15 @@ Result<std::vector<Problem>> CheckCheckpoint(const std::string& tag_dir, bool de
       }
       return;
     }
+    auto plan = (*rf)->PlanWholeFile(f.datasets);
+    if (!plan.ok()) {
+      out->push_back({f.path, "", ProblemText(plan.status().message(), f.path, "")});
+      return;
+    }
+    if (!plan->needs_hdf5()) (*rf)->CloseHdf5();
+    hdf5_lock.unlock();
     // One pass over the file: its digest and every dataset's from the same bytes.
-    auto checked = (*rf)->CheckWholeFile(f.datasets, [&](uint64_t n) { bar.Add(n); });
+    auto checked = (*rf)->RunWholeFile(f.datasets, *plan, [&](uint64_t n) { bar.Add(n); });
     if (!checked.ok()) {
       out->push_back({f.path, "", ProblemText(checked.status().message(), f.path, "")});
       return;

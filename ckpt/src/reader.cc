@@ -62,15 +62,7 @@ struct CheckpointReader::Impl {
       const FileRecord* f = manifest.FileForRank(rank);
       CKPT_RETURN_IF_ERROR(CheckFile(*f), "");
       const std::string path = dir + "/" + f->path;
-      std::lock_guard<std::mutex> lock(internal::RankFileOpenMutex());
       CKPT_ASSIGN_OR_RETURN(slot, internal::RankFile::Open(path, f->path, *f, env));
-      // Every dataset placed now: when all are plain bytes at known offsets (and their shapes
-      // match), the reads need no HDF5 and its per-file state is freed for the next open.
-      auto plan = slot->PlanWholeFile(f->datasets);
-      if (plan.ok() && !plan->needs_hdf5() &&
-          std::all_of(plan->early.begin(), plan->early.end(),
-                      [](const Status& s) { return s.ok(); }))
-        slot->CloseHdf5();
     }
     return slot.get();
   }

@@ -21,6 +21,15 @@ extern char** environ;
 
 namespace ckpt::testing {
 
+// Whether this process has a library whose path contains `name` mapped (/proc/self/maps).
+inline bool Mapped(const std::string& name) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line))
+    if (line.find(name) != std::string::npos) return true;
+  return false;
+}
+
 // A fresh directory under $TMPDIR, removed when the object dies.
 class ScratchDir {
  public:

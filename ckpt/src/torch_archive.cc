@@ -1,13 +1,13 @@
 #include "torch_archive.h"
 
-#include <dlfcn.h>
 #include <zip.h>
 
 #include <algorithm>
 #include <cstring>
 #include <map>
-#include <type_traits>
 #include <vector>
+
+#include "ckpt/shared_library.h"
 
 namespace ckpt {
 namespace {
@@ -37,27 +37,23 @@ struct ZipApi {
 };
 
 // The library by its SONAME (the loader's search), else the file found at configure time;
-// opened once per process. FailedPrecondition naming both when neither opens or one lacks a
-// function.
+// opened once per process. FailedPrecondition naming both when neither opens, or the function
+// libzip lacks.
 Result<const ZipApi*> LoadZip() {
   struct Loaded {
     ZipApi api;
-    std::string error;
+    std::string error;  // empty: loaded
   };
   static const Loaded loaded = [] {
     Loaded l;
-    void* h = ::dlopen(CKPT_LIBZIP_SONAME, RTLD_NOW | RTLD_LOCAL);
-    if (!h) h = ::dlopen(CKPT_LIBZIP_PATH, RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-      const char* why = ::dlerror();
-      l.error = std::string("cannot open libzip (" CKPT_LIBZIP_SONAME " or " CKPT_LIBZIP_PATH
-                            "; Debian package libzip4): ") +
-                (why ? why : "unknown error");
+    auto lib = SharedLibrary::Open({CKPT_LIBZIP_SONAME, CKPT_LIBZIP_PATH},
+                                   "libzip (Debian package libzip4)");
+    if (!lib.ok()) {
+      l.error = lib.status().message();
       return l;
     }
-    auto find = [&](const char* name, auto* fn) {
-      *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(::dlsym(h, name));
-      if (!*fn && l.error.empty()) l.error = std::string("libzip lacks ") + name;
+    auto find = [&](const char* name, auto** fn) {
+      if (Status s = lib->Find(name, fn); !s.ok() && l.error.empty()) l.error = s.message();
     };
     find("zip_open", &l.api.open);
     find("zip_discard", &l.api.discard);

@@ -25,6 +25,7 @@
 #include "ckpt/reader.h"
 #include "ckpt/root.h"
 #include "ckpt/run_ahead.h"
+#include "ckpt/shared_library.h"
 #include "ckpt/unique_fd.h"
 #include "ckpt_test_helpers.h"
 #include "test_util.h"
@@ -720,4 +721,26 @@ TEST_CASE("a load and a deep check read uncached data with O_DIRECT and still ve
   REQUIRE(problems.ok());
   REQUIRE(problems->size() >= 1);
   CHECK((*problems)[0].file == rd->manifest().files[1].path);
+}
+
+TEST_CASE("SharedLibrary opens the first candidate that loads and names what is missing",
+          "[unit]") {
+  auto none = SharedLibrary::Open({"libckpt-no-such.so.9", "/nonexistent/libx.so"}, "the test's");
+  REQUIRE_FALSE(none.ok());
+  CHECK(none.status().code() == StatusCode::kFailedPrecondition);
+  CHECK(none.status().message().find("libckpt-no-such.so.9 or /nonexistent/libx.so") !=
+        std::string::npos);
+  CHECK(none.status().message().find("the test's") != std::string::npos);
+  // libz: linked by ckpt's own dependencies, so present wherever the tests run.
+  auto z = SharedLibrary::Open({"libckpt-no-such.so.9", "libz.so.1"}, "zlib");
+  REQUIRE(z.ok());
+  CHECK(z->path() == "libz.so.1");
+  const char* (*version)() = nullptr;
+  REQUIRE(z->Find("zlibVersion", &version).ok());
+  CHECK(std::string(version()).size() > 0);
+  int (*missing)() = nullptr;
+  Status s = z->Find("ckpt_no_such_symbol", &missing);
+  CHECK(s.code() == StatusCode::kFailedPrecondition);
+  CHECK(s.message().find("ckpt_no_such_symbol") != std::string::npos);
+  CHECK(missing == nullptr);
 }

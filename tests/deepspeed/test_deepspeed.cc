@@ -3,7 +3,6 @@
 // export-fp32, import-deepspeed, inspect, check, to-universal, reshard and next-update; hostile
 // inputs refused. (docs/deepspeed.md's examples run in the docs suite, tests/docs.)
 #include <catch2/catch.hpp>
-#include <fstream>
 #include <string>
 
 #include "ckpt/deepspeed.h"
@@ -11,13 +10,7 @@
 
 namespace {
 
-bool Mapped(const std::string& name) {
-  std::ifstream maps("/proc/self/maps");
-  std::string line;
-  while (std::getline(maps, line))
-    if (line.find(name) != std::string::npos) return true;
-  return false;
-}
+using ckpt::testing::Mapped;
 // Read during static initialisation: what the program had loaded at start.
 const bool g_libzip_mapped_at_start = Mapped("libzip");
 
@@ -30,7 +23,6 @@ TEST_CASE("DeepSpeed fixtures: ckpt equals torch's recomputation; hostile files 
                           "/ckpt " + dir.path().string();
   REQUIRE(ckpt::testing::RunShell(cmd) == 0);
 }
-
 
 TEST_CASE("libzip is opened on first use, not loaded at start", "[io]") {
   // It needs libcrypto: loading both cost every ckpt command ~4 ms at start (issue 19).

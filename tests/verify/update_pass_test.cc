@@ -5,12 +5,12 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
-#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "ckpt/adamw.h"
+#include "test_util.h"
 #include "verify/nccl_combine.h"
 
 #ifdef CKPT_VERIFY_HAVE_CUDA
@@ -27,14 +27,7 @@ struct Inputs {
   std::vector<float> w, m, v, g;
 };
 
-// Whether this process has a library whose path contains `name` mapped (/proc/self/maps).
-bool Mapped(const std::string& name) {
-  std::ifstream maps("/proc/self/maps");
-  std::string line;
-  while (std::getline(maps, line))
-    if (line.find(name) != std::string::npos) return true;
-  return false;
-}
+using ckpt::testing::Mapped;
 // Read during static initialisation: what the program had loaded at start.
 const bool g_nccl_mapped_at_start = Mapped("libnccl");
 

@@ -7,15 +7,14 @@
 // the types.
 #include "verify/nccl_combine.h"
 #include "ckpt/cuda_status.h"
+#include "ckpt/shared_library.h"
 
 #ifdef CKPT_VERIFY_HAVE_NCCL
 
 #include <cuda_runtime.h>
-#include <dlfcn.h>
 #include <nccl.h>
 
 #include <cstring>
-#include <type_traits>
 
 namespace ckpt::verify {
 namespace {
@@ -36,22 +35,17 @@ struct NcclApi {
 const NcclApi* Nccl(std::string* error) {
   struct Loaded {
     NcclApi api;
-    std::string error;
-    bool ok = false;
+    std::string error;  // empty: loaded
   };
   static const Loaded loaded = [] {
     Loaded l;
-    void* h = ::dlopen(CKPT_NCCL_LIBRARY, RTLD_NOW | RTLD_LOCAL);
-    if (!h) h = ::dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-      const char* why = ::dlerror();
-      l.error = std::string("cannot open NCCL (" CKPT_NCCL_LIBRARY " or libnccl.so.2): ") +
-                (why ? why : "unknown error");
+    auto lib = SharedLibrary::Open({CKPT_NCCL_LIBRARY, "libnccl.so.2"}, "NCCL");
+    if (!lib.ok()) {
+      l.error = lib.status().message();
       return l;
     }
-    auto find = [&](const char* name, auto* fn) {
-      *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(::dlsym(h, name));
-      if (!*fn && l.error.empty()) l.error = std::string("NCCL lacks ") + name;
+    auto find = [&](const char* name, auto** fn) {
+      if (Status s = lib->Find(name, fn); !s.ok() && l.error.empty()) l.error = s.message();
     };
     find("ncclGetErrorString", &l.api.GetErrorString);
     find("ncclGetUniqueId", &l.api.GetUniqueId);
@@ -60,10 +54,9 @@ const NcclApi* Nccl(std::string* error) {
     find("ncclGroupStart", &l.api.GroupStart);
     find("ncclGroupEnd", &l.api.GroupEnd);
     find("ncclAllReduce", &l.api.AllReduce);
-    l.ok = l.error.empty();
     return l;
   }();
-  if (!loaded.ok) {
+  if (!loaded.error.empty()) {
     if (error) *error = loaded.error;
     return nullptr;
   }

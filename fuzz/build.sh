@@ -28,11 +28,17 @@ mkdir -p "$out/obj" "$out/bin"
 
 hdf5_inc=/usr/include/hdf5/serial
 hdf5_lib=/usr/lib/x86_64-linux-gnu/hdf5/serial
+# libzip is opened with dlopen on first use (ckpt/src/torch_archive.cc): its SONAME and file,
+# found as CMakeLists.txt finds them.
+zip_file="$(readlink -f "$(pkg-config --variable=libdir libzip)/libzip.so")"
+zip_soname="$(objdump -p "$zip_file" | awk '$1 == "SONAME" {print $2}')"
 flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined
        -fno-sanitize-recover=undefined -I"$repo/ckpt/include" -I"$repo/safetensors/include"
        -I"$repo/convert/include"
        -isystem "$hdf5_inc")
-libs=(-L"$hdf5_lib" -Wl,-rpath,"$hdf5_lib" -lhdf5 -lzstd -lxxhash -lzip -lpthread)
+zip_defs=(-DCKPT_LIBZIP_SONAME="\"${zip_soname:-$(basename "$zip_file")}\""
+          -DCKPT_LIBZIP_PATH="\"$zip_file\"")
+libs=(-L"$hdf5_lib" -Wl,-rpath,"$hdf5_lib" -lhdf5 -lzstd -lxxhash -ldl -lpthread)
 
 sources=("$repo"/ckpt/src/*.cc "$repo"/safetensors/src/*.cc)
 objects=()
@@ -44,7 +50,7 @@ for src in "${sources[@]}"; do
   if [ ! -f "$obj" ] || [ "$src" -nt "$obj" ]; then stale+=("$src:$obj"); fi
 done
 export CXX
-export flags_str="${flags[*]}"
+export flags_str="${flags[*]} ${zip_defs[*]}"
 if [ "${#stale[@]}" -gt 0 ]; then
   echo "fuzz/build.sh: compiling ${#stale[@]} source(s) with $CXX"
   for s in "${stale[@]}"; do

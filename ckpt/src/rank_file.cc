@@ -915,9 +915,6 @@ Result<std::optional<uint64_t>> RankFile::Impl::DirectOffset(const DatasetRecord
 Result<const RankFile::Impl::ZstdChunks*> RankFile::Impl::Zstd(const DatasetRecord& rec) {
   auto it = zstd.find(rec.name);
   if (it != zstd.end()) return it->second ? &*it->second : nullptr;
-  // Plain contiguous bytes (placed by DirectOffset) are no chunks: no need to ask HDF5, whose
-  // handles may be closed by now (CloseHdf5).
-  if (auto d = direct.find(rec.name); d != direct.end() && d->second) return nullptr;
   CKPT_ASSIGN_OR_RETURN(hid_t d, Dataset(rec, /*whole=*/true), "");
   std::optional<ZstdChunks> z;
   auto plan = [&]() -> Status {
@@ -1175,11 +1172,6 @@ Result<RankFile::WholeFilePlan> RankFile::PlanWholeFile(
               return a.begin < b.begin;
             });
   return plan;
-}
-
-std::mutex& RankFileOpenMutex() {
-  static auto* mu = new std::mutex;  // never destroyed: files may be opened during exit
-  return *mu;
 }
 
 void RankFile::CloseHdf5() {

@@ -7,7 +7,6 @@
 
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -99,14 +98,6 @@ Result<RankFileWritten> WriteRankFile(const std::string& path, const RankFileHea
 Status WriteRankFileStructure(const std::string& path, const RankFileHeader& header,
                               const std::vector<DatasetSpec>& datasets,
                               const SaveOptions& options, int64_t fapl);
-
-// Held by CheckCheckpoint's file workers while each opens a rank file, places its datasets and
-// closes its HDF5 handles (RankFile::CloseHdf5): libhdf5 serialises its calls anyway, and a
-// file whose HDF5 state is freed before the next is opened lends it its metadata cache (about
-// 0.5 MiB that H5Fopen calloc's; first-touched memory costs the development VM ~24 us a page).
-// A shallow `ckpt check` of four files took 34.3 -> 27.1 ms, check --deep 0.221 -> 0.211 s
-// (issue 19).
-std::mutex& RankFileOpenMutex();
 
 // A rank file opened read-only. Errors name the file (`label`) and the dataset.
 class RankFile {

@@ -247,10 +247,14 @@ Result<std::vector<Problem>> CheckCheckpoint(const std::string& tag_dir, bool de
   // Each file is checked on its own (in parallel: more requests in flight, and the hashing
   // spread over the cores); the problems are reported in file order. The HDF5 part of each
   // file (opening it, placing its datasets, closing its HDF5 handles unless the pass needs
-  // them) runs one file at a time (internal::RankFileOpenMutex).
+  // them) runs one file at a time: libhdf5 serialises its calls anyway, and a file whose HDF5
+  // state is freed before the next is opened lends it its metadata cache (about 0.5 MiB that
+  // H5Fopen calloc's; first-touched memory costs the development VM ~24 us a page). A shallow
+  // check of four files took 34.3 -> 27.1 ms, check --deep 0.221 -> 0.211 s (issue 19).
+  static std::mutex open_mu;  // process-wide: concurrent checks share libhdf5 too
   std::vector<std::vector<Problem>> found(m.files.size());
   auto check_file = [&](const FileRecord& f, std::vector<Problem>* out) {
-    std::unique_lock<std::mutex> hdf5_lock(internal::RankFileOpenMutex());
+    std::unique_lock<std::mutex> hdf5_lock(open_mu);
     const std::string path = reader->dir() + "/" + f.path;
     if (!env->Exists(path)) {
       out->push_back({f.path, "", "file is missing"});

@@ -147,4 +147,27 @@ inline std::pair<int, uint64_t> RunMeasured(std::vector<std::string> args,
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, static_cast<uint64_t>(ru.ru_maxrss) * 1024};
 }
 
+// Sets CKPT_DIRECT_IO for the scope of one test section, restoring the previous value.
+class DirectIoMode {
+ public:
+  explicit DirectIoMode(const char* mode) {
+    const char* old = std::getenv("CKPT_DIRECT_IO");
+    if (old) old_ = old;
+    had_ = old != nullptr;
+    setenv("CKPT_DIRECT_IO", mode, 1);
+  }
+  ~DirectIoMode() {
+    if (had_)
+      setenv("CKPT_DIRECT_IO", old_.c_str(), 1);
+    else
+      unsetenv("CKPT_DIRECT_IO");
+  }
+  DirectIoMode(const DirectIoMode&) = delete;
+  DirectIoMode& operator=(const DirectIoMode&) = delete;
+
+ private:
+  std::string old_;
+  bool had_ = false;
+};
+
 }  // namespace ckpt::testing

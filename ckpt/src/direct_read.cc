@@ -55,7 +55,7 @@ class BufferPool {
       free_.push_back(p);
       return;
     }
-    std::free(p);
+    FreeIoMemory(p);
   }
 
  private:

@@ -21,13 +21,14 @@
 namespace ckpt {
 namespace {
 
-std::atomic<uint64_t> g_direct_bytes{0}, g_buffered_bytes{0}, g_refused{0};
+std::atomic<uint64_t> g_direct_bytes{0}, g_in_place_bytes{0}, g_buffered_bytes{0}, g_refused{0};
 
 }  // namespace
 
 DirectWriteStats GetDirectWriteStats() {
   DirectWriteStats s;
   s.direct_bytes = g_direct_bytes.load();
+  s.in_place_bytes = g_in_place_bytes.load();
   s.buffered_bytes = g_buffered_bytes.load();
   s.refused = g_refused.load();
   return s;
@@ -62,6 +63,14 @@ bool DirectWriter::Wanted(uint64_t offset, uint64_t n) const {
   return hi > lo && hi - lo >= kBlock;
 }
 
+bool DirectWriter::InPlace(uint64_t offset, std::string_view data) {
+  const auto addr = reinterpret_cast<uintptr_t>(data.data());
+  if ((addr - offset) % kAlign != 0) return false;
+  const uint64_t end = offset + data.size();
+  const uint64_t lo = (offset + kAlign - 1) & ~(kAlign - 1), hi = end & ~(kAlign - 1);
+  return hi > lo && IsIoMemory(data.data() + (lo - offset), hi - lo);
+}
+
 Status DirectWriter::Write(uint64_t offset, std::string_view data,
                            const RandomWriteFile::PieceFn& before) {
   const auto* src = reinterpret_cast<const uint8_t*>(data.data());
@@ -83,22 +92,26 @@ Status DirectWriter::Write(uint64_t offset, std::string_view data,
   const int dfd = direct_.Get(fd_, O_WRONLY, &g_refused);
   if (dfd < 0) return buffered(offset, end);
   const uint64_t lo = (offset + kAlign - 1) & ~(kAlign - 1), hi = end & ~(kAlign - 1);
-  // As many staging buffers as the range has blocks, up to kSlots. Memory that cannot be had
-  // is no error: the range goes through pwrite, as it did before staging existed.
+  // As many slots as the range has blocks, up to kSlots: staging buffers, or with `in_place`
+  // places in the caller's memory. Staging memory that cannot be had is no error: the range
+  // goes through pwrite, as it did before staging existed.
+  const bool in_place = InPlace(offset, data);
   const int slots = static_cast<int>(std::min<uint64_t>(kSlots, (hi - lo + kBlock - 1) / kBlock));
   try {
-    while (staging_.size() < static_cast<size_t>(slots)) staging_.emplace_back(kBlock);
+    while (!in_place && staging_.size() < static_cast<size_t>(slots)) staging_.emplace_back(kBlock);
   } catch (const std::bad_alloc&) {
     staging_.clear();
     return buffered(offset, end);
   }
   CKPT_RETURN_IF_ERROR(buffered(offset, lo), "");
 
-  // The middle: the caller's thread hashes (before) and copies block i into slot i % slots;
-  // kWriters helper threads write the filled slots, in any order.
+  // The middle: the caller's thread hashes (before) block i and copies it into slot i % slots
+  // (in place: the block stays where it is); kWriters helper threads write the filled slots, in
+  // any order.
   struct Job {
     uint64_t pos, len;
     int slot;
+    const char* buf;
   };
   std::mutex mu;
   std::condition_variable cv;
@@ -107,7 +120,7 @@ Status DirectWriter::Write(uint64_t offset, std::string_view data,
   bool closing = false;
   Status failed = Status::Ok();
   auto write_block = [&](const Job& j) -> Status {
-    const auto* buf = staging_[static_cast<size_t>(j.slot)].as<const char>();
+    const char* buf = j.buf;
     bool direct;
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -128,6 +141,7 @@ Status DirectWriter::Write(uint64_t offset, std::string_view data,
         if (done < j.len && done % kAlign != 0) break;  // a short write off the alignment
       }
       g_direct_bytes += done;
+      if (in_place) g_in_place_bytes += done;
       if (done == j.len) return Status::Ok();
       g_buffered_bytes += j.len - done;
       return PwriteAll(fd_, j.pos + done, std::string_view(buf + done, j.len - done), path_);
@@ -174,15 +188,16 @@ Status DirectWriter::Write(uint64_t offset, std::string_view data,
         if (!failed.ok()) break;
       }
       const uint64_t len = std::min(kBlock, hi - pos);
-      uint8_t* slot = staging_[static_cast<size_t>(k)].data();
+      uint8_t* slot = in_place ? nullptr : staging_[static_cast<size_t>(k)].data();
       for (uint64_t at = 0; at < len; at += RandomWriteFile::kWritePiece) {
         const size_t n =
             static_cast<size_t>(std::min<uint64_t>(len - at, RandomWriteFile::kWritePiece));
         const uint8_t* p = src + (pos + at - offset);
         if (before) before(p, n);
-        std::memcpy(slot + at, p, n);
+        if (slot) std::memcpy(slot + at, p, n);
       }
-      const Job j{pos, len, k};
+      const auto* from = reinterpret_cast<const char*>(in_place ? src + (pos - offset) : slot);
+      const Job j{pos, len, k, from};
       if (threads.empty()) {
         status = write_block(j);
         if (!status.ok()) break;

@@ -8,6 +8,8 @@
 // DirectWriter copies the caller's bytes into aligned staging buffers in huge pages
 // (AllocateIoMemory) and writes them with O_DIRECT on two helper threads while the caller
 // hashes and copies the next ones; 2 MiB pages let a request reach the device's 4 MiB limit.
+// Bytes that already lie in such memory (IsIoMemory), at their file offset's position within a
+// 4 KiB block, are written from where they are: no copy, no staging.
 // Only whole 4 KiB blocks inside the range go this way (the writer aligns large datasets to
 // 4 KiB); the unaligned head and tail use pwrite. A file system that refuses O_DIRECT (at open
 // or at the first write) gets pwrite from the same staging buffer, and every later range of
@@ -39,6 +41,10 @@ class DirectWriter {
   // Whether Write takes [offset, offset + n): O_DIRECT not refused for this file, not switched
   // off by CKPT_DIRECT_IO=off, and at least one whole block in the aligned middle.
   bool Wanted(uint64_t offset, uint64_t n) const;
+
+  // Whether `data`'s aligned middle can leave from where it is: I/O memory (IsIoMemory) at the
+  // same position within a 4 KiB block as `offset`. Write then copies nothing.
+  static bool InPlace(uint64_t offset, std::string_view data);
 
   // Writes `data` at `offset` (Wanted holds), handing each piece of at most
   // RandomWriteFile::kWritePiece bytes to `before` first, in order.

@@ -24,7 +24,7 @@ void StagingBuffer::Free() {
     return;
   }
 #endif
-  std::free(data_);
+  FreeIoMemory(data_);
   data_ = nullptr;
   capacity_ = 0;
 }

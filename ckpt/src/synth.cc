@@ -1,8 +1,10 @@
 #include "ckpt/synth.h"
 
+#include <algorithm>
 #include <random>
 #include <sstream>
 
+#include "ckpt/aligned_buffer.h"
 #include "ckpt/rank_threads.h"
 
 namespace ckpt {
@@ -108,9 +110,16 @@ Result<std::vector<std::string>> WriteSynthetic(const std::string& root, const S
     ThreadGroup group(o.ranks);
     auto rank_body = [&](int rank) -> Status {
       const int64_t shard = meta.partition.shard_numel[static_cast<size_t>(rank)];
-      std::vector<float> state[3];
+      // In I/O memory, as a trainer's pinned host buffers are: the save writes it with O_DIRECT
+      // from where it lies (direct_write.h).
+      AlignedBuffer buffers[3];
+      float* state[3];
       const std::string_view names[3] = {kMaster, kExpAvg, kExpAvgSq};
-      for (int s = 0; s < 3; ++s) state[s].assign(static_cast<size_t>(shard), 0.0f);
+      for (int s = 0; s < 3; ++s) {
+        buffers[s] = AlignedBuffer(static_cast<size_t>(shard) * sizeof(float));
+        state[s] = buffers[s].as<float>();
+        std::fill_n(state[s], shard, 0.0f);
+      }
       for (size_t pi = 0; pi < meta.params.size(); ++pi) {
         for (const auto& r : meta.params[pi].ranges) {
           if (r.rank != rank) continue;
@@ -123,7 +132,7 @@ Result<std::vector<std::string>> WriteSynthetic(const std::string& root, const S
       RankContents mine;
       for (int s = 0; s < 3; ++s)
         mine.datasets.push_back(
-            DatasetSpec::Tensor(std::string(names[s]), DType::kF32, {shard}, state[s].data()));
+            DatasetSpec::Tensor(std::string(names[s]), DType::kF32, {shard}, state[s]));
       std::vector<uint16_t> frozen;
       if (rank == 0) {
         for (size_t pi = 0; pi < meta.params.size(); ++pi) {

@@ -43,12 +43,14 @@ struct PlannedTensor {
   DType out_dtype;
   uint64_t bytes;
   std::string name;  // the tensor's name (the alias's for a copied alias)
+  uint64_t at = 0;   // where its bytes start in the output file
 };
 
 struct PlannedFile {
   std::string name;
   std::vector<PlannedTensor> tensors;
   uint64_t bytes = 0;
+  std::vector<safetensors::SafetensorsTensorSpec> specs;
 };
 
 // fp32 values -> out dtype bytes, appended to `out`.
@@ -174,6 +176,17 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
       {"ckpt_dtype", std::string(DTypeName(opts.dtype))},
   };
   if (!report.tied.empty()) metadata["tied_weights"] = tied.dump();
+  // Each tensor's place in its file (the header is the writer's own: BuildSafetensorsHeader).
+  for (auto& f : files) {
+    for (const auto& t : f.tensors) f.specs.push_back({t.name, t.out_dtype, t.param->shape});
+    CKPT_ASSIGN_OR_RETURN(const std::string header,
+                          safetensors::BuildSafetensorsHeader(f.specs, metadata), f.name);
+    uint64_t at = 8 + header.size();
+    for (auto& t : f.tensors) {
+      t.at = at;
+      at += t.bytes;
+    }
+  }
 
   // 2-3. Stage and write. The pieces (one per frozen tensor, chunk_elements per trainable
   // one) are read and converted on a helper thread, up to kAhead pieces ahead of the writes
@@ -208,6 +221,10 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
     if (pieces.size() == first_piece) pieces.push_back({f, kNoTensor});  // still written
   }
   constexpr int kAhead = 2;
+  // A trainable fp32 piece is read to the place within a 4 KiB block that it takes in the
+  // output file, so that its aligned middle is written from where it lies (O_DIRECT, no copy
+  // into staging: direct_write.h); `values` has a block of room for that.
+  constexpr uint64_t kBlock = 4096;
   struct Slot {
     AlignedBuffer values;        // a trainable piece as read (room for the longest piece)
     std::vector<uint8_t> bytes;  // the piece in the output dtype (unused for fp32 output)
@@ -219,7 +236,8 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
   for (const auto& pc : pieces)
     if (pc.tensor != kNoTensor && !files[pc.file].tensors[pc.tensor].param->frozen)
       longest_piece = std::max(longest_piece, pc.end - pc.begin);
-  for (auto& slot : slots) slot.values = AlignedBuffer(static_cast<size_t>(longest_piece) * 4);
+  for (auto& slot : slots)
+    slot.values = AlignedBuffer(static_cast<size_t>(longest_piece) * 4 + kBlock);
   CKPT_ASSIGN_OR_RETURN(StagedOutput staged, StagedOutput::Begin(out, env), "");
   Progress progress("export-fp32", report.total_size, opts.progress);
   std::optional<safetensors::SafetensorsWriter> writer;
@@ -253,10 +271,12 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
       slot.size = slot.bytes.size();
       return Status::Ok();
     }
-    float* values = slot.values.as<float>();
+    const uint64_t at = t.at + static_cast<uint64_t>(pc.begin) * 4;  // fp32 output only
+    const uint64_t shift = t.out_dtype == DType::kF32 && at % 4 == 0 ? at % kBlock : 0;
+    float* values = reinterpret_cast<float*>(slot.values.data() + shift);
     CKPT_RETURN_IF_ERROR(src->ReadParamRange(p.name, kMaster, pc.begin, pc.end, values));
     if (t.out_dtype == DType::kF32) {
-      slot.data = slot.values.data();
+      slot.data = reinterpret_cast<const uint8_t*>(values);
       slot.size = static_cast<uint64_t>(pc.end - pc.begin) * 4;
     } else {
       Encode(values, pc.end - pc.begin, t.out_dtype, slot.bytes);
@@ -269,12 +289,10 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
     const Piece& pc = pieces[i];
     if (pc.file != open_file) {
       if (writer) CKPT_RETURN_IF_ERROR(finish_file(), "");
-      std::vector<safetensors::SafetensorsTensorSpec> specs;
-      for (const auto& t : files[pc.file].tensors)
-        specs.push_back({t.name, t.out_dtype, t.param->shape});
       const std::string path = staged.staging() + "/" + files[pc.file].name;
-      CKPT_ASSIGN_OR_RETURN(auto w,
-                            safetensors::SafetensorsWriter::Create(path, specs, metadata, env), "");
+      CKPT_ASSIGN_OR_RETURN(
+          auto w, safetensors::SafetensorsWriter::Create(path, files[pc.file].specs, metadata, env),
+          "");
       writer.emplace(std::move(w));
       open_file = pc.file;
     }

@@ -26,6 +26,7 @@
 #include "ckpt/root.h"
 #include "ckpt/run_ahead.h"
 #include "ckpt/shared_library.h"
+#include "ckpt/synth.h"
 #include "ckpt/unique_fd.h"
 #include "ckpt_test_helpers.h"
 #include "test_util.h"
@@ -241,12 +242,21 @@ TEST_CASE("AllocateIoMemory: 2 MiB-aligned huge-page memory from 2 MiB up", "[un
   void* small = AllocateIoMemory(100000);
   REQUIRE(small != nullptr);
   CHECK(reinterpret_cast<uintptr_t>(small) % 4096 == 0);
-  std::free(small);
+  CHECK_FALSE(IsIoMemory(small, 1));  // small buffers are not huge-page memory
+  FreeIoMemory(small);
   const size_t n = (4u << 20) + 1;
   void* big = AllocateIoMemory(n);
   REQUIRE(big != nullptr);
   CHECK(reinterpret_cast<uintptr_t>(big) % (2u << 20) == 0);
   static_cast<uint8_t*>(big)[n - 1] = 1;  // the whole size is writable
+  // IsIoMemory: ranges inside the live allocation (rounded up to 2 MiB), and nothing else.
+  const auto* b = static_cast<const uint8_t*>(big);
+  CHECK(IsIoMemory(b, n));
+  CHECK(IsIoMemory(b + 4096, (6u << 20) - 4096));  // up to the rounded end
+  CHECK_FALSE(IsIoMemory(b + 4096, 6u << 20));      // one page past it
+  CHECK_FALSE(IsIoMemory(b - 4096, 4096));
+  std::vector<uint8_t> heap(n);
+  CHECK_FALSE(IsIoMemory(heap.data(), heap.size()));
   // Where the kernel has transparent huge pages ("always" or "madvise"), the mapping that holds
   // the buffer is eligible for them (smaps: THPeligible), whether or not any were free.
   std::string mode;
@@ -274,7 +284,9 @@ TEST_CASE("AllocateIoMemory: 2 MiB-aligned huge-page memory from 2 MiB up", "[un
   } else {
     WARN("transparent huge pages are off here (" << mode << "): only the alignment is checked");
   }
-  std::free(big);
+  FreeIoMemory(big);
+  CHECK_FALSE(IsIoMemory(b, 1));  // freed: no longer I/O memory
+  FreeIoMemory(nullptr);
 }
 
 TEST_CASE("UniqueFd is move-only and closes exactly once", "[unit]") {
@@ -327,27 +339,6 @@ TEST_CASE("context is optional and added once", "[unit]") {
 }
 
 namespace {
-
-// Sets CKPT_DIRECT_IO for the scope of one test section, restoring the previous value.
-class DirectIoMode {
- public:
-  explicit DirectIoMode(const char* mode) {
-    const char* old = std::getenv("CKPT_DIRECT_IO");
-    if (old) old_ = old;
-    had_ = old != nullptr;
-    setenv("CKPT_DIRECT_IO", mode, 1);
-  }
-  ~DirectIoMode() {
-    if (had_)
-      setenv("CKPT_DIRECT_IO", old_.c_str(), 1);
-    else
-      unsetenv("CKPT_DIRECT_IO");
-  }
-
- private:
-  std::string old_;
-  bool had_ = false;
-};
 
 std::string PatternBytes(size_t n, uint64_t seed) {
   std::string s(n, '\0');
@@ -594,6 +585,91 @@ TEST_CASE("WriteThrough: O_DIRECT from staging for the aligned middle, pieces in
       WARN("O_DIRECT refused on " << d.str() << ": written through the page cache");
       CHECK(direct == 0);
     }
+  }
+}
+
+TEST_CASE("WriteThrough: data in I/O memory leaves with O_DIRECT from where it lies", "[io]") {
+  ScratchDir d;
+  const std::string path = d / "rank.bin";
+  const size_t size = (30u << 20) + 999;
+  const uint64_t offset = 5 * 4096 + 123;  // the data's place within its 4 KiB block
+  const std::string pattern = PatternBytes((21u << 20) + 777, 9);
+  AlignedBuffer io((24u << 20));
+  uint8_t* at = io.data() + 123;  // the same place within a block as `offset`
+  std::memcpy(at, pattern.data(), pattern.size());
+  const std::string_view data(reinterpret_cast<const char*>(at), pattern.size());
+  const uint64_t lo = (offset + 4095) / 4096 * 4096, hi = (offset + data.size()) / 4096 * 4096;
+  struct Case {
+    const char* mode;  // CKPT_DIRECT_IO
+    std::string_view data;
+    bool in_place;  // expected, where O_DIRECT is not refused
+  };
+  const std::string heap(pattern);
+  const std::string_view shifted(reinterpret_cast<const char*>(io.data() + 1), pattern.size());
+  std::memmove(io.data() + 1, pattern.data(), pattern.size());  // one byte off the file's place
+  for (const Case& c : {Case{"auto", shifted, false}, Case{"auto", heap, false},
+                        Case{"on", shifted, false}, Case{"off", data, false},
+                        Case{"auto", data, true}, Case{"on", data, true}}) {
+    if (c.data.data() == data.data()) std::memcpy(at, pattern.data(), pattern.size());
+    const bool is_io = c.data.data() != heap.data();
+    INFO("CKPT_DIRECT_IO=" << c.mode << (is_io ? " from I/O memory" : " from the heap")
+                           << (c.data.data() == shifted.data() ? ", shifted" : ""));
+    DirectIoMode mode(c.mode);
+    Spit(path, std::string(size, '\x33'));
+    auto file = Env::Default()->OpenRandomWriteFile(path);
+    REQUIRE(file.ok());
+    std::string seen;
+    const DirectWriteStats before = GetDirectWriteStats();
+    REQUIRE((*file)->WriteThrough(offset, c.data, [&](const uint8_t* p, size_t n) {
+                     seen.append(reinterpret_cast<const char*>(p), n);
+                   }).ok());
+    const DirectWriteStats after = GetDirectWriteStats();
+    REQUIRE((*file)->Close().ok());
+    CHECK(seen == pattern);  // every byte handed over once, in order
+    std::string expect(size, '\x33');
+    expect.replace(offset, pattern.size(), pattern);
+    CHECK(Slurp(path) == expect);
+    const uint64_t direct = after.direct_bytes - before.direct_bytes;
+    const uint64_t in_place = after.in_place_bytes - before.in_place_bytes;
+    if (after.refused != before.refused) {
+      WARN("O_DIRECT refused on " << d.str() << ": written through the page cache");
+      CHECK(direct == 0);
+      continue;
+    }
+    CHECK(in_place == (c.in_place ? hi - lo : 0));
+    // "on" stages what cannot leave in place; "auto" sends only I/O memory past the cache.
+    const bool direct_expected = c.in_place || std::string(c.mode) == "on";
+    CHECK(direct == (direct_expected ? hi - lo : 0));
+  }
+}
+
+TEST_CASE("ckpt synth's state in I/O memory is saved from where it lies and reads back", "[io]") {
+  ScratchDir d;
+  SynthOptions o;
+  o.ranks = 2;
+  o.params = 6'000'000;  // about 12 MiB a state and rank
+  const DirectWriteStats before = GetDirectWriteStats();
+  auto tags = WriteSynthetic(d / "root", o);
+  REQUIRE(tags.ok());
+  const DirectWriteStats after = GetDirectWriteStats();
+  if (after.refused == before.refused) {
+    // The three states of both ranks (over 11 MiB each), less their unaligned heads and tails.
+    CHECK(after.in_place_bytes - before.in_place_bytes >= 6 * (10u << 20));
+  } else {
+    WARN("O_DIRECT refused on " << d.str() << ": written through the page cache");
+  }
+  auto rd = CheckpointReader::Open(d / "root");
+  REQUIRE(rd.ok());
+  auto problems = CheckCheckpoint(rd->dir(), /*deep=*/true);
+  REQUIRE(problems.ok());
+  CHECK(problems->empty());
+  const auto& params = rd->manifest().params;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!params[i].trainable()) continue;
+    auto got = rd->ReadParamFull(params[i].name);
+    REQUIRE(got.ok());
+    for (int64_t e : {int64_t{0}, params[i].numel / 2, params[i].numel - 1})
+      CHECK((*got)[static_cast<size_t>(e)] == SynthValue(o.seed, 100, i, "master", e));
   }
 }
 

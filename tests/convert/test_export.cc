@@ -69,6 +69,30 @@ TEST_CASE("export equals an independent h5py reconstruction, bitwise", "[io]") {
         1);
 }
 
+TEST_CASE("export writes fp32 pieces from where they were read, the same bytes", "[io]") {
+  testing::ScratchDir dir("exp_place");
+  const std::string src = dir / "src";
+  // A 24 MB tensor and smaller ones: every piece of 8 MiB or more can leave in place.
+  REQUIRE(testing::MakeSynthetic(src, 2, 2, 12'000'000, 6'000'000).ok());
+  ExportOptions o;
+  const DirectWriteStats before = GetDirectWriteStats();
+  REQUIRE(ExportFp32(src, dir / "a", o).ok());
+  const DirectWriteStats after = GetDirectWriteStats();
+  {
+    testing::DirectIoMode off("off");  // through the page cache, from the same pieces
+    REQUIRE(ExportFp32(src, dir / "b", o).ok());
+  }
+  CHECK(Slurp(dir / "a/model.safetensors") == Slurp(dir / "b/model.safetensors"));
+  if (after.refused == before.refused) {
+    // The 24 MB tensor's 16 MiB piece at least (the rest may be under one 8 MiB block), and
+    // no byte through staging.
+    CHECK(after.in_place_bytes - before.in_place_bytes >= (15u << 20));
+    CHECK(after.in_place_bytes - before.in_place_bytes == after.direct_bytes - before.direct_bytes);
+  } else {
+    WARN("O_DIRECT refused on " << dir.str() << ": written through the page cache");
+  }
+}
+
 TEST_CASE("export: names, shapes, tied metadata, frozen handling, no moments read", "[io]") {
   testing::ScratchDir dir("exp");
   const std::string src = dir / "src";

@@ -54,6 +54,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ckpt/aligned_buffer.h"
 #include "ckpt/async_saver.h"
 #include "ckpt/collective.h"
 #include "ckpt/env.h"
@@ -108,7 +109,7 @@ struct Args {
   int64_t params = 0;
   std::string compress = "none";
   uint64_t chunk_bytes = 4u << 20;
-  bool file_checksum = true, drop = false, verify = true, procs = false;
+  bool file_checksum = true, drop = false, verify = true, procs = false, heap_state = false;
   std::string paired_raw;  // directory for the paired raw write / read of the same bytes
   std::string paired_codec;  // directory for the paired codec floor (zstd saves and loads)
   std::string paired_variant;  // --paired-variant: only this floor variant (the run's best)
@@ -142,6 +143,7 @@ Args Parse(int argc, char** argv) {
     else if (k == "--drop-caches") a.drop = true;
     else if (k == "--no-verify") a.verify = false;
     else if (k == "--procs") a.procs = true;
+    else if (k == "--heap-state") a.heap_state = true;
     else if (k == "--paired-raw") a.paired_raw = val();
     else if (k == "--paired-codec") a.paired_codec = val();
     else if (k == "--paired-variant") a.paired_variant = val();
@@ -469,7 +471,11 @@ void AddCodecFloor(json* rep, double secs, int threads, uint64_t bytes = 0) {
 }
 
 struct RankState {
-  std::vector<float> state[3];
+  // master, exp_avg, exp_avg_sq: in I/O memory (ckpt::AlignedBuffer), as `ckpt synth` holds
+  // them and as a trainer's pinned host buffers are, or with --heap-state in std::vector's.
+  ckpt::AlignedBuffer io[3];
+  std::vector<float> heap[3];
+  float* state[3] = {};
   std::vector<uint16_t> frozen;
   std::string rng, data_pos, sched;
   ckpt::RankContents contents;
@@ -478,10 +484,20 @@ struct RankState {
 constexpr int64_t kStep = 100;
 
 // Rank r's contents: exactly what `ckpt synth` writes for it.
-void GenerateRank(const ckpt::Manifest& meta, int r, RankState& rs) {
+void GenerateRank(const ckpt::Manifest& meta, int r, bool heap_state, RankState& rs) {
   const std::string_view names[3] = {ckpt::kMaster, ckpt::kExpAvg, ckpt::kExpAvgSq};
   const int64_t shard = meta.partition.shard_numel[static_cast<size_t>(r)];
-  for (int s = 0; s < 3; ++s) rs.state[s].assign(static_cast<size_t>(shard), 0.0f);
+  for (int s = 0; s < 3; ++s) {
+    const size_t n = static_cast<size_t>(shard);
+    if (heap_state) {
+      rs.heap[s].assign(n, 0.0f);
+      rs.state[s] = rs.heap[s].data();
+    } else {
+      rs.io[s] = ckpt::AlignedBuffer(n * sizeof(float));
+      rs.state[s] = rs.io[s].as<float>();
+      std::memset(rs.state[s], 0, n * sizeof(float));
+    }
+  }
   for (size_t pi = 0; pi < meta.params.size(); ++pi)
     for (const auto& rg : meta.params[pi].ranges) {
       if (rg.rank != r) continue;
@@ -492,7 +508,7 @@ void GenerateRank(const ckpt::Manifest& meta, int r, RankState& rs) {
     }
   for (int s = 0; s < 3; ++s)
     rs.contents.datasets.push_back(ckpt::DatasetSpec::Tensor(
-        std::string(names[s]), ckpt::DType::kF32, {shard}, rs.state[s].data()));
+        std::string(names[s]), ckpt::DType::kF32, {shard}, rs.state[s]));
   if (r == 0) {
     for (size_t pi = 0; pi < meta.params.size(); ++pi) {
       const auto& p = meta.params[pi];
@@ -644,7 +660,8 @@ int Save(const Args& a) {
     {
       std::vector<std::thread> gen;
       for (int r = 0; r < a.ranks; ++r)
-        gen.emplace_back([&, r] { GenerateRank(meta, r, ranks[static_cast<size_t>(r)]); });
+        gen.emplace_back(
+            [&, r] { GenerateRank(meta, r, a.heap_state, ranks[static_cast<size_t>(r)]); });
       for (auto& t : gen) t.join();
     }
     gen_secs = Since(tg);
@@ -722,7 +739,8 @@ int Save(const Args& a) {
     std::vector<raw_floor::AlignedBuffer> floor_bufs;
     if (!a.paired_raw.empty()) {
       std::vector<RankState> all(static_cast<size_t>(a.ranks));
-      for (int r = 0; r < a.ranks; ++r) GenerateRank(meta, r, all[static_cast<size_t>(r)]);
+      for (int r = 0; r < a.ranks; ++r)
+        GenerateRank(meta, r, a.heap_state, all[static_cast<size_t>(r)]);
       floor_bufs = SaveFloorBuffers(all);
     }
     int ready[2], go[2], done[2];
@@ -740,7 +758,7 @@ int Save(const Args& a) {
       close(go[1]);
       close(done[0]);
       RankState rs;
-      GenerateRank(meta, r, rs);
+      GenerateRank(meta, r, a.heap_state, rs);
       FileCollective coll(coll_dir, r, a.ranks);
       for (int rep = 0; rep < a.reps; ++rep) {
         char c = 'r';
@@ -809,7 +827,9 @@ int Save(const Args& a) {
   const ckpt::DirectWriteStats io = ckpt::GetDirectWriteStats();
   json out = {{"op", "save"},
               {"ranks", a.ranks},
+              {"heap_state", a.heap_state},
               {"direct_write", {{"direct_bytes", io.direct_bytes},
+                                {"in_place_bytes", io.in_place_bytes},
                                 {"buffered_bytes", io.buffered_bytes},
                                 {"refused_files", io.refused}}},
               {"procs", a.procs},
@@ -842,7 +862,8 @@ int Async(const Args& a) {
   {
     std::vector<std::thread> gen;
     for (int r = 0; r < a.ranks; ++r)
-      gen.emplace_back([&, r] { GenerateRank(meta, r, ranks[static_cast<size_t>(r)]); });
+      gen.emplace_back(
+          [&, r] { GenerateRank(meta, r, a.heap_state, ranks[static_cast<size_t>(r)]); });
     for (auto& t : gen) t.join();
   }
   uint64_t logical = 0;

@@ -26,8 +26,15 @@ namespace ckpt {
 
 // At least `bytes` of uninitialised memory (rounded up to the alignment): 4 KiB-aligned, and
 // from 2 MiB up 2 MiB-aligned with huge pages asked for. nullptr when it cannot be had. Freed
-// with std::free.
+// with FreeIoMemory.
 void* AllocateIoMemory(size_t bytes);
+void FreeIoMemory(void* p);
+
+// Whether [p, p + n) lies inside one live allocation of AllocateIoMemory of 2 MiB or more:
+// memory in huge pages that a rank file's data can leave from with O_DIRECT as it is, without a
+// copy into staging (direct_write.h). A save from tensors that live in such memory (an
+// AlignedBuffer, as pinned host buffers are for a GPU trainer) writes at the disk's floor.
+bool IsIoMemory(const void* p, size_t n);
 
 class AlignedBuffer {
  public:
@@ -57,7 +64,7 @@ class AlignedBuffer {
 
  private:
   struct Free {
-    void operator()(uint8_t* p) const { std::free(p); }
+    void operator()(uint8_t* p) const { FreeIoMemory(p); }
   };
   std::unique_ptr<uint8_t, Free> data_;
   size_t size_ = 0;

@@ -85,10 +85,13 @@ DirectReadStats GetDirectReadStats();
 // new WritableFile (an export's tensor pieces) and, with CKPT_DIRECT_IO=on, the rank files'
 // uncompressed data (RandomWriteFile::WriteThrough; by default it goes through the page cache,
 // which measured faster for repeated saves) leave through aligned staging memory with
-// O_DIRECT, two requests in flight, where the file system allows it; the unaligned head and
+// O_DIRECT, two requests in flight, where the file system allows it. A rank file's data that
+// lies in I/O memory (IsIoMemory, aligned_buffer.h) at its offset's place in a 4 KiB block
+// leaves with O_DIRECT from where it is, unless CKPT_DIRECT_IO=off. The unaligned head and
 // tail of each range, a file system that refuses O_DIRECT, and CKPT_DIRECT_IO=off use pwrite.
 struct DirectWriteStats {
   uint64_t direct_bytes = 0;    // bytes written with O_DIRECT
+  uint64_t in_place_bytes = 0;  // of direct_bytes, those written from the caller's memory
   uint64_t buffered_bytes = 0;  // bytes of WriteThrough calls and large appends written with pwrite
   uint64_t refused = 0;         // files whose file system refused O_DIRECT writes
 };

@@ -987,7 +987,7 @@ Status RankFile::Impl::DecodeChunks(const DatasetRecord& rec, const ZstdChunks& 
   PipelineThreads pool(c1 - c0);
   // At least two workers, whatever the share of the cores: each reads its chunk's frame and
   // then decompresses it, so one alone leaves the disk idle while it decompresses. Four ranks
-  // loading zstd:1+shuffle as threads on two cores took 1.29-1.44 s with one worker each,
+  // loading zstd:1+shuffle as threads on two cores took 1.25-1.44 s with one worker each,
   // 0.96-1.26 s with two and 1.02-1.16 s with three (docs/performance.md, 2026-12-02 20:40).
   const int64_t chunks = std::max<int64_t>(c1 - c0, 1);
   const int workers = static_cast<int>(std::min<int64_t>(std::max(pool.count(), 2), chunks));

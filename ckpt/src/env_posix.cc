@@ -112,7 +112,7 @@ class PosixRandomWriteFile final : public RandomWriteFile {
   // memory: five saves of 1 GiB over 4 ranks in one process took 0.68-0.96 s from the second
   // on that way against 0.87-1.13 s with O_DIRECT through staging (whose first save is no
   // slower than the rest, where the page cache's first took 1.66-2.09 s; docs/performance.md,
-  // 2026-12-02 05:40). From I/O memory nothing is copied at all (2026-12-02 19:30).
+  // 2026-12-02 05:40). From I/O memory nothing is copied at all (2026-12-02 20:40).
   Status WriteThrough(uint64_t offset, std::string_view data, const PieceFn& before) override {
     if (direct_.Wanted(offset, data.size()) &&
         (internal::DirectIoOn() || internal::DirectWriter::InPlace(offset, data)))

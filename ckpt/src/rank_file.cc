@@ -7,21 +7,24 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
-#include <cstdio>
-#include <cstring>
+#include <system_error>
 #include <thread>
 #include <utility>
 
 #include "ckpt/aligned_buffer.h"
 #include "ckpt/env.h"
-#include "ckpt/hash.h"
 #include "ckpt/h5.h"
+#include "ckpt/hash.h"
 #include "ckpt/rank_threads.h"
 #include "ckpt/run_ahead.h"
 #include "ckpt/shape.h"
@@ -121,21 +124,21 @@ void ByteShuffle(const uint8_t* in, uint8_t* out, size_t nbytes, size_t elem) {
   std::memcpy(out + n * elem, in + n * elem, nbytes - n * elem);  // leftover bytes, as HDF5
 }
 
-// The inverse of ByteShuffle for the first `have` bytes of a chunk of `nbytes` (a multiple of
-// elem): element i gathers byte j from plane j. The 2- and 4-byte cases interleave 16
-// elements a step with SSE2 (the scalar loop finishes the tail).
-void ByteUnshuffle(const uint8_t* in, uint8_t* out, size_t nbytes, size_t elem, size_t have) {
-  const size_t n = nbytes / elem;
-  const size_t m = have / elem;
+// The inverse of ByteShuffle for elements [e0, e0 + count) of a chunk of n elements (plane j
+// at in + j * n): element i gathers byte j from plane j; out gets count * elem bytes. The 2- and
+// 4-byte cases interleave 16 elements a step with SSE2 (the scalar loop finishes the tail). A
+// load unshuffles a chunk a block at a time into a buffer that stays in L1 (DecodeChunks).
+void ByteUnshuffle(const uint8_t* in, size_t n, size_t elem, size_t e0, size_t count,
+                   uint8_t* out) {
   if (elem == 4) {
-    const uint8_t* p0 = in;
-    const uint8_t* p1 = in + n;
-    const uint8_t* p2 = in + 2 * n;
-    const uint8_t* p3 = in + 3 * n;
+    const uint8_t* p0 = in + e0;
+    const uint8_t* p1 = in + n + e0;
+    const uint8_t* p2 = in + 2 * n + e0;
+    const uint8_t* p3 = in + 3 * n + e0;
     size_t i = 0;
 #if defined(__SSE2__)
     // 16 elements a step: interleave the planes bytewise (0 with 1, 2 with 3), then the pairs.
-    for (; i + 16 <= m; i += 16) {
+    for (; i + 16 <= count; i += 16) {
       const __m128i a0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p0 + i));
       const __m128i a1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p1 + i));
       const __m128i a2 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p2 + i));
@@ -149,17 +152,17 @@ void ByteUnshuffle(const uint8_t* in, uint8_t* out, size_t nbytes, size_t elem, 
       _mm_storeu_si128(o + 3, _mm_unpackhi_epi16(hi01, hi23));
     }
 #endif
-    for (; i < m; ++i) {
+    for (; i < count; ++i) {
       const uint32_t v = static_cast<uint32_t>(p0[i]) | static_cast<uint32_t>(p1[i]) << 8 |
                          static_cast<uint32_t>(p2[i]) << 16 | static_cast<uint32_t>(p3[i]) << 24;
       std::memcpy(out + 4 * i, &v, 4);
     }
   } else if (elem == 2) {
-    const uint8_t* p0 = in;
-    const uint8_t* p1 = in + n;
+    const uint8_t* p0 = in + e0;
+    const uint8_t* p1 = in + n + e0;
     size_t i = 0;
 #if defined(__SSE2__)
-    for (; i + 16 <= m; i += 16) {
+    for (; i + 16 <= count; i += 16) {
       const __m128i a0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p0 + i));
       const __m128i a1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p1 + i));
       auto* o = reinterpret_cast<__m128i*>(out + 2 * i);
@@ -167,16 +170,43 @@ void ByteUnshuffle(const uint8_t* in, uint8_t* out, size_t nbytes, size_t elem, 
       _mm_storeu_si128(o + 1, _mm_unpackhi_epi8(a0, a1));
     }
 #endif
-    for (; i < m; ++i) {
+    for (; i < count; ++i) {
       const uint16_t v = static_cast<uint16_t>(p0[i] | p1[i] << 8);
       std::memcpy(out + 2 * i, &v, 2);
     }
   } else {
     for (size_t j = 0; j < elem; ++j) {
-      const uint8_t* src = in + j * n;
-      for (size_t i = 0; i < m; ++i) out[i * elem + j] = src[i];
+      const uint8_t* src = in + j * n + e0;
+      for (size_t i = 0; i < count; ++i) out[i * elem + j] = src[i];
     }
   }
+}
+
+// Copies n bytes to dst with streaming stores when dst is 16-byte aligned: a load's bytes go to
+// memory its caller reads later, so they need not be read into the cache first nor evict what
+// is being decompressed and hashed (unshuffle and hash from an L1 block, then this: 6.8-7.1
+// GiB/s on the development VM against 4.5-4.8 for unshuffling into the destination and
+// hashing it there). Unaligned destinations and the tail use memcpy.
+void StreamCopy(uint8_t* dst, const uint8_t* src, size_t n) {
+#if defined(__SSE2__)
+  if ((reinterpret_cast<uintptr_t>(dst) & 15) == 0) {
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+      const auto* s = reinterpret_cast<const __m128i*>(src + i);
+      auto* d = reinterpret_cast<__m128i*>(dst + i);
+      const __m128i v0 = _mm_loadu_si128(s), v1 = _mm_loadu_si128(s + 1);
+      const __m128i v2 = _mm_loadu_si128(s + 2), v3 = _mm_loadu_si128(s + 3);
+      _mm_stream_si128(d, v0);
+      _mm_stream_si128(d + 1, v1);
+      _mm_stream_si128(d + 2, v2);
+      _mm_stream_si128(d + 3, v3);
+    }
+    _mm_sfence();  // ordered before whatever the caller does next, as memcpy's stores
+    std::memcpy(dst + i, src + i, n - i);
+    return;
+  }
+#endif
+  std::memcpy(dst, src, n);
 }
 
 // The number of threads a chunk pipeline of `items` items gets: the hardware's threads shared
@@ -667,11 +697,11 @@ Status WriteRankFileStructure(const std::string& path, const RankFileHeader& hea
 
 namespace {
 
-// One decompression worker's memory (a chunk's compressed frame, the chunk before it is
-// unshuffled) and zstd context. Reused across datasets and files instead of allocated per
-// dataset read: fresh memory costs its page faults (on the development VM 0.34 GiB/s in
-// 4 KiB pages, docs/performance.md), and these are I/O memory (huge pages from 2 MiB up),
-// never zero-filled.
+// One decompression slot's memory (a chunk before it is unshuffled; the frame ring of a
+// FrameReader or, without one, a worker's frame) and a worker's zstd context. Reused across
+// datasets and files instead of allocated per dataset read: fresh memory costs its page faults
+// (on the development VM 0.34 GiB/s in 4 KiB pages, docs/performance.md), and these are I/O
+// memory (huge pages from 2 MiB up), never zero-filled.
 struct DecodeState {
   AlignedBuffer frame, plain;
   ZSTD_DCtx* dctx = nullptr;
@@ -685,11 +715,21 @@ struct DecodeState {
   }
 };
 
-// The idle DecodeStates of the process: at most kKeep are kept (about 8 MiB each for the
-// default 4 MiB chunks), the rest freed when their pipeline ends.
+// The idle DecodeStates of the process while a rank file is open: at most kKeep are kept
+// (about 12 MiB each for the default 4 MiB chunks: a read span and a chunk), the rest freed
+// when their pipeline ends, and all of them when the last rank file closes, so a loader's
+// memory is back once it is done.
 class DecodeStates {
  public:
-  static constexpr size_t kKeep = 8;
+  static constexpr size_t kKeep = 16;
+  // Held by every open rank file.
+  class Use {
+   public:
+    Use() { Pool().Enter(); }
+    ~Use() { Pool().Leave(); }
+    Use(const Use&) = delete;
+    Use& operator=(const Use&) = delete;
+  };
   // `n` states for one pipeline, given back when it ends.
   class Lease {
    public:
@@ -712,6 +752,15 @@ class DecodeStates {
     static DecodeStates* pool = new DecodeStates;  // never destroyed: used until exit
     return *pool;
   }
+  void Enter() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++users_;
+  }
+  void Leave() {
+    std::vector<std::unique_ptr<DecodeState>> freed;  // freed outside the lock
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--users_ == 0) freed.swap(idle_);
+  }
   std::unique_ptr<DecodeState> Take() {
     std::lock_guard<std::mutex> lock(mu_);
     if (idle_.empty()) return std::make_unique<DecodeState>();
@@ -721,15 +770,152 @@ class DecodeStates {
   }
   void Give(std::unique_ptr<DecodeState> s) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (idle_.size() < kKeep) idle_.push_back(std::move(s));
+    if (users_ > 0 && idle_.size() < kKeep) idle_.push_back(std::move(s));
   }
   std::mutex mu_;
+  int64_t users_ = 0;
   std::vector<std::unique_ptr<DecodeState>> idle_;
+};
+
+// Reads the zstd frames of chunks [c0, c1) on a thread of its own, ahead of the workers that
+// decompress them, so the disk streams while the cores decompress (a worker that reads its
+// own frame and then decompresses it leaves the disk idle meanwhile, and on two cores the
+// workers were one per rank: docs/performance.md, 2026-12-03). Consecutive frames (gaps up to
+// kGap) are read in one request of up to kSpanBytes into a ring of kRing buffers; a span of
+// 1 MiB or more is read from its 4 KiB block, so it goes past the page cache with O_DIRECT
+// into the buffer (direct_read.h). A buffer is reused once every chunk of its span is Done.
+// A failed read fails the span's chunks and those after it.
+class FrameReader {
+ public:
+  static constexpr int kRing = 3;
+  static constexpr uint64_t kSpanBytes = 8u << 20, kGap = 64u << 10, kAlignFrom = 1u << 20;
+  using Where = std::vector<std::pair<uint64_t, uint64_t>>;
+
+  FrameReader(const RandomAccessFile& file, uint64_t file_bytes, const Where& where, int64_t c0,
+              int64_t c1, DecodeStates::Lease& ring)
+      : file_(file),
+        file_bytes_(file_bytes),
+        where_(where),
+        c0_(c0),
+        c1_(c1),
+        ring_(ring),
+        ready_(c0),
+        frame_(static_cast<size_t>(c1 - c0), nullptr),
+        slot_of_(static_cast<size_t>(c1 - c0), 0) {}
+  ~FrameReader() {
+    Stop();
+    if (thread_.joinable()) thread_.join();
+  }
+  FrameReader(const FrameReader&) = delete;
+  FrameReader& operator=(const FrameReader&) = delete;
+
+  // Starts the reading thread; false when no thread can be started.
+  bool Start() {
+    try {
+      thread_ = std::thread([this] { Run(); });
+      return true;
+    } catch (const std::system_error&) {
+      return false;
+    }
+  }
+  // Chunk c's frame once it has been read (waits until then), valid until Done(c).
+  Result<const uint8_t*> Frame(int64_t c) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return ready_ > c || stop_; });
+    if (c >= failed_from_) return error_;
+    if (ready_ <= c) return Internal("frame reader stopped");
+    return frame_[static_cast<size_t>(c - c0_)];
+  }
+  void Done(int64_t c) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--pending_[slot_of_[static_cast<size_t>(c - c0_)]] == 0) cv_.notify_all();
+  }
+  // After the pipeline's first error: no more reads, and a Frame not yet read fails at once.
+  // (Once the pipeline stops, a chunk it claimed may never be decompressed, so the buffer
+  // its span holds would never come back.) The frames before the failed chunk were read.
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  void Run() {
+    for (int64_t c = c0_, k = 0; c < c1_; ++k) {
+      const uint64_t start = where_[static_cast<size_t>(c)].first;
+      uint64_t end = start + where_[static_cast<size_t>(c)].second;
+      int64_t e = c + 1;
+      for (; e < c1_; ++e) {
+        const auto [at, size] = where_[static_cast<size_t>(e)];
+        if (at < end || at - end > kGap || at + size - start > kSpanBytes) break;
+        end = at + size;
+      }
+      const int slot = static_cast<int>(k % kRing);
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || pending_[slot] == 0; });
+        if (stop_) return;
+        pending_[slot] = static_cast<int>(e - c);
+      }
+      uint64_t lo = start, hi = end;
+      if (end - start >= kAlignFrom) {
+        lo = start / AlignedBuffer::kAlign * AlignedBuffer::kAlign;
+        hi = std::min<uint64_t>(
+            (end + AlignedBuffer::kAlign - 1) / AlignedBuffer::kAlign * AlignedBuffer::kAlign,
+            file_bytes_);
+      }
+      AlignedBuffer& buf = ring_[static_cast<size_t>(slot)].frame;
+      Status s = OutOfMemoryAsStatus("frame buffer", [&] {
+        // In whole MiB, so spans of slightly different sizes reuse the buffer.
+        if (buf.size() < hi - lo)
+          buf = AlignedBuffer(((hi - lo - 1) / kAlignFrom + 1) * kAlignFrom);
+        return Status::Ok();
+      });
+      if (s.ok()) s = file_.ReadLarge(lo, hi - lo, buf.data(), nullptr);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!s.ok()) {
+          error_ = std::move(s);
+          failed_from_ = c;
+          ready_ = c1_;
+        } else {
+          for (int64_t i = c; i < e; ++i) {
+            frame_[static_cast<size_t>(i - c0_)] =
+                buf.data() + (where_[static_cast<size_t>(i)].first - lo);
+            slot_of_[static_cast<size_t>(i - c0_)] = slot;
+          }
+          ready_ = e;
+        }
+      }
+      cv_.notify_all();
+      if (failed_from_ < c1_) return;  // only this thread writes it
+      c = e;
+    }
+  }
+
+  const RandomAccessFile& file_;
+  const uint64_t file_bytes_;
+  const Where& where_;
+  const int64_t c0_, c1_;
+  DecodeStates::Lease& ring_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  int64_t ready_;                    // chunks below have their frame (or failed)
+  int64_t failed_from_ = INT64_MAX;  // chunks from here fail with error_
+  Status error_;
+  int pending_[kRing] = {0, 0, 0};     // chunks of each buffer's span not yet Done
+  std::vector<const uint8_t*> frame_;  // per chunk from c0
+  std::vector<int> slot_of_;           // per chunk from c0: its span's buffer
+  std::thread thread_;
 };
 
 }  // namespace
 
 struct RankFile::Impl {
+  DecodeStates::Use decode_states;  // first: the pool's idle states live while files are open
   std::string label;
   h5::Handle file;
   h5::Handle dapl;          // slices: a one-chunk cache
@@ -770,12 +956,14 @@ struct RankFile::Impl {
   // zstd (after shuffle or alone) on every chunk, the record's little-endian type, every chunk
   // allocated inside the file. Anything else (none) is read through HDF5's filter pipeline.
   Result<const ZstdChunks*> Zstd(const DatasetRecord& rec);
-  // Decompresses chunks [c0, c1) of `z` on a pool of threads: chunk c's logical bytes go to
-  // dest(c) (nullptr: a buffer of this call's), then consume(c, bytes) runs on the calling
-  // thread in chunk order. A damaged chunk is DataLoss naming the file, dataset and chunk.
+  // Decompresses chunks [c0, c1) of `z`: a FrameReader reads their frames ahead, a pool of
+  // threads decompresses them, and the calling thread puts each chunk back together in order
+  // (unshuffled a block at a time in L1), hands its logical bytes to consume(c, at, bytes, n)
+  // in consecutive parts (`at` counts from the chunk's first byte) and copies them to dest(c)
+  // unless that is nullptr. A damaged chunk is DataLoss naming the file, dataset and chunk.
+  using ChunkPartFn = std::function<Status(int64_t c, size_t at, const uint8_t* bytes, size_t n)>;
   Status DecodeChunks(const DatasetRecord& rec, const ZstdChunks& z, int64_t c0, int64_t c1,
-                      const std::function<uint8_t*(int64_t)>& dest,
-                      const std::function<Status(int64_t, const uint8_t*)>& consume);
+                      const std::function<uint8_t*(int64_t)>& dest, const ChunkPartFn& consume);
   // The last chunk a slice read decompressed but did not use whole (the next slice usually
   // starts in it): one chunk per rank file, as HDF5's one-chunk cache before.
   std::string cached_name;
@@ -981,66 +1169,110 @@ Result<const RankFile::Impl::ZstdChunks*> RankFile::Impl::Zstd(const DatasetReco
 }
 
 Status RankFile::Impl::DecodeChunks(const DatasetRecord& rec, const ZstdChunks& z, int64_t c0,
-                                    int64_t c1,
-                                    const std::function<uint8_t*(int64_t)>& dest,
-                                    const std::function<Status(int64_t, const uint8_t*)>& consume) {
+                                    int64_t c1, const std::function<uint8_t*(int64_t)>& dest,
+                                    const ChunkPartFn& consume) {
+  // The workers only decompress: the frames are read by the FrameReader's thread, the
+  // chunks put back together on this one. Four ranks loading zstd:1+shuffle as threads on two
+  // cores get one worker each (docs/performance.md, 2026-12-03).
   PipelineThreads pool(c1 - c0);
-  // At least two workers, whatever the share of the cores: each reads its chunk's frame and
-  // then decompresses it, so one alone leaves the disk idle while it decompresses. Four ranks
-  // loading zstd:1+shuffle as threads on two cores took 1.25-1.44 s with one worker each,
-  // 0.96-1.26 s with two and 1.02-1.16 s with three (docs/performance.md, 2026-12-02 20:40).
   const int64_t chunks = std::max<int64_t>(c1 - c0, 1);
-  const int workers = static_cast<int>(std::min<int64_t>(std::max(pool.count(), 2), chunks));
+  const int workers = static_cast<int>(std::min<int64_t>(pool.count(), chunks));
   const int64_t window = workers + 2;
-  std::vector<std::vector<uint8_t>> slots(static_cast<size_t>(window));
-  DecodeStates::Lease state(static_cast<size_t>(workers));
-  std::vector<uint8_t*> where(static_cast<size_t>(window));
+  DecodeStates::Lease state(static_cast<size_t>(std::max<int64_t>(window, FrameReader::kRing)));
+  std::optional<FrameReader> reader;
+  if (c1 - c0 > 1) {
+    reader.emplace(*data, file_bytes, z.where, c0, c1, state);
+    if (!reader->Start()) reader.reset();  // no thread: each worker reads its own frame
+  }
+  std::vector<uint8_t*> out(static_cast<size_t>(window));          // per slot: dest(c)
+  std::vector<const uint8_t*> plain(static_cast<size_t>(window));  // per slot: decompressed
   auto decode = [&](int64_t i, int w) -> Status {
     const int64_t c = c0 + i;
-    DecodeState& ws = state[static_cast<size_t>(w)];
-    const size_t have = z.have(c);
-    uint8_t* out = dest(c);
-    if (!out) {
-      auto& slot = slots[static_cast<size_t>(i % window)];
-      slot.resize(have);
-      out = slot.data();
-    }
-    where[static_cast<size_t>(i % window)] = out;
+    const size_t slot = static_cast<size_t>(i % window);
+    DecodeState& worker = state[static_cast<size_t>(w)];
+    out[slot] = dest(c);
     const auto [at, size] = z.where[static_cast<size_t>(c)];
     const std::string chunk = label + ": dataset /" + rec.name + ": chunk " + std::to_string(c) +
                               " of " + std::to_string(z.count()) + " (" + std::to_string(size) +
                               " bytes at byte " + std::to_string(at) + ")";
-    ws.Reserve(&ws.frame, static_cast<size_t>(size));
-    // Into aligned memory: a frame the writer aligned to 4 KiB (every allocation from 1 MiB)
-    // is read with O_DIRECT past the page cache (direct_read.h, kMinIntoBytes).
-    CKPT_RETURN_IF_ERROR(data->ReadLarge(at, size, ws.frame.data(), nullptr), chunk);
-    const unsigned long long content = ZSTD_getFrameContentSize(ws.frame.data(), size);
+    const uint8_t* frame = nullptr;
+    if (reader) {
+      Result<const uint8_t*> f = reader->Frame(c);
+      CKPT_RETURN_IF_ERROR(f, chunk);
+      frame = *f;
+    } else {
+      DecodeState::Reserve(&worker.frame, static_cast<size_t>(size));
+      // Into aligned memory: a frame the writer aligned to 4 KiB (every allocation from
+      // 1 MiB) is read with O_DIRECT past the page cache (direct_read.h, kMinIntoBytes).
+      CKPT_RETURN_IF_ERROR(data->ReadLarge(at, size, worker.frame.data(), nullptr), chunk);
+      frame = worker.frame.data();
+    }
+    struct Release {  // the frame's buffer may be read into again once it is decompressed
+      FrameReader* r;
+      int64_t c;
+      ~Release() {
+        if (r) r->Done(c);
+      }
+    } release{reader ? &*reader : nullptr, c};
+    const unsigned long long content = ZSTD_getFrameContentSize(frame, size);
     if (content != z.chunk_bytes)
       return DataLoss(chunk + ": not a zstd frame of the chunk's " +
                       std::to_string(z.chunk_bytes) + " bytes (corrupt)");
-    const bool direct = !z.shuffle && have == z.chunk_bytes;
-    uint8_t* to = out;
-    if (!direct) {
-      ws.Reserve(&ws.plain, z.chunk_bytes);
+    // A whole unshuffled chunk is decompressed where it goes; anything else into the slot.
+    uint8_t* to = out[slot];
+    if (z.shuffle || !to || z.have(c) != z.chunk_bytes) {
+      DecodeState& ws = state[slot];
+      DecodeState::Reserve(&ws.plain, z.chunk_bytes);
       to = ws.plain.data();
     }
-    if (!ws.dctx && !(ws.dctx = ZSTD_createDCtx()))
+    plain[slot] = to;
+    if (!worker.dctx && !(worker.dctx = ZSTD_createDCtx()))
       return ResourceExhausted("zstd: no decompression context");
-    const size_t got = ZSTD_decompressDCtx(ws.dctx, to, z.chunk_bytes, ws.frame.data(), size);
+    const size_t got = ZSTD_decompressDCtx(worker.dctx, to, z.chunk_bytes, frame, size);
     if (ZSTD_isError(got) || got != z.chunk_bytes)
       return DataLoss(chunk + ": corrupt zstd data (" +
                       (ZSTD_isError(got) ? std::string(ZSTD_getErrorName(got))
                                          : std::to_string(got) + " bytes") +
                       ")");
-    if (z.shuffle)
-      ByteUnshuffle(to, out, z.chunk_bytes, z.elem, have);
-    else if (!direct)
-      std::memcpy(out, to, have);
     return Status::Ok();
   };
-  return RunOrdered(c1 - c0, workers, window, decode, [&](int64_t i) {
-    return consume(c0 + i, where[static_cast<size_t>(i % window)]);
-  });
+  // In order on this thread, a block of 16 KiB at a time: unshuffled into a buffer in L1,
+  // hashed there and streamed to the destination, so each byte crosses the memory bus once on
+  // its way out (the planes are read once, the destination written once, never read back).
+  auto deliver = [&](int64_t i) -> Status {
+    const int64_t c = c0 + i;
+    const size_t slot = static_cast<size_t>(i % window);
+    uint8_t* to = out[slot];
+    const uint8_t* from = plain[slot];
+    const size_t have = z.have(c);
+    if (from == to) return consume(c, 0, to, have);  // decompressed in place
+    constexpr size_t kBlock = 16u << 10;
+    alignas(64) uint8_t block[kBlock];
+    const size_t per = kBlock / z.elem;  // elements a block
+    for (size_t e = 0, n = have / z.elem; e < n; e += per) {
+      const size_t count = std::min(per, n - e);
+      const size_t at = e * z.elem, bytes = count * z.elem;
+      const uint8_t* part = from + at;
+      if (z.shuffle) {
+        ByteUnshuffle(from, z.chunk_bytes / z.elem, z.elem, e, count, block);
+        part = block;
+      }
+      CKPT_RETURN_IF_ERROR(consume(c, at, part, bytes), "");
+      if (to) StreamCopy(to + at, part, bytes);
+    }
+    return Status::Ok();
+  };
+  // The first error stops the reader too (FrameReader::Stop), so no worker waits for it.
+  auto stop_on_error = [&](Status s) {
+    if (!s.ok() && reader) reader->Stop();
+    return s;
+  };
+  return RunOrdered(
+      c1 - c0, workers, window,
+      [&](int64_t i, int w) {
+        return stop_on_error(OutOfMemoryAsStatus("chunk", [&] { return decode(i, w); }));
+      },
+      [&](int64_t i) { return stop_on_error(deliver(i)); });
 }
 
 Status RankFile::ReadAll(const DatasetRecord& rec, void* out, Xxh3Stream* digest) const {
@@ -1063,8 +1295,8 @@ Status RankFile::ReadAll(const DatasetRecord& rec, void* out, Xxh3Stream* digest
     auto* p = static_cast<uint8_t*>(out);
     return impl_->DecodeChunks(
         rec, *z, 0, z->count(), [&](int64_t c) { return p + z->first_byte(c); },
-        [&](int64_t c, const uint8_t* bytes) {
-          if (digest) digest->Update(bytes, z->have(c));
+        [&](int64_t, size_t, const uint8_t* bytes, size_t n) {
+          if (digest) digest->Update(bytes, n);
           return Status::Ok();
         });
   }
@@ -1108,9 +1340,9 @@ Status RankFile::VerifyDataset(const DatasetRecord& rec) const {
     if (rec.has_pieces()) pieces.emplace(rec.piece_bytes);
     CKPT_RETURN_IF_ERROR(impl_->DecodeChunks(
         rec, *z, 0, z->count(), [](int64_t) { return nullptr; },
-        [&](int64_t c, const uint8_t* bytes) {
-          h.Update(bytes, z->have(c));
-          if (pieces) pieces->Update(bytes, z->have(c));
+        [&](int64_t, size_t, const uint8_t* bytes, size_t n) {
+          h.Update(bytes, n);
+          if (pieces) pieces->Update(bytes, n);
           return Status::Ok();
         }));
     std::vector<std::string> piece_hex;
@@ -1373,11 +1605,15 @@ Status RankFile::ReadSlice(const DatasetRecord& rec, int64_t offset, int64_t cou
     return im.DecodeChunks(
         rec, *z, c0, c1,
         [&](int64_t c) { return whole(c) ? dst + (z->first_byte(c) - begin) : nullptr; },
-        [&](int64_t c, const uint8_t* bytes) {
+        [&](int64_t c, size_t at, const uint8_t* bytes, size_t n) {
           if (whole(c)) return Status::Ok();
-          copy_part(c, bytes);
-          im.cached_name.clear();  // not valid while it is being replaced
-          im.cached.assign(bytes, bytes + z->have(c));
+          if (at == 0) {
+            im.cached_name.clear();  // not valid while it is being replaced
+            im.cached.resize(z->have(c));
+          }
+          std::memcpy(im.cached.data() + at, bytes, n);
+          if (at + n < z->have(c)) return Status::Ok();
+          copy_part(c, im.cached.data());
           im.cached_name = rec.name;
           im.cached_chunk = c;
           return Status::Ok();

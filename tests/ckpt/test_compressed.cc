@@ -1,6 +1,7 @@
-// Compressed datasets read outside HDF5 (issue 19 item 5): chunk frames are read with pread
-// through the Env and decompressed on threads; the bytes equal what was saved and what HDF5's
-// own filter pipeline returns, for every dtype and odd chunk tails; a damaged frame is DataLoss
+// Compressed datasets read outside HDF5 (issue 19 item 5): chunk frames are read through the
+// Env, consecutive frames in one request on a reading thread of their own, and decompressed on
+// threads; the bytes equal what was saved and what HDF5's own filter pipeline returns, for
+// every dtype and odd chunk tails; a damaged frame is DataLoss and a failed read IOError, both
 // naming the file, the dataset and the chunk.
 #include <catch2/catch.hpp>
 
@@ -8,9 +9,13 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <random>
+#include <thread>
+#include <utility>
 
 #include "ckpt/env.h"
 #include "ckpt/reader.h"
@@ -86,7 +91,8 @@ void FlipByte(const std::string& path, uint64_t offset) {
 }
 
 std::string SaveOne(const std::string& root, const std::string& compression,
-                    const std::vector<DatasetSpec>& specs, uint64_t chunk_bytes) {
+                    const std::vector<DatasetSpec>& specs, uint64_t chunk_bytes,
+                    uint64_t piece_bytes = 200) {
   Manifest m;
   m.tag = "z";
   m.topology.dp_world_size = 1;
@@ -99,7 +105,7 @@ std::string SaveOne(const std::string& root, const std::string& compression,
   opts.compression = Compression::Parse(compression).value();
   opts.chunk_bytes = chunk_bytes;
   opts.compress_threads = 3;
-  opts.piece_bytes = 200;
+  opts.piece_bytes = piece_bytes;
   SingleCollective one;
   REQUIRE(SaveCheckpoint(root, m, c, one, opts).ok());
   return root + "/z";
@@ -291,4 +297,137 @@ TEST_CASE("check --deep reads an uncompressed file's bytes with its HDF5 state f
   problems = CheckCheckpoint(tag, /*deep=*/true);
   REQUIRE(problems.ok());
   CHECK_FALSE(problems->empty());
+}
+
+// Records the large reads of checkpoint data (offset, bytes, thread) and fails those whose
+// range holds byte `fail_at` with IOError.
+class SpanWatchEnv final : public EnvWrapper {
+ public:
+  struct Call {
+    uint64_t offset = 0, n = 0;
+    std::thread::id thread;
+  };
+  SpanWatchEnv() : EnvWrapper(nullptr) {}
+  std::atomic<uint64_t> fail_at{UINT64_MAX};
+  std::vector<Call> Take() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::exchange(calls_, {});
+  }
+  Result<std::unique_ptr<RandomAccessFile>> NewCheckpointFile(const std::string& p) override {
+    auto f = EnvWrapper::NewCheckpointFile(p);
+    if (!f.ok()) return f;
+    return std::unique_ptr<RandomAccessFile>(new File(std::move(*f), this));
+  }
+
+ private:
+  class File final : public RandomAccessFile {
+   public:
+    File(std::unique_ptr<RandomAccessFile> f, SpanWatchEnv* env) : f_(std::move(f)), env_(env) {}
+    Status Read(uint64_t offset, size_t n, void* out) const override {
+      return f_->Read(offset, n, out);
+    }
+    uint64_t size() const override { return f_->size(); }
+    Status ReadLarge(uint64_t offset, uint64_t n, void* out,
+                     const PartFn& on_filled) const override {
+      {
+        std::lock_guard<std::mutex> lock(env_->mu_);
+        env_->calls_.push_back({offset, n, std::this_thread::get_id()});
+      }
+      const uint64_t bad = env_->fail_at;
+      if (bad >= offset && bad < offset + n) return IOError("injected read failure");
+      return f_->ReadLarge(offset, n, out, on_filled);
+    }
+
+   private:
+    std::unique_ptr<RandomAccessFile> f_;
+    SpanWatchEnv* env_;
+  };
+  std::mutex mu_;
+  std::vector<Call> calls_;
+};
+
+TEST_CASE("a compressed dataset's frames are read ahead in spans; unshuffled a block at a time",
+          "[io]") {
+  // 1 MiB chunks: 17 of fp32 (the last partial), 3 of fp64, 2 of bf16; the frames of a
+  // dataset lie one after another, so the reading thread takes several in one request, and
+  // the shuffled chunks are put back together 16 KiB at a time.
+  const std::string comp = GENERATE(as<std::string>{}, "zstd:1+shuffle", "zstd:1");
+  INFO(comp);
+  ScratchDir dir;
+  std::mt19937 rng(11);
+  std::vector<float> f32((4u << 20) + 1001);
+  for (size_t i = 0; i < f32.size(); ++i)
+    f32[i] = std::sin(static_cast<float>(i) * 1e-3f) * static_cast<float>(rng() % 1000);
+  std::vector<double> f64(300007);
+  for (size_t i = 0; i < f64.size(); ++i) f64[i] = static_cast<double>(rng()) * 1e-7;
+  std::vector<uint16_t> bf16(600011);
+  for (auto& v : bf16) v = static_cast<uint16_t>(0x3f00 + rng() % 512);
+  const std::vector<DatasetSpec> specs = {
+      DatasetSpec::Tensor("w/f32", DType::kF32, {static_cast<int64_t>(f32.size())}, f32.data()),
+      DatasetSpec::Tensor("w/f64", DType::kF64, {static_cast<int64_t>(f64.size())}, f64.data()),
+      DatasetSpec::Tensor("w/bf16", DType::kBF16, {static_cast<int64_t>(bf16.size())},
+                          bf16.data())};
+  const std::string tag = SaveOne(dir.str(), comp, specs, 1u << 20, 1u << 20);
+  const std::string file = tag + "/rank_00000.h5";
+  SpanWatchEnv env;
+  OpenOptions oo;
+  oo.env = &env;
+  auto r = CheckpointReader::Open(tag, "", oo);
+  REQUIRE(r.ok());
+  REQUIRE(r->ReadDatasetBytes(0, "master").ok());  // opens the file (its seal check reads it)
+  const std::thread::id caller = std::this_thread::get_id();
+  for (const auto& spec : specs) {
+    INFO(spec.name);
+    const DatasetRecord* rec = r->manifest().FindDataset(0, spec.name);
+    REQUIRE(rec);
+    const size_t elem = DTypeSize(rec->dtype);
+    const int64_t rows = rec->shape[0], per = static_cast<int64_t>((1u << 20) / elem);
+    const int64_t chunks = (rows + per - 1) / per;
+    std::vector<Chunk> frames;
+    for (int64_t c = 0; c < chunks; ++c)
+      frames.push_back(ChunkAt(file, spec.name, static_cast<hsize_t>(c * per)));
+    env.Take();
+    std::vector<uint8_t> got(rec->bytes);
+    REQUIRE(r->ReadDataset(0, spec.name, got.data(), got.size()).ok());
+    CHECK(std::memcmp(got.data(), spec.data, rec->bytes) == 0);
+    const std::vector<SpanWatchEnv::Call> calls = env.Take();
+    // Reached the target: every frame came in exactly one request of the reading thread, and
+    // consecutive frames shared one.
+    if (chunks > 2) CHECK(calls.size() < static_cast<size_t>(chunks));
+    CHECK(calls.size() <= static_cast<size_t>(chunks));
+    for (const auto& call : calls) CHECK(call.thread != caller);
+    for (const Chunk& f : frames) {
+      int holders = 0;
+      for (const auto& call : calls)
+        holders += f.addr >= call.offset && f.addr + f.size <= call.offset + call.n;
+      CHECK(holders == 1);
+    }
+    CHECK(r->VerifyDataset(0, spec.name).ok());
+    // Slices across chunk edges and inside one chunk, through the same pipeline.
+    for (auto [off, cnt] : std::vector<std::pair<int64_t, int64_t>>{
+             {per - 3, per + 7}, {1, rows - 2}, {rows - per / 2, per / 2}, {per + 5, 100}}) {
+      if (off < 0 || off + cnt > rows) continue;
+      std::vector<uint8_t> part(static_cast<size_t>(cnt) * elem + 1, 0xee);
+      REQUIRE(r->ReadSliceUnverified(0, spec.name, off, cnt, part.data()).ok());
+      CHECK(std::memcmp(part.data(), static_cast<const uint8_t*>(spec.data) + off * elem,
+                        static_cast<size_t>(cnt) * elem) == 0);
+      CHECK(part.back() == 0xee);
+    }
+    if (spec.name != "w/f32") continue;
+    // A failed read of chunk 5's frame: IOError naming the file, the dataset and a chunk, from
+    // a whole read, a verification and a slice over several chunks; then all is well again.
+    env.fail_at = frames[5].addr + frames[5].size / 2;
+    std::vector<Status> failed = {
+        r->ReadDataset(0, spec.name, got.data(), got.size()), r->VerifyDataset(0, spec.name),
+        r->ReadSliceUnverified(0, spec.name, 3 * per + 1, 4 * per, got.data())};
+    for (const Status& s : failed) {
+      INFO(s.ToString());
+      CHECK(s.code() == StatusCode::kIOError);
+      CHECK(s.message().find("injected read failure") != std::string::npos);
+      CHECK(s.message().find("rank_00000.h5") != std::string::npos);
+      CHECK(s.message().find("/w/f32: chunk ") != std::string::npos);
+    }
+    env.fail_at = UINT64_MAX;
+    CHECK(r->VerifyDataset(0, spec.name).ok());
+  }
 }

@@ -97,16 +97,23 @@ def paired_codec(j):
     reps = [r for r in j["reps"] if r.get("codec_seconds")]
     if not reps:
         return None
-    return {"ratio": stats([r["codec_seconds"] / r["seconds"] for r in reps]),
-            "codec_gib_per_s": stats([j["logical_bytes"] / GiB / r["codec_seconds"] for r in reps]),
-            "threads_per_rank": reps[0]["codec_threads"],
-            "note": "the codec floor (tools/bench/ckpt_io.cc): save = zstd's multithreaded "
-                    "streaming compression (context warmed up before the clock) of the rank's "
-                    "chunked (and shuffled) bytes written and fsynced; load = the same chunks "
-                    "as frames in one file per rank, read front to back with O_DIRECT into "
-                    "touched memory while the same number of threads decompress each frame as "
-                    "its bytes arrive, from a cold cache; floor and ckpt alternate which runs "
-                    "first, each right after deleting its own last files and a cache drop"}
+    out = {"ratio": stats([r["codec_seconds"] / r["seconds"] for r in reps]),
+           "codec_gib_per_s": stats([j["logical_bytes"] / GiB / r["codec_seconds"] for r in reps]),
+           "threads_per_rank": reps[0]["codec_threads"],
+           "note": "the codec floor (tools/bench/ckpt_io.cc): save = zstd's multithreaded "
+                   "streaming compression (context warmed up before the clock) of the rank's "
+                   "chunked (and shuffled) bytes written and fsynced; load = the same chunks "
+                   "as frames in one file per rank, read front to back with O_DIRECT into "
+                   "touched memory while the same number of threads decompress each frame as "
+                   "its bytes arrive, from a cold cache; floor and ckpt alternate which runs "
+                   "first, each right after deleting its own last files and a cache drop"}
+    # CPU seconds of ckpt's load and of the codec floor (loads as threads): whether the two
+    # are bound by the cores rather than the disk.
+    cpu = [r for r in reps if "cpu_seconds" in r and "codec_cpu_seconds" in r]
+    if cpu:
+        out["cpu_seconds"] = stats([r["cpu_seconds"] for r in cpu])
+        out["codec_cpu_seconds"] = stats([r["codec_cpu_seconds"] for r in cpu])
+    return out
 
 
 def drop_caches():
@@ -895,6 +902,9 @@ def print_table(res):
             print("  %s vs the paired codec floor (zstd itself, %d threads per rank): %s GiB/s, "
                   "ratio %s" % (name, c["threads_per_rank"], fmt_range(c["codec_gib_per_s"]),
                                 fmt_range(c["ratio"])))
+            if "cpu_seconds" in c:
+                print("    CPU seconds: ckpt %s, codec floor %s" % (
+                    fmt_range(c["cpu_seconds"]), fmt_range(c["codec_cpu_seconds"])))
     if "export_fp32" in ph:
         e = ph["export_fp32"]
         row("export_fp32 (read+write)", e["bytes_read"] + e["bytes_written"], e["seconds"],
@@ -1085,6 +1095,12 @@ def markdown(res):
                          else "decompression of the chunk frames", c["threads_per_rank"],
                          "write and fsync" if name.startswith("save") else "cold read",
                          fmt_range(c["codec_gib_per_s"]), fmt_range(c["ratio"])))
+            if "cpu_seconds" in c:
+                L[-1] += (" CPU seconds per repetition: ckpt %s, the codec floor %s (of %d "
+                          "cores: both bound by the cores when these near the seconds times "
+                          "the cores)." % (fmt_range(c["cpu_seconds"]),
+                                           fmt_range(c["codec_cpu_seconds"]),
+                                           os.cpu_count() or 1))
             L.append("")
     if "reshard" in ph:
         L.append("Reshard read accounting: " + "; ".join(

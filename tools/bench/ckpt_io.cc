@@ -17,7 +17,9 @@
 //   reshard phases.
 // load: one thread per rank, each with its own CheckpointReader, reads every dataset of its
 //   rank file whole (ReadDataset: XXH3 of every dataset checked). Destination buffers are
-//   allocated and touched before the clock starts, as in raw_io.
+//   allocated and touched before the clock starts, as in raw_io. Each repetition records the
+//   process's CPU seconds during the load (cpu_seconds, threads only) and during the codec
+//   floor (codec_cpu_seconds): both are CPU-bound on a slow machine.
 // reshard-load: the load a resumed run on M ranks (and ZeRO stage S, default the source's)
 //   does, ckpt::LoadResharded, for every new rank concurrently as threads (each with its own
 //   reader: only the slices it owns, every piece verified), paired with the floors: one raw
@@ -78,6 +80,14 @@ using Clock = std::chrono::steady_clock;
 
 double Since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// CPU seconds (user + system) of every thread of this process so far.
+double CpuSeconds() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  auto sec = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec * 1e-6; };
+  return sec(ru.ru_utime) + sec(ru.ru_stime);
 }
 
 long MaxRssKiB() {
@@ -1021,10 +1031,12 @@ int Load(const Args& a) {
     }
     // The codec floor alternates with the load, and each side starts the same way: right
     // after a cache drop.
-    double codec_secs = 0;
+    double codec_secs = 0, codec_cpu = 0;
     auto run_codec = [&] {
       if (a.drop) DropCaches();
+      const double cpu0 = CpuSeconds();
       codec_secs = CodecLoadFloor(a.paired_codec, codec_ranks, codec_threads);
+      codec_cpu = CpuSeconds() - cpu0;
     };
     if (codec && !FloorAfter(rep)) run_codec();
     if (codec && a.drop) DropCaches();
@@ -1042,7 +1054,7 @@ int Load(const Args& a) {
       }
       return ckpt::Status::Ok();
     };
-    double secs = 0;
+    double secs = 0, cpu = -1;
     long child_rss = 0;
     if (a.procs) {
       // One process per rank, as an MPI job runs them: no shared HDF5 library lock. The
@@ -1103,12 +1115,14 @@ int Load(const Args& a) {
       }
       if (failed) Die("load: " + std::to_string(failed) + " rank process(es) failed");
     } else {
+      const double cpu0 = CpuSeconds();
       const auto t0 = Clock::now();
       std::vector<std::thread> threads;
       for (int r = 0; r < world; ++r)
         threads.emplace_back([&, r] { results[static_cast<size_t>(r)] = rank_load(r); });
       for (auto& t : threads) t.join();
       secs = Since(t0);
+      cpu = CpuSeconds() - cpu0;
     }
     for (auto& s : results)
       if (!s.ok()) Die("load: " + s.ToString());
@@ -1118,9 +1132,11 @@ int Load(const Args& a) {
     }
     if (codec && FloorAfter(rep)) run_codec();
     reps.push_back({{"seconds", secs}, {"rank_maxrss_kib", child_rss}});
+    if (cpu >= 0) reps.back()["cpu_seconds"] = cpu;
     if (!floor.is_null()) AddFloor(&reps.back(), floor, rep);
     if (codec) {
       AddCodecFloor(&reps.back(), codec_secs, codec_threads);
+      reps.back()["codec_cpu_seconds"] = codec_cpu;
       reps.back()["codec_order"] = FloorAfter(rep) ? "ckpt first" : "floor first";
     }
   }

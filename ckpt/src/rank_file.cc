@@ -185,8 +185,9 @@ void ByteUnshuffle(const uint8_t* in, size_t n, size_t elem, size_t e0, size_t c
 // Copies n bytes to dst with streaming stores when dst is 16-byte aligned: a load's bytes go to
 // memory its caller reads later, so they need not be read into the cache first nor evict what
 // is being decompressed and hashed (unshuffle and hash from an L1 block, then this: 6.8-7.1
-// GiB/s on the development VM against 4.5-4.8 for unshuffling into the destination and
-// hashing it there). Unaligned destinations and the tail use memcpy.
+// GiB/s on one development VM against 4.5-4.8 for unshuffling into the destination and
+// hashing it there; on another about even, median 6.7 against 6.4: docs/performance.md,
+// 2026-12-03). Unaligned destinations and the tail use memcpy.
 void StreamCopy(uint8_t* dst, const uint8_t* src, size_t n) {
 #if defined(__SSE2__)
   if ((reinterpret_cast<uintptr_t>(dst) & 15) == 0) {

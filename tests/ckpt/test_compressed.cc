@@ -3,15 +3,16 @@
 // threads; the bytes equal what was saved and what HDF5's own filter pipeline returns, for
 // every dtype and odd chunk tails; a damaged frame is DataLoss and a failed read IOError, both
 // naming the file, the dataset and the chunk.
-#include <catch2/catch.hpp>
-
 #include <hdf5.h>
 
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -30,16 +31,29 @@ using ckpt::testing::ScratchDir;
 
 namespace {
 
-// Counts the bytes read through the files the library opens for checkpoint data.
-class CountingEnv final : public EnvWrapper {
+// An Env whose checkpoint data files are the real ones wrapped by `wrap`.
+class WrappedFileEnv : public EnvWrapper {
  public:
-  CountingEnv() : EnvWrapper(nullptr) {}
-  std::atomic<uint64_t> bytes_read{0};
+  using Wrap = std::function<std::unique_ptr<RandomAccessFile>(std::unique_ptr<RandomAccessFile>)>;
+  explicit WrappedFileEnv(Wrap wrap) : EnvWrapper(nullptr), wrap_(std::move(wrap)) {}
   Result<std::unique_ptr<RandomAccessFile>> NewCheckpointFile(const std::string& p) override {
     auto f = EnvWrapper::NewCheckpointFile(p);
     if (!f.ok()) return f;
-    return std::unique_ptr<RandomAccessFile>(new CountingFile(std::move(*f), &bytes_read));
+    return wrap_(std::move(*f));
   }
+
+ private:
+  Wrap wrap_;
+};
+
+// Counts the bytes read through the files the library opens for checkpoint data.
+class CountingEnv final : public WrappedFileEnv {
+ public:
+  CountingEnv()
+      : WrappedFileEnv([this](std::unique_ptr<RandomAccessFile> f) {
+          return std::make_unique<CountingFile>(std::move(f), &bytes_read);
+        }) {}
+  std::atomic<uint64_t> bytes_read{0};
 };
 
 struct Chunk {
@@ -236,15 +250,13 @@ TEST_CASE("a damaged compressed chunk is DataLoss naming the file, the dataset a
 }
 
 // Records the most HDF5 files open at any read of checkpoint data through the Env.
-class Hdf5WatchEnv final : public EnvWrapper {
+class Hdf5WatchEnv final : public WrappedFileEnv {
  public:
-  Hdf5WatchEnv() : EnvWrapper(nullptr) {}
+  Hdf5WatchEnv()
+      : WrappedFileEnv([this](std::unique_ptr<RandomAccessFile> f) {
+          return std::make_unique<File>(std::move(f), this);
+        }) {}
   std::atomic<int64_t> reads{0}, most_open{0};
-  Result<std::unique_ptr<RandomAccessFile>> NewCheckpointFile(const std::string& p) override {
-    auto f = EnvWrapper::NewCheckpointFile(p);
-    if (!f.ok()) return f;
-    return std::unique_ptr<RandomAccessFile>(new File(std::move(*f), this));
-  }
 
  private:
   class File final : public RandomAccessFile {
@@ -301,22 +313,20 @@ TEST_CASE("check --deep reads an uncompressed file's bytes with its HDF5 state f
 
 // Records the large reads of checkpoint data (offset, bytes, thread) and fails those whose
 // range holds byte `fail_at` with IOError.
-class SpanWatchEnv final : public EnvWrapper {
+class SpanWatchEnv final : public WrappedFileEnv {
  public:
   struct Call {
     uint64_t offset = 0, n = 0;
     std::thread::id thread;
   };
-  SpanWatchEnv() : EnvWrapper(nullptr) {}
+  SpanWatchEnv()
+      : WrappedFileEnv([this](std::unique_ptr<RandomAccessFile> f) {
+          return std::make_unique<File>(std::move(f), this);
+        }) {}
   std::atomic<uint64_t> fail_at{UINT64_MAX};
   std::vector<Call> Take() {
     std::lock_guard<std::mutex> lock(mu_);
     return std::exchange(calls_, {});
-  }
-  Result<std::unique_ptr<RandomAccessFile>> NewCheckpointFile(const std::string& p) override {
-    auto f = EnvWrapper::NewCheckpointFile(p);
-    if (!f.ok()) return f;
-    return std::unique_ptr<RandomAccessFile>(new File(std::move(*f), this));
   }
 
  private:

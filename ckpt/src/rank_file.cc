@@ -845,12 +845,17 @@ class FrameReader {
  private:
   void Run() {
     for (int64_t c = c0_, k = 0; c < c1_; ++k) {
+      constexpr uint64_t kAlign = AlignedBuffer::kAlign;
       const uint64_t start = where_[static_cast<size_t>(c)].first;
       uint64_t end = start + where_[static_cast<size_t>(c)].second;
       int64_t e = c + 1;
+      // kSpanBytes counts the whole 4 KiB blocks read: one O_DIRECT request of at most 8 MiB
+      // (a larger one is split across helper threads: direct_read.h, kBlock).
       for (; e < c1_; ++e) {
         const auto [at, size] = where_[static_cast<size_t>(e)];
-        if (at < end || at - end > kGap || at + size - start > kSpanBytes) break;
+        if (at < end || at - end > kGap ||
+            (at + size + kAlign - 1) / kAlign * kAlign - start / kAlign * kAlign > kSpanBytes)
+          break;
         end = at + size;
       }
       const int slot = static_cast<int>(k % kRing);
@@ -862,10 +867,8 @@ class FrameReader {
       }
       uint64_t lo = start, hi = end;
       if (end - start >= kAlignFrom) {
-        lo = start / AlignedBuffer::kAlign * AlignedBuffer::kAlign;
-        hi = std::min<uint64_t>(
-            (end + AlignedBuffer::kAlign - 1) / AlignedBuffer::kAlign * AlignedBuffer::kAlign,
-            file_bytes_);
+        lo = start / kAlign * kAlign;
+        hi = std::min<uint64_t>((end + kAlign - 1) / kAlign * kAlign, file_bytes_);
       }
       AlignedBuffer& buf = ring_[static_cast<size_t>(slot)].frame;
       Status s = OutOfMemoryAsStatus("frame buffer", [&] {

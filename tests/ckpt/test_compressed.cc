@@ -412,6 +412,13 @@ TEST_CASE("a compressed dataset's frames are read ahead in spans; unshuffled a b
         holders += f.addr >= call.offset && f.addr + f.size <= call.offset + call.n;
       CHECK(holders == 1);
     }
+    // A request of several frames is one O_DIRECT request of at most 8 MiB.
+    for (const auto& call : calls) {
+      int held = 0;
+      for (const Chunk& f : frames)
+        held += f.addr >= call.offset && f.addr + f.size <= call.offset + call.n;
+      if (held > 1) CHECK(call.n <= (8u << 20));
+    }
     CHECK(r->VerifyDataset(0, spec.name).ok());
     // Slices across chunk edges and inside one chunk, through the same pipeline.
     for (auto [off, cnt] : std::vector<std::pair<int64_t, int64_t>>{

@@ -844,8 +844,10 @@ class FrameReader {
 
  private:
   void Run() {
+    constexpr uint64_t kAlign = AlignedBuffer::kAlign;
+    auto down = [](uint64_t x) { return x / kAlign * kAlign; };
+    auto up = [](uint64_t x) { return (x + kAlign - 1) / kAlign * kAlign; };
     for (int64_t c = c0_, k = 0; c < c1_; ++k) {
-      constexpr uint64_t kAlign = AlignedBuffer::kAlign;
       const uint64_t start = where_[static_cast<size_t>(c)].first;
       uint64_t end = start + where_[static_cast<size_t>(c)].second;
       int64_t e = c + 1;
@@ -853,9 +855,7 @@ class FrameReader {
       // (a larger one is split across helper threads: direct_read.h, kBlock).
       for (; e < c1_; ++e) {
         const auto [at, size] = where_[static_cast<size_t>(e)];
-        if (at < end || at - end > kGap ||
-            (at + size + kAlign - 1) / kAlign * kAlign - start / kAlign * kAlign > kSpanBytes)
-          break;
+        if (at < end || at - end > kGap || up(at + size) - down(start) > kSpanBytes) break;
         end = at + size;
       }
       const int slot = static_cast<int>(k % kRing);
@@ -867,14 +867,14 @@ class FrameReader {
       }
       uint64_t lo = start, hi = end;
       if (end - start >= kAlignFrom) {
-        lo = start / kAlign * kAlign;
-        hi = std::min<uint64_t>((end + kAlign - 1) / kAlign * kAlign, file_bytes_);
+        lo = down(start);
+        hi = std::min(up(end), file_bytes_);
       }
       AlignedBuffer& buf = ring_[static_cast<size_t>(slot)].frame;
       Status s = OutOfMemoryAsStatus("frame buffer", [&] {
         // In whole MiB, so spans of slightly different sizes reuse the buffer.
-        if (buf.size() < hi - lo)
-          buf = AlignedBuffer(((hi - lo - 1) / kAlignFrom + 1) * kAlignFrom);
+        constexpr uint64_t kMiB = 1u << 20;
+        if (buf.size() < hi - lo) buf = AlignedBuffer((hi - lo + kMiB - 1) / kMiB * kMiB);
         return Status::Ok();
       });
       if (s.ok()) s = file_.ReadLarge(lo, hi - lo, buf.data(), nullptr);

@@ -186,8 +186,7 @@ bool DirectReader::Wanted(uint64_t offset, uint64_t n, uint64_t min_bytes) const
 bool DirectReader::CanReadInto(uint64_t offset, uint64_t n, const void* out) {
   const uint64_t addr = reinterpret_cast<uintptr_t>(out);
   if ((addr - offset) % kAlign != 0) return false;
-  const uint64_t lo = (offset + kAlign - 1) & ~(kAlign - 1), hi = (offset + n) & ~(kAlign - 1);
-  return hi > lo && hi - lo >= kMinIntoBytes;
+  return AlignedMiddle(offset, n).bytes() >= kMinIntoBytes;
 }
 
 Status DirectReader::ReadInto(uint64_t offset, uint64_t n, uint8_t* out,
@@ -199,7 +198,7 @@ Status DirectReader::ReadInto(uint64_t offset, uint64_t n, uint8_t* out,
     return Status::Ok();
   }
   const uint64_t end = offset + n;
-  const uint64_t lo = (offset + kAlign - 1) & ~(kAlign - 1), hi = end & ~(kAlign - 1);
+  const auto [lo, hi] = AlignedMiddle(offset, n);
   const uint64_t blocks = (hi - lo + kBlock - 1) / kBlock;
   auto filled = [&](uint64_t at, uint64_t len) -> Status {
     if (!on_filled || len == 0) return Status::Ok();

@@ -95,6 +95,18 @@ class DirectReader {
   mutable DirectDescriptor direct_;  // under mu_
 };
 
+// The whole 4 KiB blocks inside [offset, offset + n): what O_DIRECT moves of the range, the
+// unaligned head [offset, lo) and tail [hi, offset + n) going through pread or pwrite. Empty
+// (hi <= lo) when the range holds no whole block.
+struct AlignedMiddle {
+  static constexpr uint64_t kAlign = 4096;
+  uint64_t lo, hi;
+  AlignedMiddle(uint64_t offset, uint64_t n)
+      : lo((offset + kAlign - 1) & ~(kAlign - 1)), hi((offset + n) & ~(kAlign - 1)) {}
+  bool empty() const { return hi <= lo; }
+  uint64_t bytes() const { return empty() ? 0 : hi - lo; }
+};
+
 // Whether CKPT_DIRECT_IO=off (or 0) switches O_DIRECT off for reads and writes, and whether
 // CKPT_DIRECT_IO=on (or 1) asks for it where it is not the default (the rank files' saves).
 bool DirectIoOff();

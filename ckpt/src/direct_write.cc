@@ -59,16 +59,14 @@ DirectWriter::~DirectWriter() = default;
 
 bool DirectWriter::Wanted(uint64_t offset, uint64_t n) const {
   if (direct_.refused() || DirectIoOff()) return false;
-  const uint64_t lo = (offset + kAlign - 1) & ~(kAlign - 1), hi = (offset + n) & ~(kAlign - 1);
-  return hi > lo && hi - lo >= kBlock;
+  return AlignedMiddle(offset, n).bytes() >= kBlock;
 }
 
 bool DirectWriter::InPlace(uint64_t offset, std::string_view data) {
   const auto addr = reinterpret_cast<uintptr_t>(data.data());
   if ((addr - offset) % kAlign != 0) return false;
-  const uint64_t end = offset + data.size();
-  const uint64_t lo = (offset + kAlign - 1) & ~(kAlign - 1), hi = end & ~(kAlign - 1);
-  return hi > lo && IsIoMemory(data.data() + (lo - offset), hi - lo);
+  const AlignedMiddle mid(offset, data.size());
+  return !mid.empty() && IsIoMemory(data.data() + (mid.lo - offset), mid.bytes());
 }
 
 Status DirectWriter::Write(uint64_t offset, std::string_view data,
@@ -91,7 +89,7 @@ Status DirectWriter::Write(uint64_t offset, std::string_view data,
   };
   const int dfd = direct_.Get(fd_, O_WRONLY, &g_refused);
   if (dfd < 0) return buffered(offset, end);
-  const uint64_t lo = (offset + kAlign - 1) & ~(kAlign - 1), hi = end & ~(kAlign - 1);
+  const auto [lo, hi] = AlignedMiddle(offset, data.size());
   // As many slots as the range has blocks, up to kSlots: staging buffers, or with `in_place`
   // places in the caller's memory. Staging memory that cannot be had is no error: the range
   // goes through pwrite, as it did before staging existed.

@@ -240,24 +240,33 @@ class PipelineThreads {
 // HDF5, in order). The first error stops it: later items are not started and the error is
 // returned once the workers have stopped. A failed allocation is ResourceExhausted; with
 // threads <= 1, or when no thread can be started, everything runs on the calling thread.
-// (ckpt::RunAhead's pipeline, with a worker index and allocation failures as a Status.)
+// `on_error` (may be empty) is called on the failing thread as soon as work or consume fails,
+// for whatever feeds the workers from outside the pipeline (DecodeChunks' FrameReader) to
+// stop too. (ckpt::RunAhead's pipeline, with a worker index and allocation failures as a
+// Status.)
 Status RunOrdered(int64_t n, int threads, int64_t window,
                   const std::function<Status(int64_t, int)>& work,
-                  const std::function<Status(int64_t)>& consume) {
-  auto guarded = [&](int64_t i, int w) {
-    return OutOfMemoryAsStatus("chunk", [&] { return work(i, w); });
+                  const std::function<Status(int64_t)>& consume,
+                  const std::function<void()>& on_error = {}) {
+  auto failed = [&](Status s) {
+    if (!s.ok() && on_error) on_error();
+    return s;
   };
+  auto guarded = [&](int64_t i, int w) {
+    return failed(OutOfMemoryAsStatus("chunk", [&] { return work(i, w); }));
+  };
+  auto ordered = [&](int64_t i) { return failed(consume(i)); };
   if (threads <= 1 || n <= 1) {
     for (int64_t i = 0; i < n; ++i) {
       CKPT_RETURN_IF_ERROR(guarded(i, 0));
-      CKPT_RETURN_IF_ERROR(consume(i));
+      CKPT_RETURN_IF_ERROR(ordered(i));
     }
     return Status::Ok();
   }
   return RunAheadOnProducers(
       static_cast<uint64_t>(n), static_cast<int>(std::max<int64_t>(window, 1)),
       [&](uint64_t i, int, int w) { return guarded(static_cast<int64_t>(i), w); },
-      [&](uint64_t i, int) { return consume(static_cast<int64_t>(i)); }, threads);
+      [&](uint64_t i, int) { return ordered(static_cast<int64_t>(i)); }, threads);
 }
 
 // The compressed-chunk pipeline's memory, kept for every compressed dataset of a rank file
@@ -1267,16 +1276,9 @@ Status RankFile::Impl::DecodeChunks(const DatasetRecord& rec, const ZstdChunks& 
     return Status::Ok();
   };
   // The first error stops the reader too (FrameReader::Stop), so no worker waits for it.
-  auto stop_on_error = [&](Status s) {
-    if (!s.ok() && reader) reader->Stop();
-    return s;
-  };
-  return RunOrdered(
-      c1 - c0, workers, window,
-      [&](int64_t i, int w) {
-        return stop_on_error(OutOfMemoryAsStatus("chunk", [&] { return decode(i, w); }));
-      },
-      [&](int64_t i) { return stop_on_error(deliver(i)); });
+  return RunOrdered(c1 - c0, workers, window, decode, deliver, [&] {
+    if (reader) reader->Stop();
+  });
 }
 
 Status RankFile::ReadAll(const DatasetRecord& rec, void* out, Xxh3Stream* digest) const {

@@ -438,24 +438,38 @@ def main():
     shutil.rmtree(z_root, ignore_errors=True)
 
     # --- export-fp32 ---------------------------------------------------------------------
-    # export_fp32(src, name): a.reps timed exports of src (cold cache) against the floor of
-    # reading what export reads plus writing what it writes at the raw rates, with peak RSS
-    # beside the documented bound (2 x largest tensor + 64 MiB).
-    def export_fp32(src, name, extra):
-        secs, rsss, floors, w1 = [], [], [], []
+    # export_fp32(src, name, extra, data_files): a.reps timed exports of src (cold cache), each
+    # paired with the floor of reading what export reads (as many bytes, from the start of each
+    # of the source's data files: hard links named as raw_io reads them) plus writing what it
+    # writes, both in the same minutes as the export; with peak RSS beside the documented bound
+    # (2 x largest tensor + 64 MiB).
+    def export_fp32(src, name, extra, data_files):
+        secs, rsss, floors, w1, r1 = [], [], [], [], []
         out = os.path.join(work, name)
         one_dir = os.path.join(work, name + "_floor")
+        read_dir = os.path.join(work, name + "_read_floor")
         # One untimed export for the sizes the floor needs (what it reads and writes).
         shutil.rmtree(out, ignore_errors=True)
         ej = json.loads(R.run([ckpt, "export-fp32", src, out, "--json"])[0])
         written = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
         nfiles = len(os.listdir(out))
+        shutil.rmtree(read_dir, ignore_errors=True)
+        os.makedirs(read_dir)
+        for i, f in enumerate(data_files):
+            os.link(f, os.path.join(read_dir, "raw_%d.bin" % i))
+        read_per_file = -(-ej["bytes_read"] // len(data_files))
 
         one_best = []  # the best one-file variant of each floor
 
         def one_file_floor():
-            # The output written as export writes it (one file unless sharded), by every write
-            # variant each time (as the save's paired floor): the best of them.
+            # What export reads, then the output written as export writes it (one file unless
+            # sharded), each by every variant each time (as the save's paired floor): the best
+            # read plus the best write. (Every read variant, not the run's best as check --deep
+            # does: a variant that wins on whole files, 64 MiB blocks, is not the best on
+            # export's shorter reads.)
+            r = min(t for t in (raw_pass("read", read_dir, len(data_files), v, read_per_file)[0]
+                                for v in variants["read"]) if t is not None)
+            r1.append(r)
             best = None
             for v in variants["write"]:
                 t, _ = raw_pass("write", one_dir, nfiles, v, max(1, written // nfiles))
@@ -464,7 +478,7 @@ def main():
             one_best.append(best_v)
             shutil.rmtree(one_dir, ignore_errors=True)
             w1.append(best)
-            floors.append(ej["bytes_read"] / GiB / raw_r_gibs + best)
+            floors.append(r + best)
             time.sleep(3)
 
         for rep in range(a.reps):
@@ -479,8 +493,10 @@ def main():
                 time.sleep(3)
                 one_file_floor()
         ej = json.loads(o)
+        shutil.rmtree(read_dir, ignore_errors=True)
         # The run's floor: the read and the write at the rates of the raw phase (four files
-        # in parallel), as before; the paired floor writes the export's own file count.
+        # in parallel), as before; the paired floor reads the source's own files and writes
+        # the export's own file count.
         floor_t = ej["bytes_read"] / GiB / raw_r_gibs + written / GiB / raw_w_gibs
         s = stats(secs)
         ph[name] = dict(extra, **{
@@ -490,10 +506,13 @@ def main():
             "paired": {"ratio": stats([f / t for f, t in zip(floors, secs)]),
                        "floor_seconds": stats(floors), "write_variants": one_best,
                        "write_gib_per_s": stats([written / GiB / w for w in w1]),
-                       "note": "reading what export reads at the run's read floor plus writing "
-                               "its output as it does (%d file(s)) by the best of every write variant, "
-                               "three seconds before (even repetitions) or after (odd ones) "
-                               "each export" % nfiles},
+                       "read_gib_per_s": stats([ej["bytes_read"] / GiB / r for r in r1]),
+                       "read_seconds": stats(r1),
+                       "note": "reading as many bytes as export reads from the source's %d "
+                               "data file(s) by the best of every read variant, plus writing its "
+                               "output as it does (%d file(s)) by the best of every write "
+                               "variant, three seconds before (even repetitions) or after "
+                               "(odd ones) each export" % (len(data_files), nfiles)},
             "gib_per_s_read_plus_written": (ej["bytes_read"] + written) / GiB / s["median"],
             "maxrss_kib": max(rsss), "maxrss_kib_all": rsss,
             "largest_tensor_bytes": ej["largest_tensor_bytes"],
@@ -504,7 +523,8 @@ def main():
         shutil.rmtree(out, ignore_errors=True)
 
     if "export" not in skip:
-        export_fp32(ck_root, "export_fp32", {})
+        export_fp32(ck_root, "export_fp32", {},
+                    [os.path.join(tag_dir, f) for f in rank_files])
 
     # --- export-fp32 of a DeepSpeed ZeRO-2 checkpoint (docs/deepspeed.md) --------------------
     # A bf16 ZeRO-2 checkpoint of about --size on disk (14 bytes a parameter: fp32 master and
@@ -520,7 +540,10 @@ def main():
                "--dtype", "bf16", "--blocks", str(blocks), "--block-width", str(width)])
         ds_bytes = sum(os.path.getsize(os.path.join(dp, f))
                        for dp, _, fs in os.walk(ds_root) for f in fs)
-        export_fp32(ds_root, "deepspeed_export_fp32", {"checkpoint_bytes": ds_bytes})
+        # Its data: the optimizer files, where the fp32 masters are.
+        export_fp32(ds_root, "deepspeed_export_fp32", {"checkpoint_bytes": ds_bytes},
+                    sorted(os.path.join(dp, f) for dp, _, fs in os.walk(ds_root) for f in fs
+                           if f.endswith("optim_states.pt")))
         shutil.rmtree(ds_root, ignore_errors=True)
 
     # --- reshard N -> N/2 ----------------------------------------------------------------
@@ -891,11 +914,12 @@ def print_table(res):
                   "%s" % (name, fmt_range(p["raw_gib_per_s"]), fmt_range(p["ratio"]),
                           " (to the old buffered floor %s)" % fmt_range(p["ratio_to_buffered"])
                           if "ratio_to_buffered" in p else ""))
-    if "paired" in ph.get("export_fp32", {}):
-        e = ph["export_fp32"]
-        print("  export_fp32 vs its paired floor (%d output file(s)): writes %s GiB/s, ratio %s; "
-              "run floor %.2f" % (e["files"], fmt_range(e["paired"]["write_gib_per_s"]),
-                                  fmt_range(e["paired"]["ratio"]), e["ratio_run_floor"]))
+    for name in [k for k in ("export_fp32", "deepspeed_export_fp32") if "paired" in ph.get(k, {})]:
+        e = ph[name]
+        print("  %s vs its paired floor (%d output file(s)): reads %s GiB/s, writes %s GiB/s, "
+              "ratio %s; run floor %.2f" % (name, e["files"], fmt_range(e["paired"]["read_gib_per_s"]),
+                                            fmt_range(e["paired"]["write_gib_per_s"]),
+                                            fmt_range(e["paired"]["ratio"]), e["ratio_run_floor"]))
     for name in [k for k in ph if k.startswith(("save_zstd", "load_zstd"))]:
         if ph[name].get("codec"):
             c = ph[name]["codec"]
@@ -1075,13 +1099,15 @@ def markdown(res):
                          "; against the old buffered floor %s" % fmt_range(p["ratio_to_buffered"])
                          if "ratio_to_buffered" in p else ""))
             L.append("")
-    if "paired" in ph.get("export_fp32", {}):
-        e = ph["export_fp32"]
-        L.append("`export_fp32` against its paired floor (reading what it reads at the run's read "
-                 "floor, plus writing its %d output file(s) by the best of every write variant, three "
-                 "seconds before or after each repetition, alternating): writes %s GiB/s, floor %s s, "
-                 "ratio %s; against the run's four-file floor %.2f." % (
-                     e["files"], fmt_range(e["paired"]["write_gib_per_s"]),
+    for name in [k for k in ("export_fp32", "deepspeed_export_fp32") if "paired" in ph.get(k, {})]:
+        e = ph[name]
+        L.append("`%s` against its paired floor (reading as many bytes as it reads from the "
+                 "source's data files by the best of every read variant, plus writing its %d output "
+                 "file(s) by the best of every write variant, three seconds before or after each "
+                 "repetition, alternating): reads %s GiB/s, writes %s GiB/s, floor %s s, ratio %s; "
+                 "against the run's four-file floor %.2f." % (
+                     name, e["files"], fmt_range(e["paired"]["read_gib_per_s"]),
+                     fmt_range(e["paired"]["write_gib_per_s"]),
                      fmt_range(e["paired"]["floor_seconds"]), fmt_range(e["paired"]["ratio"]),
                      e["ratio_run_floor"]))
         L.append("")

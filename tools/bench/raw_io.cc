@@ -4,7 +4,8 @@
 // moves bytes.
 //
 //   raw_io write DIR --files N --bytes-per-file B [--variant NAME]
-//   raw_io read  DIR --files N [--variant NAME]   (each file read whole, whatever its size)
+//   raw_io read  DIR --files N [--bytes-per-file B] [--variant NAME]
+//                                      (each file read whole, or its first B bytes)
 //   raw_io variants write|read        (the variant names, one per line)
 //   raw_io touch BYTES                 (what first-touching memory costs here, below)
 //
@@ -111,7 +112,8 @@ int main(int argc, char** argv) {
   }
   if (files < 1) Die("--files must be positive");
   const bool write_pass = op == "write";
-  // A read moves each file's own size (they may differ: rank files); a write, per_file each.
+  // A read moves each file's own size (they may differ: rank files), or its first per_file
+  // bytes; a write, per_file each.
   std::vector<uint64_t> sizes(static_cast<size_t>(files), per_file);
   if (op == "read") {
     for (int f = 0; f < files; ++f) {
@@ -119,6 +121,8 @@ int main(int argc, char** argv) {
       const std::string path = raw_floor::FileName(dir, static_cast<size_t>(f));
       if (stat(path.c_str(), &st) != 0) Die("stat " + path + ": " + std::strerror(errno));
       sizes[static_cast<size_t>(f)] = static_cast<uint64_t>(st.st_size);
+      if (per_file > 0)
+        sizes[static_cast<size_t>(f)] = std::min(per_file, sizes[static_cast<size_t>(f)]);
     }
   } else if (!write_pass) {
     Die("op must be write, read or variants");

@@ -315,7 +315,7 @@ Result<DeepSpeedReader> DeepSpeedReader::Open(const std::string& path, const std
 
   // 2. Open and parse.
   for (const auto& n : I.info.optim_files) {
-    CKPT_ASSIGN_OR_RETURN(TorchFile f, TorchFile::Open(I.dir + "/" + n), "");
+    CKPT_ASSIGN_OR_RETURN(TorchFile f, TorchFile::Open(I.dir + "/" + n, env), "");
     I.optim.push_back(std::move(f));
   }
   const PyValue* osd0 = nullptr;
@@ -361,7 +361,7 @@ Result<DeepSpeedReader> DeepSpeedReader::Open(const std::string& path, const std
     I.info.model_files.push_back(z3_models[-1]);
   }
   for (const auto& n : I.info.model_files) {
-    CKPT_ASSIGN_OR_RETURN(TorchFile f, TorchFile::Open(I.dir + "/" + n), "");
+    CKPT_ASSIGN_OR_RETURN(TorchFile f, TorchFile::Open(I.dir + "/" + n, env), "");
     I.model.push_back(std::move(f));
   }
   TorchFile& m0 = I.model[0];

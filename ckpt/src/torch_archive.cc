@@ -3,10 +3,13 @@
 #include <zip.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <vector>
 
+#include "ckpt/env.h"
 #include "ckpt/shared_library.h"
 
 namespace ckpt {
@@ -19,7 +22,11 @@ constexpr uint64_t kMaxPickleBytes = 256ull << 20;  // data.pkl of a checkpoint 
 // the development VM, issue 19), while only reading a PyTorch .pt file uses it. zip.h gives the
 // types.
 struct ZipApi {
-  decltype(&zip_open) open = nullptr;
+  decltype(&zip_source_function_create) source_function_create = nullptr;
+  decltype(&zip_source_free) source_free = nullptr;
+  decltype(&zip_open_from_source) open_from_source = nullptr;
+  decltype(&zip_error_init) error_init = nullptr;
+  decltype(&zip_error_code_zip) error_code_zip = nullptr;
   decltype(&zip_discard) discard = nullptr;
   decltype(&zip_get_num_entries) get_num_entries = nullptr;
   decltype(&zip_get_name) get_name = nullptr;
@@ -31,7 +38,6 @@ struct ZipApi {
   decltype(&zip_fclose) fclose = nullptr;
   decltype(&zip_strerror) strerror = nullptr;
   decltype(&zip_file_strerror) file_strerror = nullptr;
-  decltype(&zip_error_init_with_code) error_init_with_code = nullptr;
   decltype(&zip_error_strerror) error_strerror = nullptr;
   decltype(&zip_error_fini) error_fini = nullptr;
 };
@@ -55,7 +61,11 @@ Result<const ZipApi*> LoadZip() {
     auto find = [&](const char* name, auto** fn) {
       if (Status s = lib->Find(name, fn); !s.ok() && l.error.empty()) l.error = s.message();
     };
-    find("zip_open", &l.api.open);
+    find("zip_source_function_create", &l.api.source_function_create);
+    find("zip_source_free", &l.api.source_free);
+    find("zip_open_from_source", &l.api.open_from_source);
+    find("zip_error_init", &l.api.error_init);
+    find("zip_error_code_zip", &l.api.error_code_zip);
     find("zip_discard", &l.api.discard);
     find("zip_get_num_entries", &l.api.get_num_entries);
     find("zip_get_name", &l.api.get_name);
@@ -67,7 +77,6 @@ Result<const ZipApi*> LoadZip() {
     find("zip_fclose", &l.api.fclose);
     find("zip_strerror", &l.api.strerror);
     find("zip_file_strerror", &l.api.file_strerror);
-    find("zip_error_init_with_code", &l.api.error_init_with_code);
     find("zip_error_strerror", &l.api.error_strerror);
     find("zip_error_fini", &l.api.error_fini);
     return l;
@@ -86,18 +95,95 @@ struct ZipFileCloser {
   void operator()(zip_file_t* f) const { Zip().fclose(f); }
 };
 
-std::string ZipErrorText(int code) {
-  zip_error_t e;
-  Zip().error_init_with_code(&e, code);
-  std::string s = Zip().error_strerror(&e);
-  Zip().error_fini(&e);
-  return s;
-}
+// The archive's bytes as libzip reads them: a libzip source over the Env's file (a file inside
+// a checkpoint: NewCheckpointFile refuses a symbolic link, so no file outside the checkpoint is
+// read because one points there). A read of 4 MiB or more (zip_fread passes a tensor's
+// storage down as one request) goes through RandomAccessFile::ReadLarge, past the page cache
+// with O_DIRECT as a rank file's datasets do; smaller ones (the archive's structure, small
+// tensors) through pread. (A window read ahead for runs of small reads, a ZeRO partition read
+// parameter by parameter, was tried and not kept: docs/performance.md, 2026-12-03.)
+struct ZipFileSource {
+  std::unique_ptr<RandomAccessFile> file;
+  uint64_t pos = 0;
+  int zip_error = ZIP_ER_OK;  // of the last failed command
+  Status read_error;          // the last failed read
+
+  zip_int64_t Fail(int code) {
+    zip_error = code;
+    return -1;
+  }
+  static zip_int64_t Callback(void* user, void* data, zip_uint64_t len, zip_source_cmd_t cmd) {
+    auto* s = static_cast<ZipFileSource*>(user);
+    const uint64_t size = s->file->size();
+    switch (cmd) {
+      case ZIP_SOURCE_OPEN:
+        s->pos = 0;
+        return 0;
+      case ZIP_SOURCE_READ: {
+        const uint64_t n = std::min<uint64_t>(len, size - std::min(s->pos, size));
+        if (n == 0) return 0;
+        // No exception may cross libzip's C frames.
+        Status st = OutOfMemoryAsStatus("read", [&] {
+          return n >= RandomAccessFile::kLargeReadBlock
+                     ? s->file->ReadLarge(s->pos, n, data, nullptr)
+                     : s->file->Read(s->pos, static_cast<size_t>(n), data);
+        });
+        if (!st.ok()) {
+          s->read_error = std::move(st);
+          return s->Fail(ZIP_ER_READ);
+        }
+        s->pos += n;
+        return static_cast<zip_int64_t>(n);
+      }
+      case ZIP_SOURCE_CLOSE:
+      case ZIP_SOURCE_FREE:
+        return 0;
+      case ZIP_SOURCE_STAT: {
+        if (len < sizeof(zip_stat_t)) return s->Fail(ZIP_ER_INVAL);
+        auto* st = static_cast<zip_stat_t*>(data);
+        Zip().stat_init(st);
+        st->size = size;
+        st->valid |= ZIP_STAT_SIZE;
+        return sizeof(zip_stat_t);
+      }
+      case ZIP_SOURCE_ERROR: {
+        if (len < 2 * sizeof(int)) return -1;
+        auto* e = static_cast<int*>(data);
+        e[0] = s->zip_error;
+        e[1] = s->zip_error == ZIP_ER_READ ? EIO : 0;
+        return 2 * sizeof(int);
+      }
+      case ZIP_SOURCE_SEEK: {
+        if (len < sizeof(zip_source_args_seek_t)) return s->Fail(ZIP_ER_INVAL);
+        const auto* a = static_cast<const zip_source_args_seek_t*>(data);
+        const int64_t base = a->whence == SEEK_SET   ? 0
+                             : a->whence == SEEK_CUR ? static_cast<int64_t>(s->pos)
+                             : a->whence == SEEK_END ? static_cast<int64_t>(size)
+                                                     : -1;
+        if (base < 0 || a->offset < -base ||
+            (a->offset > 0 &&
+             static_cast<uint64_t>(a->offset) > size - static_cast<uint64_t>(base)))
+          return s->Fail(ZIP_ER_INVAL);
+        s->pos = static_cast<uint64_t>(base + a->offset);
+        return 0;
+      }
+      case ZIP_SOURCE_TELL:
+        return static_cast<zip_int64_t>(s->pos);
+      case ZIP_SOURCE_SUPPORTS:
+        return ZIP_SOURCE_SUPPORTS_SEEKABLE;
+      default:
+        return s->Fail(ZIP_ER_OPNOTSUPP);
+    }
+  }
+};
+
+std::string ZipErrorText(zip_error_t* e) { return Zip().error_strerror(e); }
 
 }  // namespace
 
 struct TorchFile::Impl {
   std::string path;
+  std::unique_ptr<ZipFileSource> source;  // outlives `zip`, which reads through it
   std::unique_ptr<zip_t, ZipCloser> zip;
   std::string prefix;                       // "<name>/"
   std::map<std::string, zip_uint64_t> records;  // name below prefix -> index
@@ -110,21 +196,29 @@ struct TorchFile::Impl {
     return it->second;
   }
 
+  // What a failed libzip call returns: the Env's error when a read of the file failed (it
+  // names the file and the cause), else DataLoss with libzip's message.
+  Status Failed(const std::string& what, const char* zip_message) const {
+    if (!source->read_error.ok()) return source->read_error;
+    return DataLoss(path + ": " + what + zip_message);
+  }
+
   // Reads [offset, offset + n) of record `idx` into out.
   Status ReadAt(zip_uint64_t idx, uint64_t offset, uint64_t n, void* out) {
+    source->read_error = Status::Ok();
     std::unique_ptr<zip_file_t, ZipFileCloser> f(Zip().fopen_index(zip.get(), idx, 0));
-    if (!f) return DataLoss(path + ": cannot open record: " + Zip().strerror(zip.get()));
+    if (!f) return Failed("cannot open record: ", Zip().strerror(zip.get()));
     if (offset > 0) {
       if (Zip().fseek(f.get(), static_cast<zip_int64_t>(offset), SEEK_SET) != 0) {
         // Compressed records cannot seek: read up to the offset.
         f.reset(Zip().fopen_index(zip.get(), idx, 0));
-        if (!f) return DataLoss(path + ": cannot open record: " + Zip().strerror(zip.get()));
+        if (!f) return Failed("cannot open record: ", Zip().strerror(zip.get()));
         std::vector<char> skip(1 << 16);
         uint64_t left = offset;
         while (left > 0) {
           const zip_int64_t got =
               Zip().fread(f.get(), skip.data(), std::min<uint64_t>(left, skip.size()));
-          if (got <= 0) return DataLoss(path + ": record ends early");
+          if (got <= 0) return Failed("record ends early", "");
           left -= static_cast<uint64_t>(got);
         }
       }
@@ -133,7 +227,7 @@ struct TorchFile::Impl {
     uint64_t done = 0;
     while (done < n) {
       const zip_int64_t got = Zip().fread(f.get(), dst + done, n - done);
-      if (got < 0) return DataLoss(path + ": reading a record: " + Zip().file_strerror(f.get()));
+      if (got < 0) return Failed("reading a record: ", Zip().file_strerror(f.get()));
       if (got == 0) return DataLoss(path + ": record ends early (truncated archive)");
       done += static_cast<uint64_t>(got);
     }
@@ -162,18 +256,29 @@ const TorchTensorRef& TorchFile::tensor(const PyValue& v) const {
   return impl_->doc.tensors()[static_cast<size_t>(v.tensor)];
 }
 
-Result<TorchFile> TorchFile::Open(const std::string& path) {
+Result<TorchFile> TorchFile::Open(const std::string& path, Env* env) {
   CKPT_RETURN_IF_ERROR(LoadZip().status(), path);
+  if (!env) env = Env::Default();
   auto impl = std::make_unique<Impl>();
   impl->path = path;
-  int err = 0;
-  impl->zip.reset(Zip().open(path.c_str(), ZIP_RDONLY | ZIP_CHECKCONS, &err));
+  impl->source = std::make_unique<ZipFileSource>();
+  CKPT_ASSIGN_OR_RETURN(impl->source->file, env->NewCheckpointFile(path), "");
+  zip_error_t err;
+  Zip().error_init(&err);
+  struct ErrorFini {
+    zip_error_t* e;
+    ~ErrorFini() { Zip().error_fini(e); }
+  } fini{&err};
+  zip_source_t* src =
+      Zip().source_function_create(&ZipFileSource::Callback, impl->source.get(), &err);
+  if (!src) return ResourceExhausted(path + ": libzip: " + ZipErrorText(&err));
+  impl->zip.reset(Zip().open_from_source(src, ZIP_RDONLY | ZIP_CHECKCONS, &err));
   if (!impl->zip) {
-    if (err == ZIP_ER_NOENT || err == ZIP_ER_OPEN) {
-      if (err == ZIP_ER_NOENT) return NotFound(path + ": no such file");
-      return IOError(path + ": cannot open: " + ZipErrorText(err));
-    }
-    return DataLoss(path + ": not a readable PyTorch zip archive (" + ZipErrorText(err) +
+    Zip().source_free(src);  // the archive owns it only once open
+    if (!impl->source->read_error.ok()) return impl->source->read_error;
+    if (Zip().error_code_zip(&err) == ZIP_ER_MEMORY)
+      return ResourceExhausted(path + ": libzip: " + ZipErrorText(&err));
+    return DataLoss(path + ": not a readable PyTorch zip archive (" + ZipErrorText(&err) +
                     "; truncated or damaged?)");
   }
   const zip_int64_t n = Zip().get_num_entries(impl->zip.get(), 0);
@@ -267,16 +372,16 @@ Status TorchFile::ReadFloats(const TorchTensorRef& t, int64_t first, int64_t cou
 }
 
 Status TorchFile::VerifyRecords() {
-  std::vector<char> buf(1 << 20);
+  // Reads of 16 MiB, so a storage's bytes leave the disk past the page cache (ZipFileSource).
+  std::vector<char> buf(16u << 20);
   for (const auto& [name, idx] : impl_->records) {
+    impl_->source->read_error = Status::Ok();
     std::unique_ptr<zip_file_t, ZipFileCloser> f(Zip().fopen_index(impl_->zip.get(), idx, 0));
-    if (!f)
-      return DataLoss(impl_->path + ": record " + name + ": " + Zip().strerror(impl_->zip.get()));
+    if (!f) return impl_->Failed("record " + name + ": ", Zip().strerror(impl_->zip.get()));
     while (true) {
       const zip_int64_t got = Zip().fread(f.get(), buf.data(), buf.size());
       if (got < 0)
-        return DataLoss(impl_->path + ": record " + impl_->prefix + name + ": " +
-                        Zip().file_strerror(f.get()));
+        return impl_->Failed("record " + impl_->prefix + name + ": ", Zip().file_strerror(f.get()));
       if (got == 0) break;
       impl_->bytes_read += static_cast<uint64_t>(got);
     }

@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 
+#include "ckpt/env.h"
 #include "ckpt/status.h"
 #include "ckpt/torch_pickle.h"
 
@@ -22,8 +23,10 @@ class TorchFile {
  public:
   // Opens `path`, checks the archive's consistency (libzip ZIP_CHECKCONS), parses data.pkl
   // and checks that every tensor's storage record exists and holds at least the storage's
-  // bytes. DataLoss naming `path` for a damaged archive or pickle; NotFound when missing.
-  static Result<TorchFile> Open(const std::string& path);
+  // bytes. DataLoss naming `path` for a damaged archive or pickle; NotFound when missing. The
+  // file is read through `env` (nullptr: Env::Default()) as a file inside a checkpoint
+  // (NewCheckpointFile: a symbolic link is refused), a tensor's storage with ReadLarge.
+  static Result<TorchFile> Open(const std::string& path, Env* env = nullptr);
   TorchFile(TorchFile&&) noexcept;
   TorchFile& operator=(TorchFile&&) noexcept;
   ~TorchFile();

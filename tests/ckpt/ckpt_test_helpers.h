@@ -31,6 +31,21 @@ class CountingFile final : public RandomAccessFile {
   std::atomic<uint64_t>* n_;
 };
 
+// An Env whose checkpoint files (NewCheckpointFile) are the real ones wrapped by `wrap`.
+class WrappedFileEnv : public EnvWrapper {
+ public:
+  using Wrap = std::function<std::unique_ptr<RandomAccessFile>(std::unique_ptr<RandomAccessFile>)>;
+  explicit WrappedFileEnv(Wrap wrap) : EnvWrapper(nullptr), wrap_(std::move(wrap)) {}
+  Result<std::unique_ptr<RandomAccessFile>> NewCheckpointFile(const std::string& p) override {
+    auto f = EnvWrapper::NewCheckpointFile(p);
+    if (!f.ok()) return f;
+    return wrap_(std::move(*f));
+  }
+
+ private:
+  Wrap wrap_;
+};
+
 // A model with a 2-D weight, an odd-sized bias, a tied alias and a frozen fp32 table.
 inline Manifest SmallModel(const std::string& tag, int world, int zero) {
   Manifest m;

@@ -28,23 +28,9 @@
 using namespace ckpt;
 using ckpt::testing::CountingFile;
 using ckpt::testing::ScratchDir;
+using ckpt::testing::WrappedFileEnv;
 
 namespace {
-
-// An Env whose checkpoint data files are the real ones wrapped by `wrap`.
-class WrappedFileEnv : public EnvWrapper {
- public:
-  using Wrap = std::function<std::unique_ptr<RandomAccessFile>(std::unique_ptr<RandomAccessFile>)>;
-  explicit WrappedFileEnv(Wrap wrap) : EnvWrapper(nullptr), wrap_(std::move(wrap)) {}
-  Result<std::unique_ptr<RandomAccessFile>> NewCheckpointFile(const std::string& p) override {
-    auto f = EnvWrapper::NewCheckpointFile(p);
-    if (!f.ok()) return f;
-    return wrap_(std::move(*f));
-  }
-
- private:
-  Wrap wrap_;
-};
 
 // Counts the bytes read through the files the library opens for checkpoint data.
 class CountingEnv final : public WrappedFileEnv {

@@ -2,15 +2,56 @@
 // 1/2/3 x world 1/2/3 x fp32/bf16 (+ BF16_Optimizer) against torch's recomputation through
 // export-fp32, import-deepspeed, inspect, check, to-universal, reshard and next-update; hostile
 // inputs refused. (docs/deepspeed.md's examples run in the docs suite, tests/docs.)
+#include <atomic>
 #include <catch2/catch.hpp>
+#include <filesystem>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "ckpt/deepspeed.h"
+#include "ckpt/manifest.h"
+#include "ckpt_test_helpers.h"
 #include "test_util.h"
 
 namespace {
 
 using ckpt::testing::Mapped;
+
+// Records the large reads of the files it opens; with `fail` set, every read fails.
+class ReadWatchEnv final : public ckpt::testing::WrappedFileEnv {
+ public:
+  ReadWatchEnv()
+      : WrappedFileEnv([this](std::unique_ptr<ckpt::RandomAccessFile> f) {
+          return std::make_unique<File>(std::move(f), this);
+        }) {}
+  std::atomic<uint64_t> large_reads{0}, largest{0};
+  std::atomic<bool> fail{false};
+
+ private:
+  class File final : public ckpt::RandomAccessFile {
+   public:
+    File(std::unique_ptr<ckpt::RandomAccessFile> f, ReadWatchEnv* env)
+        : f_(std::move(f)), env_(env) {}
+    ckpt::Status Read(uint64_t offset, size_t n, void* out) const override {
+      if (env_->fail) return ckpt::IOError("injected read failure");
+      return f_->Read(offset, n, out);
+    }
+    uint64_t size() const override { return f_->size(); }
+    ckpt::Status ReadLarge(uint64_t offset, uint64_t n, void* out,
+                           const PartFn& on_filled) const override {
+      if (env_->fail) return ckpt::IOError("injected read failure");
+      ++env_->large_reads;
+      for (uint64_t m = env_->largest.load(); n > m;)
+        if (env_->largest.compare_exchange_weak(m, n)) break;
+      return f_->ReadLarge(offset, n, out, on_filled);
+    }
+
+   private:
+    std::unique_ptr<ckpt::RandomAccessFile> f_;
+    ReadWatchEnv* env_;
+  };
+};
 // Read during static initialisation: what the program had loaded at start.
 const bool g_libzip_mapped_at_start = Mapped("libzip");
 
@@ -38,4 +79,60 @@ TEST_CASE("libzip is opened on first use, not loaded at start", "[io]") {
   REQUIRE(r.ok());
   CHECK(r->info().optim_files.size() == 1);
   CHECK(Mapped("libzip"));
+}
+
+TEST_CASE("DeepSpeed files are read through the Env: storages with ReadLarge, links refused",
+          "[io]") {
+  // Parameters of 1024 x 1024 fp32 (4 MiB): each is one read of a flat partition's storage,
+  // which goes to the Env's ReadLarge (past the page cache on a disk) rather than libzip's
+  // own file reads.
+  ckpt::testing::ScratchDir dir("dsenv");
+  const std::string ds = dir / "ds";
+  REQUIRE(ckpt::testing::RunShell("/usr/bin/python3 " + std::string(CKPT_SOURCE_DIR) +
+                                  "/tests/deepspeed/make_ds_checkpoint.py " + ds +
+                                  " --zero 2 --world 1 --dtype fp32 --blocks 2 --block-width 1024"
+                                  " > /dev/null") == 0);
+  auto plain = ckpt::DeepSpeedReader::Open(ds);
+  REQUIRE(plain.ok());
+  const ckpt::ParamEntry* big = nullptr;
+  for (const auto& p : plain->manifest().params)
+    if (!p.frozen && p.tied_to.empty() && p.numel >= (1 << 20)) big = &p;
+  REQUIRE(big != nullptr);
+  std::vector<float> want(static_cast<size_t>(big->numel)), got(want.size());
+  REQUIRE(plain->ReadParamRange(big->name, ckpt::kMaster, 0, big->numel, want.data()).ok());
+
+  ReadWatchEnv env;
+  auto watched = ckpt::DeepSpeedReader::Open(ds, "", &env);
+  REQUIRE(watched.ok());
+  const uint64_t before = env.large_reads;
+  REQUIRE(watched->ReadParamRange(big->name, ckpt::kMaster, 0, big->numel, got.data()).ok());
+  CHECK(env.large_reads > before);
+  CHECK(env.largest >= static_cast<uint64_t>(big->numel) * 4);
+  CHECK(got == want);
+
+  // A failed read is the Env's error (naming what failed), not a libzip message.
+  env.fail = true;
+  ckpt::Status s = watched->ReadParamRange(big->name, ckpt::kMaster, 0, big->numel, got.data());
+  INFO(s.ToString());
+  CHECK(s.code() == ckpt::StatusCode::kIOError);
+  CHECK(s.message().find("injected read failure") != std::string::npos);
+  CHECK(s.message().find(big->name) != std::string::npos);
+  auto reopened = ckpt::DeepSpeedReader::Open(plain->dir(), "", &env);  // no `latest` read
+  REQUIRE_FALSE(reopened.ok());
+  INFO(reopened.status().ToString());
+  CHECK(reopened.status().message().find("injected read failure") != std::string::npos);
+  env.fail = false;
+
+  // A file inside the checkpoint that is a symbolic link (here to the real file) is refused:
+  // nothing outside the checkpoint is read because a link points there.
+  const std::filesystem::path tag = plain->dir();
+  const std::string linked = dir / "linked";
+  std::filesystem::create_directories(std::filesystem::path(linked) / tag.filename());
+  for (const auto& e : std::filesystem::directory_iterator(tag))
+    std::filesystem::create_symlink(
+        e.path(), std::filesystem::path(linked) / tag.filename() / e.path().filename());
+  auto refused = ckpt::DeepSpeedReader::Open(linked + "/" + tag.filename().string());
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.status().code() == ckpt::StatusCode::kDataLoss);
+  CHECK(refused.status().message().find("symbolic link") != std::string::npos);
 }

@@ -198,7 +198,8 @@ Status DirectReader::ReadInto(uint64_t offset, uint64_t n, uint8_t* out,
     return Status::Ok();
   }
   const uint64_t end = offset + n;
-  const auto [lo, hi] = AlignedMiddle(offset, n);
+  const AlignedMiddle mid(offset, n);
+  const uint64_t lo = mid.lo, hi = mid.hi;  // plain locals: lambdas below capture them
   const uint64_t blocks = (hi - lo + kBlock - 1) / kBlock;
   auto filled = [&](uint64_t at, uint64_t len) -> Status {
     if (!on_filled || len == 0) return Status::Ok();

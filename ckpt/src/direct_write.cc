@@ -89,7 +89,8 @@ Status DirectWriter::Write(uint64_t offset, std::string_view data,
   };
   const int dfd = direct_.Get(fd_, O_WRONLY, &g_refused);
   if (dfd < 0) return buffered(offset, end);
-  const auto [lo, hi] = AlignedMiddle(offset, data.size());
+  const AlignedMiddle mid(offset, data.size());
+  const uint64_t lo = mid.lo, hi = mid.hi;  // plain locals: lambdas below capture them
   // As many slots as the range has blocks, up to kSlots: staging buffers, or with `in_place`
   // places in the caller's memory. Staging memory that cannot be had is no error: the range
   // goes through pwrite, as it did before staging existed.

@@ -15,10 +15,12 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <optional>
 #include <set>
+#include <string_view>
 
 #include "ckpt/shape.h"
 #include "torch_archive.h"
@@ -84,6 +86,41 @@ std::string TrimWs(std::string s) {
   size_t b = 0;
   while (b < s.size() && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
   return s.substr(b);
+}
+
+// Whether `s` is a name DeepSpeed could have written (a module path, a client-state key): valid
+// UTF-8 (no overlong forms, surrogates or code points past U+10FFFF) without control
+// characters. Names go into safetensors headers, manifests (JSON) and terminals; a pickle is
+// free to hold any bytes, so anything else is refused rather than carried there.
+bool PrintableUtf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      if (c < 0x20 || c == 0x7f) return false;
+      ++i;
+      continue;
+    }
+    size_t n;
+    uint32_t cp, least;
+    if ((c & 0xe0) == 0xc0) {
+      n = 1, cp = c & 0x1fu, least = 0x80;
+    } else if ((c & 0xf0) == 0xe0) {
+      n = 2, cp = c & 0x0fu, least = 0x800;
+    } else if ((c & 0xf8) == 0xf0) {
+      n = 3, cp = c & 0x07u, least = 0x10000;
+    } else {
+      return false;
+    }
+    if (s.size() - i <= n) return false;
+    for (size_t k = 1; k <= n; ++k) {
+      const auto d = static_cast<unsigned char>(s[i + k]);
+      if ((d & 0xc0) != 0x80) return false;
+      cp = (cp << 6) | (d & 0x3fu);
+    }
+    if (cp < least || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff) || cp < 0xa0) return false;
+    i += n + 1;
+  }
+  return true;
 }
 
 bool HasModelStates(Env* env, const std::string& dir) {
@@ -526,6 +563,11 @@ Result<DeepSpeedReader> DeepSpeedReader::Open(const std::string& path, const std
   const PyValue* module = ms.Get("module");
   const std::string model_dtype_name = I.info.model_dtype;
   const DType model_dtype = *DTypeFromName(model_dtype_name);
+  auto check_name = [&](const std::string& name, const char* what) -> Status {
+    if (PrintableUtf8(name)) return Status::Ok();
+    return DataLoss(m0.path() + ": " + what + " '" + Excerpt(name, 80) +
+                    "' is not printable UTF-8 (DeepSpeed writes module paths); refused");
+  };
   std::vector<ParamEntry> trainable;
   int64_t z3_offset = 0;  // ZeRO-3: offset in every rank's stream
   for (size_t g = 0; g < shapes->items.size(); ++g) {
@@ -538,6 +580,7 @@ Result<DeepSpeedReader> DeepSpeedReader::Open(const std::string& path, const std
                       " has an empty partition but param_shapes lists parameters for it");
     for (const auto& [k, v] : gs->entries) {
       if (!k || !k->is_str()) return DataLoss(m0.path() + ": param_shapes key is not a name");
+      CKPT_RETURN_IF_ERROR(check_name(k->s, "parameter name"));
       ParamEntry p;
       p.name = k->s;
       CKPT_ASSIGN_OR_RETURN(p.shape, ShapeOf(v, m0.path() + ": shape of '" + p.name + "'"), "");
@@ -604,13 +647,20 @@ Result<DeepSpeedReader> DeepSpeedReader::Open(const std::string& path, const std
   // Buffers.
   const PyValue* bn = ms.Get("buffer_names");
   if (bn && bn->is_sequence())
-    for (const PyValue* e : bn->items)
-      if (e && e->is_str()) I.info.buffers.push_back(e->s);
+    for (const PyValue* e : bn->items) {
+      if (!e || !e->is_str()) continue;
+      CKPT_RETURN_IF_ERROR(check_name(e->s, "buffer name"));
+      I.info.buffers.push_back(e->s);
+    }
   // Shared parameters: {alias: owner}.
   std::map<std::string, std::string> shared;
   if (const PyValue* sp = ms.Get("shared_params"); sp && sp->is_dict())
-    for (const auto& [k, v] : sp->entries)
-      if (k && k->is_str() && v && v->is_str()) shared[k->s] = v->s;
+    for (const auto& [k, v] : sp->entries) {
+      if (!k || !k->is_str() || !v || !v->is_str()) continue;
+      CKPT_RETURN_IF_ERROR(check_name(k->s, "shared parameter name"));
+      CKPT_RETURN_IF_ERROR(check_name(v->s, "shared parameter name"));
+      shared[k->s] = v->s;
+    }
 
   std::vector<ParamEntry> frozen;
   auto add_frozen = [&](const std::string& name, std::vector<int64_t> shape,
@@ -635,6 +685,7 @@ Result<DeepSpeedReader> DeepSpeedReader::Open(const std::string& path, const std
   if (fshapes && fshapes->is_dict()) {
     for (const auto& [k, v] : fshapes->entries) {
       if (!k || !k->is_str()) return DataLoss(m0.path() + ": frozen_param_shapes key is not a name");
+      CKPT_RETURN_IF_ERROR(check_name(k->s, "frozen parameter name"));
       CKPT_ASSIGN_OR_RETURN(auto shape, ShapeOf(v, m0.path() + ": frozen shape of '" + k->s + "'"),
                             "");
       Impl::FrozenSource src;
@@ -667,6 +718,7 @@ Result<DeepSpeedReader> DeepSpeedReader::Open(const std::string& path, const std
       if (!k || !k->is_str() || known.count(k->s) || shared.count(k->s)) continue;
       const PyValue* t = Tensor(v);
       if (!t) continue;
+      CKPT_RETURN_IF_ERROR(check_name(k->s, "module entry name"));
       const TorchTensorRef& ref = m0.tensor(*t);
       const bool is_buffer = buffer_set.count(k->s) > 0;
       // ZeRO-3 keeps partitioned parameters as empty placeholders in `module`.
@@ -786,8 +838,11 @@ Result<DeepSpeedReader> DeepSpeedReader::Open(const std::string& path, const std
       "dp_world_size", "mp_world_size", "ds_config", "ds_version",
       "checkpoint_parallel_dimensions", "universal_checkpoint_info"};
   nlohmann::json client = nlohmann::json::object();
-  for (const auto& [k, v] : ms.entries)
-    if (k && k->is_str() && !kEngineKeys.count(k->s) && v) client[k->s] = PyToJson(m0.doc(), *v);
+  for (const auto& [k, v] : ms.entries) {
+    if (!k || !k->is_str() || kEngineKeys.count(k->s) || !v) continue;
+    CKPT_RETURN_IF_ERROR(check_name(k->s, "client state key"));
+    client[k->s] = PyToJson(m0.doc(), *v);
+  }
   M.client_state = client;
   M.files.clear();
   for (int r = 0; r < files; ++r) {

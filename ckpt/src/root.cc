@@ -30,26 +30,6 @@ bool ValidTagName(const std::string& tag) {
   return !tag.empty() && tag.find('/') == std::string::npos && tag[0] != '.' && tag.size() < 256;
 }
 
-// At most `max` bytes of untrusted file content, printable ASCII kept and everything else
-// escaped, for an error message: a `latest` that is really /etc/passwd is never echoed whole.
-std::string Excerpt(std::string_view bytes, size_t max = 40) {
-  std::string out;
-  for (size_t i = 0; i < bytes.size() && i < max; ++i) {
-    const unsigned char c = static_cast<unsigned char>(bytes[i]);
-    if (c == '\n') {
-      out += "\\n";
-    } else if (c >= 0x20 && c < 0x7f && c != '\\' && c != '\'') {
-      out += static_cast<char>(c);
-    } else {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", c);
-      out += buf;
-    }
-  }
-  if (bytes.size() > max) out += "... (" + std::to_string(bytes.size()) + " bytes)";
-  return out;
-}
-
 // A tag directory that is a symbolic link would have its files read from outside the root:
 // refused (DataLoss) unless the user allowed links (FollowSymlinkedTags).
 Status RefuseLinkedTag(Env* env, const std::string& dir) {

@@ -63,6 +63,24 @@ std::string OutOfMemoryText() {
   return text + ")";
 }
 
+std::string Excerpt(std::string_view bytes, size_t max) {
+  std::string out;
+  for (size_t i = 0; i < bytes.size() && i < max; ++i) {
+    const unsigned char c = static_cast<unsigned char>(bytes[i]);
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c >= 0x20 && c < 0x7f && c != '\\' && c != '\'') {
+      out += static_cast<char>(c);
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    }
+  }
+  if (bytes.size() > max) out += "... (" + std::to_string(bytes.size()) + " bytes)";
+  return out;
+}
+
 Status PosixError(std::string_view context, int errnum) {
   std::string m = std::string(context) + ": " + std::strerror(errnum);
   switch (errnum) {

@@ -192,7 +192,8 @@ struct TorchFile::Impl {
 
   Result<zip_uint64_t> Index(const std::string& name) const {
     auto it = records.find(name);
-    if (it == records.end()) return DataLoss(path + ": archive has no record " + prefix + name);
+    if (it == records.end())
+      return DataLoss(path + ": archive has no record " + Excerpt(prefix + name, 200));
     return it->second;
   }
 
@@ -288,12 +289,13 @@ Result<TorchFile> TorchFile::Open(const std::string& path, Env* env) {
     if (!name) return DataLoss(path + ": unreadable record name");
     std::string s(name);
     const size_t slash = s.find('/');
-    if (slash == std::string::npos) return DataLoss(path + ": record '" + s + "' outside a directory");
+    if (slash == std::string::npos)
+      return DataLoss(path + ": record '" + Excerpt(s, 200) + "' outside a directory");
     const std::string prefix = s.substr(0, slash + 1);
     if (impl->prefix.empty()) impl->prefix = prefix;
     if (prefix != impl->prefix)
-      return DataLoss(path + ": records under two top-level directories ('" + impl->prefix +
-                      "', '" + prefix + "')");
+      return DataLoss(path + ": records under two top-level directories ('" +
+                      Excerpt(impl->prefix, 200) + "', '" + Excerpt(prefix, 200) + "')");
     impl->records[s.substr(slash + 1)] = static_cast<zip_uint64_t>(i);
   }
   if (auto it = impl->records.find("byteorder"); it != impl->records.end()) {
@@ -302,7 +304,8 @@ Result<TorchFile> TorchFile::Open(const std::string& path, Env* env) {
     std::string order(size, '\0');
     CKPT_RETURN_IF_ERROR(impl->ReadAt(it->second, 0, size, order.data()), "");
     if (order != "little")
-      return Unimplemented(path + ": tensors stored " + order + "-endian; only little is read");
+      return Unimplemented(path + ": tensors stored " + Excerpt(order) +
+                           "-endian; only little is read");
   }
   CKPT_ASSIGN_OR_RETURN(zip_uint64_t pkl, impl->Index("data.pkl"), "");
   CKPT_ASSIGN_OR_RETURN(uint64_t pkl_size, impl->Size(pkl), "");
@@ -318,9 +321,10 @@ Result<TorchFile> TorchFile::Open(const std::string& path, Env* env) {
     CKPT_ASSIGN_OR_RETURN(uint64_t size, impl->Size(idx), "");
     const uint64_t need = static_cast<uint64_t>(t.storage_numel) * t.itemsize;
     if (size < need)
-      return DataLoss(path + ": storage record data/" + t.key + " holds " + std::to_string(size) +
-                      " bytes, the pickle says " + std::to_string(t.storage_numel) + " " +
-                      t.dtype_name + " elements (" + std::to_string(need) + " bytes)");
+      return DataLoss(path + ": storage record data/" + Excerpt(t.key, 80) + " holds " +
+                      std::to_string(size) + " bytes, the pickle says " +
+                      std::to_string(t.storage_numel) + " " + t.dtype_name + " elements (" +
+                      std::to_string(need) + " bytes)");
   }
   return TorchFile(std::move(impl));
 }
@@ -377,11 +381,13 @@ Status TorchFile::VerifyRecords() {
   for (const auto& [name, idx] : impl_->records) {
     impl_->source->read_error = Status::Ok();
     std::unique_ptr<zip_file_t, ZipFileCloser> f(Zip().fopen_index(impl_->zip.get(), idx, 0));
-    if (!f) return impl_->Failed("record " + name + ": ", Zip().strerror(impl_->zip.get()));
+    if (!f)
+      return impl_->Failed("record " + Excerpt(name, 200) + ": ", Zip().strerror(impl_->zip.get()));
     while (true) {
       const zip_int64_t got = Zip().fread(f.get(), buf.data(), buf.size());
       if (got < 0)
-        return impl_->Failed("record " + impl_->prefix + name + ": ", Zip().file_strerror(f.get()));
+        return impl_->Failed("record " + Excerpt(impl_->prefix + name, 200) + ": ",
+                             Zip().file_strerror(f.get()));
       if (got == 0) break;
       impl_->bytes_read += static_cast<uint64_t>(got);
     }

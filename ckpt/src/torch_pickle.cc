@@ -306,7 +306,7 @@ class PickleParser {
   Status Global(std::string module, std::string name) {
     const std::string why = RefusalFor(module, name);
     if (!why.empty())
-      return Bad("refers to " + module + "." + name + " (" + why +
+      return Bad("refers to " + Excerpt(module, 80) + "." + Excerpt(name, 80) + " (" + why +
                  "); ckpt never runs code from a checkpoint, so the file is refused");
     return PushStr(Kind::kGlobal, module + "." + name);
   }
@@ -320,7 +320,7 @@ class PickleParser {
       return RebuildTensor(args);
     if (g == "torch._utils._rebuild_parameter" || g == "torch._utils._rebuild_parameter_with_state") {
       if (args.empty() || !args[0] || args[0]->kind != Kind::kTensor)
-        return Bad(g + " without a tensor");
+        return Bad(Excerpt(g, 120) + " without a tensor");
       return args[0];
     }
     if (g == "collections.OrderedDict" || g == "builtins.dict" || g == "__builtin__.dict") {
@@ -329,7 +329,7 @@ class PickleParser {
         CKPT_RETURN_IF_ERROR(Charge(args[0]->items.size()), "");
         for (PyValue* pair : args[0]->items) {
           if (!pair || !pair->is_sequence() || pair->items.size() != 2)
-            return Bad(g + " with an item that is not a pair");
+            return Bad(Excerpt(g, 120) + " with an item that is not a pair");
           d->entries.emplace_back(pair->items[0], pair->items[1]);
         }
       }
@@ -367,8 +367,8 @@ class PickleParser {
         return Bad("getattr is only read as getattr(<class>, \"<member>\") (an enum member)");
       const std::string why = RefusalFor(args[0]->s, args[1]->s);
       if (!why.empty())
-        return Bad("refers to " + args[0]->s + "." + args[1]->s + " (" + why +
-                   "); ckpt never runs code from a checkpoint, so the file is refused");
+        return Bad("refers to " + Excerpt(args[0]->s, 80) + "." + Excerpt(args[1]->s, 80) + " (" +
+                   why + "); ckpt never runs code from a checkpoint, so the file is refused");
       CKPT_ASSIGN_OR_RETURN(PyValue * a, New(Kind::kGlobal), "");
       a->s = args[0]->s + "." + args[1]->s;
       return a;
@@ -463,7 +463,7 @@ class PickleParser {
     const PyValue* numel = pid->items[4];
     if (!type || type->kind != Kind::kGlobal) return Bad("storage type is not a global");
     const StorageType* st = FindStorageType(type->s);
-    if (!st) return Bad("unknown storage type " + type->s);
+    if (!st) return Bad("unknown storage type " + Excerpt(type->s, 80));
     if (!key || key->kind != Kind::kStr || key->s.empty() || key->s.size() > 64 ||
         key->s.find('/') != std::string::npos || key->s.find("..") != std::string::npos)
       return Bad("storage key is not a record name");

@@ -14,8 +14,9 @@ partitions concatenated, padding stripped, split by param_shapes; plus the momen
      inspect and `ckpt diff` read its universal copy, which diff finds identical;
   5. `ckpt next-update DS --grad G` equals torch.optim.AdamW on the fixture's state.
 Then the hostile variants (truncated zip, os.system / eval globals, a storage too small for its
-view, mismatched partition counts, a missing rank file) must each be refused by export-fp32,
-inspect and check with exit 1 or 2, a message naming the file, nothing executed, nothing written.
+view, mismatched partition counts, a missing rank file, a parameter name of invalid UTF-8 with a
+terminal escape) must each be refused by export-fp32, inspect and check with exit 1 or 2, a
+message naming the file and holding no raw bytes of it, nothing executed, nothing written.
 Exit 0 when everything holds; 1 with a message at the first failure.
 """
 import argparse
@@ -246,8 +247,15 @@ def check_hostile(ckpt, work, kind, zero=2, world=2, dtype="bf16"):
     marker = os.path.join(root, "PWNED")
     for cmd in (["export-fp32", root, root + ".out"], ["inspect", root], ["check", root],
                 ["import-deepspeed", root, root + ".imp"], ["diff", root, root]):
-        p = run([ckpt] + cmd, expect=None)
-        text = p.stdout + p.stderr
+        p = subprocess.run([ckpt] + cmd, capture_output=True)
+        raw = p.stdout + p.stderr
+        # Whatever the file holds reaches the terminal escaped: UTF-8, no control characters.
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        if text is None or any(c < 0x20 and c not in (0x0a, 0x09) for c in raw):
+            fail(f"hostile {kind}: ckpt {cmd[0]} printed raw bytes from the file: {raw[-300:]!r}")
         if p.returncode not in (1, 2):
             fail(f"hostile {kind}: ckpt {cmd[0]} exited {p.returncode}\n{text}")
         if ".pt" not in text:
@@ -275,7 +283,8 @@ def main():
     check_fixture(a.ckpt, a.work, 1, 2, "bf16", optimizer="bf16", quick=a.quick)
     check_next_update(a.ckpt, a.work, 2, 2, "bf16")
     check_next_update(a.ckpt, a.work, 3, 3, "fp32")
-    for kind in ("truncate", "os_system", "eval", "short_storage", "partitions", "missing_rank"):
+    for kind in ("truncate", "os_system", "eval", "short_storage", "partitions", "missing_rank",
+                 "bad_name"):
         check_hostile(a.ckpt, a.work, kind)
     print("check_deepspeed: all ok")
 

@@ -345,7 +345,9 @@ def hostile(args):
     eval          the model file's pickle calls builtins.eval
     short_storage a tensor whose view needs more elements than its storage holds
     partitions    rank 0's partition_count disagrees with the number of rank files
-    missing_rank  the last rank's optimizer file deleted"""
+    missing_rank  the last rank's optimizer file deleted
+    bad_name      the first parameter's name (param_shapes and module) holds a lone surrogate
+                  (invalid UTF-8 once pickled) and a terminal escape sequence"""
     tag_dir = os.path.join(args.out, args.tag)
     prefix = "bf16_" if args.dtype == "bf16" else ""
     optim0 = os.path.join(tag_dir, f"{prefix}zero_pp_rank_0_mp_rank_00_optim_states.pt")
@@ -372,6 +374,16 @@ def hostile(args):
         osd["partition_count"] = ([args.world + 1] * 2 if isinstance(osd["partition_count"], list)
                                   else args.world + 1)
         save(sd, optim0)
+    elif kind == "bad_name":
+        sd = torch.load(model)
+        first = next(iter(sd["param_shapes"][0]))
+        bad = first + "\ud800\x1b[31m"
+
+        def renamed(d):
+            return collections.OrderedDict((bad if k == first else k, v) for k, v in d.items())
+        sd["param_shapes"] = [renamed(g) for g in sd["param_shapes"]]
+        sd["module"] = renamed(sd["module"])
+        save(sd, model)
     elif kind == "missing_rank":
         os.unlink(os.path.join(tag_dir, f"{prefix}zero_pp_rank_{args.world - 1}"
                                         "_mp_rank_00_optim_states.pt"))

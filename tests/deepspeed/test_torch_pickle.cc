@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <string>
 
+#include "ckpt/status.h"
 #include "ckpt/torch_pickle.h"
 #include "test_util.h"
 
@@ -128,6 +129,27 @@ TEST_CASE("unpickler refuses truncated and malformed input", "[unit]") {
     CHECK(doc.status().code() == StatusCode::kDataLoss);
     CHECK(doc.status().message().find("bad.pkl") != std::string::npos);
   }
+}
+
+TEST_CASE("unpickler quotes names from the file escaped, never raw", "[unit]") {
+  // An unknown storage type and a refused global whose names hold invalid UTF-8 and a terminal
+  // escape sequence: the message says what they were, escaped.
+  const std::string storage = "\x80\x02"s + "ctorch._utils\n_rebuild_tensor_v2\n" + "((" +
+                              U("storage") + "ctorch\nFloat\xff\x1b[31mStorage\n" + U("0") +
+                              U("cpu") + "K\x04tQ" + "K\x00K\x04\x85" + "K\x01\x85" + "\x89" +
+                              "ccollections\nOrderedDict\n)R" + "tR.";
+  const std::string global = "\x80\x02"s + "cos\nsystem\n" + U("x") + "\x85R.";
+  auto a = ParsePickle(storage, "evil.pkl");
+  REQUIRE(!a.ok());
+  CHECK(a.status().message().find("unknown storage type torch.Float\\xff\\x1b[31mStorage") !=
+        std::string::npos);
+  CHECK(a.status().message().find('\xff') == std::string::npos);
+  CHECK(a.status().message().find('\x1b') == std::string::npos);
+  auto b = ParsePickle(global, "evil.pkl");
+  REQUIRE(!b.ok());
+  CHECK(b.status().message().find("os.system") != std::string::npos);
+  CHECK(ckpt::Excerpt("a\nb\x01'\\", 40) == "a\\nb\\x01\\x27\\x5c");
+  CHECK(ckpt::Excerpt(std::string(50, 'x'), 40) == std::string(40, 'x') + "... (50 bytes)");
 }
 
 TEST_CASE("fuzz seed corpus parses (the fuzzer's inputs reach the parser)", "[unit]") {

@@ -80,6 +80,12 @@ inline Status PermissionDenied(std::string m) {
 // ENOSPC/EDQUOT/EFBIG ResourceExhausted, EACCES/EPERM/EROFS PermissionDenied, anything else
 // IOError.
 Status PosixError(std::string_view context, int errnum);
+
+// At most `max` bytes of untrusted file content for an error message: printable ASCII kept,
+// everything else escaped (\n, \xNN), the length said when cut. A `latest` that is really
+// /etc/passwd is never echoed whole, and a name from a hostile file never reaches a terminal
+// raw.
+std::string Excerpt(std::string_view bytes, size_t max = 40);
 // The same mapper under its older name.
 inline Status ErrnoError(std::string_view context, int errnum) {
   return PosixError(context, errnum);

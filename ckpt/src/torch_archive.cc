@@ -204,8 +204,10 @@ struct TorchFile::Impl {
     return DataLoss(path + ": " + what + zip_message);
   }
 
-  // Reads [offset, offset + n) of record `idx` into out.
-  Status ReadAt(zip_uint64_t idx, uint64_t offset, uint64_t n, void* out) {
+  // Reads [offset, offset + n) of record `idx` into out. With `whole` (offset 0, n the record's
+  // size) it also reads to the record's end, where libzip compares the CRC-32: a record parsed
+  // whole (data.pkl) is checked before it is parsed, as a tensor's storage is by `check`.
+  Status ReadAt(zip_uint64_t idx, uint64_t offset, uint64_t n, void* out, bool whole = false) {
     source->read_error = Status::Ok();
     std::unique_ptr<zip_file_t, ZipFileCloser> f(Zip().fopen_index(zip.get(), idx, 0));
     if (!f) return Failed("cannot open record: ", Zip().strerror(zip.get()));
@@ -231,6 +233,12 @@ struct TorchFile::Impl {
       if (got < 0) return Failed("reading a record: ", Zip().file_strerror(f.get()));
       if (got == 0) return DataLoss(path + ": record ends early (truncated archive)");
       done += static_cast<uint64_t>(got);
+    }
+    if (whole) {
+      char more = 0;
+      const zip_int64_t got = Zip().fread(f.get(), &more, 1);
+      if (got < 0) return Failed("reading a record: ", Zip().file_strerror(f.get()));
+      if (got > 0) return DataLoss(path + ": a record holds more bytes than its size");
     }
     bytes_read += n;
     return Status::Ok();
@@ -313,7 +321,7 @@ Result<TorchFile> TorchFile::Open(const std::string& path, Env* env) {
     return DataLoss(path + ": data.pkl is " + std::to_string(pkl_size) + " bytes (limit " +
                     std::to_string(kMaxPickleBytes) + ")");
   std::string pickle(pkl_size, '\0');
-  CKPT_RETURN_IF_ERROR(impl->ReadAt(pkl, 0, pkl_size, pickle.data()), "");
+  CKPT_RETURN_IF_ERROR(impl->ReadAt(pkl, 0, pkl_size, pickle.data(), /*whole=*/true), "");
   impl->bytes_read = 0;  // count tensor data only
   CKPT_ASSIGN_OR_RETURN(impl->doc, ParsePickle(pickle, path), "");
   for (const auto& t : impl->doc.tensors()) {

@@ -27,6 +27,7 @@ import io
 import math
 import os
 import pickletools
+import struct
 import sys
 import types
 import zipfile
@@ -347,7 +348,9 @@ def hostile(args):
     partitions    rank 0's partition_count disagrees with the number of rank files
     missing_rank  the last rank's optimizer file deleted
     bad_name      the first parameter's name (param_shapes and module) holds a lone surrogate
-                  (invalid UTF-8 once pickled) and a terminal escape sequence"""
+                  (invalid UTF-8 once pickled) and a terminal escape sequence
+    pickle_crc    one letter of a name inside the model file's data.pkl changed in place: still
+                  a valid pickle, but the record no longer matches its CRC-32"""
     tag_dir = os.path.join(args.out, args.tag)
     prefix = "bf16_" if args.dtype == "bf16" else ""
     optim0 = os.path.join(tag_dir, f"{prefix}zero_pp_rank_0_mp_rank_00_optim_states.pt")
@@ -384,6 +387,19 @@ def hostile(args):
         sd["param_shapes"] = [renamed(g) for g in sd["param_shapes"]]
         sd["module"] = renamed(sd["module"])
         save(sd, model)
+    elif kind == "pickle_crc":
+        with zipfile.ZipFile(model) as z:
+            info = next(i for i in z.infolist() if i.filename.endswith("/data.pkl"))
+        with open(model, "r+b") as f:
+            f.seek(info.header_offset)
+            name_len, extra_len = struct.unpack("<HH", f.read(30)[26:30])
+            start = info.header_offset + 30 + name_len + extra_len
+            f.seek(start)
+            data = bytearray(f.read(info.file_size))
+            at = data.find(b"embed.weight")
+            data[at] = ord("E")
+            f.seek(start)
+            f.write(data)
     elif kind == "missing_rank":
         os.unlink(os.path.join(tag_dir, f"{prefix}zero_pp_rank_{args.world - 1}"
                                         "_mp_rank_00_optim_states.pt"))

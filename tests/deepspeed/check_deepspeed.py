@@ -17,7 +17,9 @@ Then the hostile variants (truncated zip, os.system / eval globals, a storage to
 view, mismatched partition counts, a missing rank file, a parameter name of invalid UTF-8 with a
 terminal escape, a data.pkl changed in place under its CRC-32) must each be refused by
 export-fp32, inspect and check with exit 1 or 2, a message naming the file and holding no raw
-bytes of it, nothing executed, nothing written.
+bytes of it, nothing executed, nothing written; and 100 randomly damaged copies of a small
+checkpoint's .pt files (check_mutations) never crash check or export-fp32 nor make them print
+raw bytes.
 Exit 0 when everything holds; 1 with a message at the first failure.
 """
 import argparse
@@ -269,6 +271,60 @@ def check_hostile(ckpt, work, kind, zero=2, world=2, dtype="bf16"):
     print(f"ok hostile {kind}: refused ({text.strip().splitlines()[-1][:160]})")
 
 
+def check_mutations(ckpt, work, count=100, seed=20261203):
+    """Damaged copies of a small checkpoint's .pt files (bits flipped anywhere or in the zip's
+    central directory, bytes cut off or taken out): `check` and `export-fp32` exit 0 or 1,
+    never crash, print no raw byte of the file, and write nothing on a refusal. Both outcomes
+    must occur (flips inside tensor data pass: DeepSpeed records no checksums but the zip's
+    CRC-32, which `check` reads), so the mutations reach past the archive's parsing."""
+    import random
+    rng = random.Random(seed)
+    root, _ = make(work, 2, 1, "fp32")
+    tag = os.path.join(root, "global_step7")
+    files = sorted(f for f in os.listdir(tag) if f.endswith(".pt"))
+    pristine = {f: open(os.path.join(tag, f), "rb").read() for f in files}
+    seen = {}
+    out = root + ".mut.out"
+    for _ in range(count):
+        name = rng.choice(files)
+        b = bytearray(pristine[name])
+        kind = rng.choice(["flip", "flip", "cut", "hole", "directory"])
+        if kind == "flip":
+            for _ in range(rng.randint(1, 8)):
+                b[rng.randrange(len(b))] ^= 1 << rng.randrange(8)
+        elif kind == "cut":
+            del b[rng.randrange(len(b)):]
+        elif kind == "hole":
+            at = rng.randrange(len(b))
+            del b[at:at + rng.randint(1, 64)]
+        else:
+            for _ in range(rng.randint(1, 4)):
+                b[len(b) - 1 - rng.randrange(min(4096, len(b)))] ^= 1 << rng.randrange(8)
+        for f in files:  # one damaged file at a time, the others as written
+            with open(os.path.join(tag, f), "wb") as w:
+                w.write(b if f == name else pristine[f])
+        for cmd in (["check", root], ["export-fp32", root, out]):
+            shutil.rmtree(out, ignore_errors=True)
+            p = subprocess.run([ckpt] + cmd, capture_output=True)
+            raw = p.stdout + p.stderr
+            if p.returncode not in (0, 1):
+                fail(f"mutated {name} ({kind}): ckpt {cmd[0]} exited {p.returncode}\n{raw[-500:]!r}")
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError:
+                fail(f"mutated {name} ({kind}): ckpt {cmd[0]} printed raw bytes: {raw[-300:]!r}")
+            if any(c < 0x20 and c not in (0x0a, 0x09) for c in raw):
+                fail(f"mutated {name} ({kind}): ckpt {cmd[0]} printed a control byte: {raw[-300:]!r}")
+            if p.returncode == 1 and os.path.exists(out):
+                fail(f"mutated {name} ({kind}): ckpt {cmd[0]} failed but wrote {out}")
+            seen[(cmd[0], p.returncode)] = seen.get((cmd[0], p.returncode), 0) + 1
+    for need in (("check", 1), ("export-fp32", 0), ("export-fp32", 1)):
+        if not seen.get(need):
+            fail(f"mutations never gave ckpt {need[0]} exit {need[1]}: {seen}")
+    shutil.rmtree(out, ignore_errors=True)
+    print(f"ok mutations: {count} damaged copies, outcomes {sorted(seen.items())}")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("ckpt")
@@ -287,6 +343,7 @@ def main():
     for kind in ("truncate", "os_system", "eval", "short_storage", "partitions", "missing_rank",
                  "bad_name", "pickle_crc"):
         check_hostile(a.ckpt, a.work, kind)
+    check_mutations(a.ckpt, a.work)
     print("check_deepspeed: all ok")
 
 

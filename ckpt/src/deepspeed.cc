@@ -286,6 +286,9 @@ Result<DeepSpeedReader> DeepSpeedReader::Open(const std::string& path, const std
     if (!tag.empty()) return NotFound(path + "/" + tag + ": no DeepSpeed model-states file");
     if (!env->Exists(path + "/latest"))
       return NotFound(path + ": no *_model_states.pt here and no `latest` file (pass --tag)");
+    // A `latest` that cannot be read (a symbolic link, an I/O error) says why.
+    if (auto latest = ReadCheckpointFileToString(env, path + "/latest", 4096); !latest.ok())
+      return latest.status();
     return NotFound(path + ": `latest` names a directory without a DeepSpeed model-states file");
   }
   CKPT_ASSIGN_OR_RETURN(auto entries, env->ListDir(I.dir), I.dir);

@@ -121,6 +121,13 @@ TEST_CASE("DeepSpeed files are read through the Env: storages with ReadLarge, li
   REQUIRE_FALSE(reopened.ok());
   INFO(reopened.status().ToString());
   CHECK(reopened.status().message().find("injected read failure") != std::string::npos);
+  // Through the root, `latest` is the first read: its failure is what is reported (it was
+  // "`latest` names a directory without a DeepSpeed model-states file").
+  auto via_latest = ckpt::DeepSpeedReader::Open(ds, "", &env);
+  REQUIRE_FALSE(via_latest.ok());
+  INFO(via_latest.status().ToString());
+  CHECK(via_latest.status().code() == ckpt::StatusCode::kIOError);
+  CHECK(via_latest.status().message().find("injected read failure") != std::string::npos);
   env.fail = false;
 
   // A file inside the checkpoint that is a symbolic link (here to the real file) is refused:

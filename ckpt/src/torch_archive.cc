@@ -9,6 +9,7 @@
 #include <map>
 #include <vector>
 
+#include "ckpt/aligned_buffer.h"
 #include "ckpt/env.h"
 #include "ckpt/shared_library.h"
 
@@ -384,8 +385,9 @@ Status TorchFile::ReadFloats(const TorchTensorRef& t, int64_t first, int64_t cou
 }
 
 Status TorchFile::VerifyRecords() {
-  // Reads of 16 MiB, so a storage's bytes leave the disk past the page cache (ZipFileSource).
-  std::vector<char> buf(16u << 20);
+  // Reads of 16 MiB, so a storage's bytes leave the disk past the page cache (ZipFileSource),
+  // into I/O memory that is not zero-filled first (ckpt/aligned_buffer.h).
+  AlignedBuffer buf(16u << 20);
   for (const auto& [name, idx] : impl_->records) {
     impl_->source->read_error = Status::Ok();
     std::unique_ptr<zip_file_t, ZipFileCloser> f(Zip().fopen_index(impl_->zip.get(), idx, 0));

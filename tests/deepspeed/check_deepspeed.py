@@ -243,6 +243,19 @@ def check_next_update(ckpt, work, zero, world, dtype):
     print(f"ok {what}: next-update --grad matches torch.optim.AdamW ({p.stdout.strip()[:120]})")
 
 
+def printable(p, what):
+    """A finished command's stdout + stderr as text, failing unless whatever a file held reached
+    it escaped: valid UTF-8 with no control character but newline and tab."""
+    raw = p.stdout + p.stderr
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        fail(f"{what} printed raw bytes from the file: {raw[-300:]!r}")
+    if any(c < 0x20 and c not in (0x0a, 0x09) for c in raw):
+        fail(f"{what} printed a control byte: {raw[-300:]!r}")
+    return text
+
+
 def check_hostile(ckpt, work, kind, zero=2, world=2, dtype="bf16"):
     root, _ = make(work, zero, world, dtype, hostile=kind)
     for suffix in (".out", ".imp"):
@@ -251,14 +264,7 @@ def check_hostile(ckpt, work, kind, zero=2, world=2, dtype="bf16"):
     for cmd in (["export-fp32", root, root + ".out"], ["inspect", root], ["check", root],
                 ["import-deepspeed", root, root + ".imp"], ["diff", root, root]):
         p = subprocess.run([ckpt] + cmd, capture_output=True)
-        raw = p.stdout + p.stderr
-        # Whatever the file holds reaches the terminal escaped: UTF-8, no control characters.
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            text = None
-        if text is None or any(c < 0x20 and c not in (0x0a, 0x09) for c in raw):
-            fail(f"hostile {kind}: ckpt {cmd[0]} printed raw bytes from the file: {raw[-300:]!r}")
+        text = printable(p, f"hostile {kind}: ckpt {cmd[0]}")
         if p.returncode not in (1, 2):
             fail(f"hostile {kind}: ckpt {cmd[0]} exited {p.returncode}\n{text}")
         if ".pt" not in text:
@@ -306,15 +312,9 @@ def check_mutations(ckpt, work, count=100, seed=20261203):
         for cmd in (["check", root], ["export-fp32", root, out]):
             shutil.rmtree(out, ignore_errors=True)
             p = subprocess.run([ckpt] + cmd, capture_output=True)
-            raw = p.stdout + p.stderr
+            text = printable(p, f"mutated {name} ({kind}): ckpt {cmd[0]}")
             if p.returncode not in (0, 1):
-                fail(f"mutated {name} ({kind}): ckpt {cmd[0]} exited {p.returncode}\n{raw[-500:]!r}")
-            try:
-                raw.decode("utf-8")
-            except UnicodeDecodeError:
-                fail(f"mutated {name} ({kind}): ckpt {cmd[0]} printed raw bytes: {raw[-300:]!r}")
-            if any(c < 0x20 and c not in (0x0a, 0x09) for c in raw):
-                fail(f"mutated {name} ({kind}): ckpt {cmd[0]} printed a control byte: {raw[-300:]!r}")
+                fail(f"mutated {name} ({kind}): ckpt {cmd[0]} exited {p.returncode}\n{text[-500:]}")
             if p.returncode == 1 and os.path.exists(out):
                 fail(f"mutated {name} ({kind}): ckpt {cmd[0]} failed but wrote {out}")
             seen[(cmd[0], p.returncode)] = seen.get((cmd[0], p.returncode), 0) + 1

@@ -339,9 +339,23 @@ def main(argv):
     return 0
 
 
+def leave(code):
+    """Ends the process without the interpreter's finalization. Under torch 1.13 and Python 3.11
+    a gloo worker thread can still be releasing a finished collective's tensors, one of which
+    owns a Python object, while the interpreter finalizes; taking the GIL then ends that thread
+    with pthread_exit inside a noexcept destructor and the rank aborts (status 134) after a run
+    that succeeded. Called once main() returned: the run log is closed and every save (background
+    ones included) has committed. A failure leaves through sys.exit, where ckpt.torch's exit
+    handler still finishes a background save in flight."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
     try:
-        sys.exit(main(sys.argv[1:]))
+        code = main(sys.argv[1:])
     except ckpt.Error as e:
         print(f"train.py: {e}", file=sys.stderr)
         sys.exit(1 if isinstance(e, ckpt.CorruptionError) else 2)
+    leave(code)

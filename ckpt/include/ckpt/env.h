@@ -27,8 +27,17 @@ namespace ckpt {
 // A file being written. Not thread-safe. Close() is idempotent; the destructor closes quietly.
 class WritableFile {
  public:
+  // Called with each consecutive piece of an AppendThrough, in order.
+  using PieceFn = std::function<void(const uint8_t* p, size_t n)>;
+  static constexpr size_t kAppendPiece = 1u << 20;
+
   virtual ~WritableFile() = default;
   virtual Status Append(std::string_view data) = 0;
+  // Append that hands `data` to `before` (may be empty) in consecutive pieces of at most
+  // kAppendPiece bytes, in order, each before it is written: the caller hashes the bytes while
+  // the disk takes the ones before them (PosixEnv's large appends, which leave with O_DIRECT
+  // several requests at a time). The default hands a piece over, then appends it.
+  virtual Status AppendThrough(std::string_view data, const PieceFn& before);
   virtual Status Sync() = 0;   // fsync (data and metadata)
   virtual Status Close() = 0;
 };

@@ -25,10 +25,12 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -170,6 +172,157 @@ inline PassResult Pass(const std::string& dir, const std::vector<AlignedBuffer>&
     }
   }
   r.seconds = secs;
+  return r;
+}
+
+// The copy floor (export-fp32's job without ckpt): the first bytes of several source files read
+// in order and written one after the other into one output file, then fsync of it and of its
+// directory, by a program that only moves bytes. Reads and writes overlap through a ring of
+// 2 x `inflight` block buffers: `inflight` reader threads fill blocks in order, as many writer
+// threads write them, so up to `inflight` reads and `inflight` writes are in flight at once.
+// Unlike the other floors the ring is allocated inside the clock, as any copying process must
+// (fresh memory, the transparent-huge-page hint of AlignedBuffer): a copy that pre-touched its
+// buffers would hide a cost no program that starts up avoids. Each source's byte count is
+// rounded down to whole 4 KiB blocks so that every write stays aligned (at most 4 KiB less a
+// file).
+struct CopyVariant {
+  std::string name;  // e.g. "direct_16MiB_x2"
+  Mode mode;         // kBuffered (both sides) or kDirect (both sides)
+  size_t block;
+  int inflight;
+};
+
+inline std::vector<CopyVariant> CopyVariants() {
+  return {{"buffered_4MiB_x1", Mode::kBuffered, 4u << 20, 1},
+          {"direct_8MiB_x2", Mode::kDirect, 8u << 20, 2},
+          {"direct_16MiB_x1", Mode::kDirect, 16u << 20, 1},
+          {"direct_16MiB_x2", Mode::kDirect, 16u << 20, 2},
+          {"direct_64MiB_x1", Mode::kDirect, 64u << 20, 1}};
+}
+
+// Copies `bytes[i]` (already rounded to kAlign) from the start of each `sources[i]` to `dest`.
+inline PassResult CopyPass(const std::vector<std::string>& sources,
+                           const std::vector<uint64_t>& bytes, const std::string& dest,
+                           const std::string& dest_dir, const CopyVariant& v) {
+  struct Block {
+    size_t src;
+    uint64_t from, to, len;
+  };
+  std::vector<Block> blocks;
+  uint64_t out_at = 0;
+  for (size_t f = 0; f < sources.size(); ++f)
+    for (uint64_t at = 0; at < bytes[f]; at += v.block) {
+      const uint64_t len = std::min<uint64_t>(v.block, bytes[f] - at);
+      blocks.push_back({f, at, out_at, len});
+      out_at += len;
+    }
+  PassResult r;
+  const auto t0 = std::chrono::steady_clock::now();
+  const int direct = v.mode == Mode::kDirect ? O_DIRECT : 0;
+  std::vector<int> in;
+  for (const auto& path : sources) {
+    in.push_back(open(path.c_str(), O_RDONLY | O_CLOEXEC | direct));
+    if (in.back() < 0) {
+      if (direct && errno == EINVAL) return r;  // unsupported
+      r.error = "open " + path + ": " + std::strerror(errno);
+    }
+  }
+  const int out = open(dest.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | direct, 0644);
+  if (out < 0 && r.error.empty()) {
+    if (direct && errno == EINVAL) return r;
+    r.error = "open " + dest + ": " + std::strerror(errno);
+  }
+  const size_t slots = 2 * static_cast<size_t>(v.inflight);
+  // Fresh memory, touched first by the reads themselves (not AlignedBuffer, which pre-touches).
+  std::vector<uint8_t*> mem(slots, nullptr);
+  for (size_t k = 0; k < slots && r.error.empty(); ++k) {
+    void* p = nullptr;
+    if (posix_memalign(&p, 2u << 20, v.block) != 0) {
+      r.error = "out of memory";
+      break;
+    }
+    madvise(p, v.block, MADV_HUGEPAGE);
+    mem[k] = static_cast<uint8_t*>(p);
+  }
+  // held[k]: the block slot k holds (or will hold); full[k]: its bytes are read.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<int64_t> held(slots, -1);
+  std::vector<bool> full(slots, false);
+  std::string failure;
+  for (size_t k = 0; k < slots && k < blocks.size(); ++k) held[k] = static_cast<int64_t>(k);
+  auto fail = [&](std::string what) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (failure.empty()) failure = std::move(what);
+    cv.notify_all();
+  };
+  auto reader = [&](size_t first) {
+    for (size_t b = first; b < blocks.size(); b += static_cast<size_t>(v.inflight)) {
+      const size_t k = b % slots;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return held[k] == static_cast<int64_t>(b) || !failure.empty(); });
+        if (!failure.empty()) return;
+      }
+      const Block& x = blocks[b];
+      for (uint64_t done = 0; done < x.len;) {
+        const ssize_t n =
+            pread(in[x.src], mem[k] + done, x.len - done, static_cast<off_t>(x.from + done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0)
+          return fail("read " + sources[x.src] + ": " +
+                      (n == 0 ? std::string("short file") : std::strerror(errno)));
+        done += static_cast<uint64_t>(n);
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      full[k] = true;
+      cv.notify_all();
+    }
+  };
+  auto writer = [&](size_t first) {
+    for (size_t b = first; b < blocks.size(); b += static_cast<size_t>(v.inflight)) {
+      const size_t k = b % slots;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] {
+          return (held[k] == static_cast<int64_t>(b) && full[k]) || !failure.empty();
+        });
+        if (!failure.empty()) return;
+      }
+      const Block& x = blocks[b];
+      for (uint64_t done = 0; done < x.len;) {
+        const ssize_t n = pwrite(out, mem[k] + done, x.len - done, static_cast<off_t>(x.to + done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return fail("write " + dest + ": " + std::strerror(errno));
+        done += static_cast<uint64_t>(n);
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      full[k] = false;
+      held[k] = b + slots < blocks.size() ? static_cast<int64_t>(b + slots) : -1;
+      cv.notify_all();
+    }
+  };
+  if (r.error.empty()) {
+    std::vector<std::thread> threads;
+    for (int t = 0; t < v.inflight; ++t) {
+      threads.emplace_back(reader, static_cast<size_t>(t));
+      threads.emplace_back(writer, static_cast<size_t>(t));
+    }
+    for (auto& t : threads) t.join();
+    if (!failure.empty()) r.error = failure;
+  }
+  if (r.error.empty() && fsync(out) != 0) r.error = "fsync " + dest + ": " + std::strerror(errno);
+  for (int fd : in)
+    if (fd >= 0) close(fd);
+  if (out >= 0) close(out);
+  for (uint8_t* p : mem) std::free(p);
+  if (!r.error.empty()) return r;
+  const int dfd = open(dest_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    fsync(dfd);
+    close(dfd);
+  }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }
 

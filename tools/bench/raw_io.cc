@@ -6,7 +6,10 @@
 //   raw_io write DIR --files N --bytes-per-file B [--variant NAME]
 //   raw_io read  DIR --files N [--bytes-per-file B] [--variant NAME]
 //                                      (each file read whole, or its first B bytes)
-//   raw_io variants write|read        (the variant names, one per line)
+//   raw_io copy SRC_DIR DEST_DIR --files N --bytes-per-file B [--variant NAME]
+//                                      (the first B bytes of each SRC_DIR/raw_<i>.bin, in order,
+//                                      into DEST_DIR/raw_0.bin: the copy floor of export-fp32)
+//   raw_io variants write|read|copy   (the variant names, one per line)
 //   raw_io touch BYTES                 (what first-touching memory costs here, below)
 //
 // The default variant is buffered_4MiB (write(2) / read(2) in 4 MiB blocks, the old floor).
@@ -67,12 +70,70 @@ long MaxRssKiB() {
   return ru.ru_maxrss;
 }
 
+// raw_io copy SRC_DIR DEST_DIR --files N --bytes-per-file B [--variant NAME]: prints {"op":
+// "copy", "variant", "files", "bytes", "block", "inflight", "seconds", "gib_per_s",
+// "maxrss_kib"} (bytes counted once: what was read, which is what was written).
+int Copy(int argc, char** argv) {
+  if (argc < 4) Die("usage: raw_io copy SRC_DIR DEST_DIR --files N --bytes-per-file B");
+  const std::string src = argv[2], dest_dir = argv[3];
+  int files = 1;
+  uint64_t per_file = 0;
+  std::string variant = "direct_16MiB_x2";
+  for (int i = 4; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (i + 1 >= argc) Die("missing value for " + a);
+    if (a == "--files")
+      files = std::atoi(argv[++i]);
+    else if (a == "--bytes-per-file")
+      per_file = ParseBytes(argv[++i]);
+    else if (a == "--variant")
+      variant = argv[++i];
+    else
+      Die("unknown option " + a);
+  }
+  if (files < 1) Die("--files must be positive");
+  if (per_file == 0) Die("--bytes-per-file must be positive");
+  const auto variants = raw_floor::CopyVariants();
+  const raw_floor::CopyVariant* v = nullptr;
+  for (const auto& x : variants)
+    if (x.name == variant) v = &x;
+  if (!v) Die("unknown copy variant '" + variant + "' (raw_io variants copy)");
+  std::vector<std::string> sources;
+  std::vector<uint64_t> bytes;
+  double total = 0;
+  for (int f = 0; f < files; ++f) {
+    sources.push_back(raw_floor::FileName(src, static_cast<size_t>(f)));
+    struct stat st {};
+    if (stat(sources.back().c_str(), &st) != 0)
+      Die("stat " + sources.back() + ": " + std::strerror(errno));
+    const uint64_t n = std::min<uint64_t>(per_file, static_cast<uint64_t>(st.st_size));
+    bytes.push_back(n / raw_floor::kAlign * raw_floor::kAlign);
+    total += static_cast<double>(bytes.back());
+  }
+  const raw_floor::PassResult r =
+      raw_floor::CopyPass(sources, bytes, raw_floor::FileName(dest_dir, 0), dest_dir, *v);
+  if (!r.error.empty()) Die(r.error);
+  if (!r.seconds) {
+    std::printf("{\"op\": \"copy\", \"variant\": \"%s\", \"unsupported\": true}\n",
+                v->name.c_str());
+    return 0;
+  }
+  std::printf(
+      "{\"op\": \"copy\", \"variant\": \"%s\", \"files\": %d, \"bytes\": %.0f, "
+      "\"block\": %zu, \"inflight\": %d, \"seconds\": %.6f, \"gib_per_s\": %.4f, "
+      "\"maxrss_kib\": %ld}\n",
+      v->name.c_str(), files, total, v->block, v->inflight, *r.seconds,
+      total / *r.seconds / (1024.0 * 1024 * 1024), MaxRssKiB());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 3)
     Die("usage: raw_io write|read DIR --files N [--bytes-per-file B] [--variant NAME] | "
-        "raw_io variants write|read | raw_io touch BYTES");
+        "raw_io copy SRC_DIR DEST_DIR --files N --bytes-per-file B [--variant NAME] | "
+        "raw_io variants write|read|copy | raw_io touch BYTES");
   const std::string op = argv[1];
   if (op == "touch") {
     // A process's working memory is touched inside its timed work, the floors' buffers before
@@ -93,11 +154,16 @@ int main(int argc, char** argv) {
   }
   if (op == "variants") {
     const std::string which = argv[2];
-    if (which != "write" && which != "read") Die("variants: write or read");
+    if (which == "copy") {
+      for (const auto& v : raw_floor::CopyVariants()) std::printf("%s\n", v.name.c_str());
+      return 0;
+    }
+    if (which != "write" && which != "read") Die("variants: write, read or copy");
     for (const auto& v : which == "write" ? raw_floor::WriteVariants() : raw_floor::ReadVariants())
       std::printf("%s\n", v.name.c_str());
     return 0;
   }
+  if (op == "copy") return Copy(argc, argv);
   const std::string dir = argv[2];
   int files = 1;
   uint64_t per_file = 0;

@@ -196,15 +196,18 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
     int64_t begin = 0, end = 0;  // element range; a frozen tensor is one piece
   };
   constexpr size_t kNoTensor = SIZE_MAX;  // a file's only piece when it has no elements
-  // A trainable tensor's piece: up to chunk_elements, and no more than half the largest
-  // tensor (at least 4 Mi elements), so two pieces in flight stay inside the documented bound of
-  // 2 x the largest tensor + 64 MiB. Larger pieces keep the disk busy: each piece is read by a
-  // burst of O_DIRECT requests and the next burst starts only after the piece's copy and hash,
-  // so 16 MiB pieces left the disk idle between bursts (a 1 GiB checkpoint's export took
-  // 0.58-0.59 s with 16 MiB pieces, 0.43-0.44 s with 64 MiB; docs/performance.md).
-  const int64_t piece_elements = static_cast<int64_t>(std::min<uint64_t>(
-      opts.chunk_elements,
-      std::max<uint64_t>(uint64_t{1} << 22, report.largest_tensor_bytes / 4 / 2)));
+  // A trainable tensor's piece: up to chunk_elements and at most 4 Mi elements (16 MiB of
+  // fp32), two in flight (kAhead). The pieces' slots are the export's working memory, touched
+  // first by this process: on the development VM fresh memory in 2 MiB pages cost 0.37 GiB/s
+  // once the host had taken it back (free page reporting, a few seconds after it was freed),
+  // so slots of half the largest tensor (2 x 44.7 MB for a 1 GiB checkpoint) added 0.2-0.3 s
+  // of system time to a 0.5 s export; two 16 MiB slots: 0.56 s (0.50-0.60, system 0.17)
+  // against 0.68 (0.53-0.74, system 0.30), and no slower with memory at hand (0.50 against
+  // 0.49; docs/performance.md, 2026-12-03 14:30). A copy program that reads and writes the
+  // same bytes through a 32 MiB ring stays at the disk's floor in both cases (raw_io copy).
+  constexpr int64_t kPieceElements = int64_t{1} << 22;
+  const int64_t piece_elements =
+      static_cast<int64_t>(std::min<uint64_t>(opts.chunk_elements, kPieceElements));
   std::vector<Piece> pieces;
   for (size_t f = 0; f < files.size(); ++f) {
     const size_t first_piece = pieces.size();

@@ -203,7 +203,7 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
   // so slots of half the largest tensor (2 x 44.7 MB for a 1 GiB checkpoint) added 0.2-0.3 s
   // of system time to a 0.5 s export; two 16 MiB slots: 0.56 s (0.50-0.60, system 0.17)
   // against 0.68 (0.53-0.74, system 0.30), and no slower with memory at hand (0.50 against
-  // 0.49; docs/performance.md, 2026-12-03 14:30). A copy program that reads and writes the
+  // 0.49; docs/performance.md, 2026-12-03 14:00). A copy program that reads and writes the
   // same bytes through a 32 MiB ring stays at the disk's floor in both cases (raw_io copy).
   constexpr int64_t kPieceElements = int64_t{1} << 22;
   const int64_t piece_elements =

@@ -27,6 +27,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "raw_floor.h"
@@ -70,28 +71,42 @@ long MaxRssKiB() {
   return ru.ru_maxrss;
 }
 
+// The options every pass takes: --files N, --bytes-per-file B, --variant NAME, from argv[first].
+struct PassOptions {
+  int files = 1;
+  uint64_t per_file = 0;
+  std::string variant;
+};
+
+PassOptions ParsePassOptions(int argc, char** argv, int first, std::string default_variant) {
+  PassOptions o;
+  o.variant = std::move(default_variant);
+  for (int i = first; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (i + 1 >= argc) Die("missing value for " + a);
+    if (a == "--files")
+      o.files = std::atoi(argv[++i]);
+    else if (a == "--bytes-per-file")
+      o.per_file = ParseBytes(argv[++i]);
+    else if (a == "--variant")
+      o.variant = argv[++i];
+    else
+      Die("unknown option " + a);
+  }
+  if (o.files < 1) Die("--files must be positive");
+  return o;
+}
+
 // raw_io copy SRC_DIR DEST_DIR --files N --bytes-per-file B [--variant NAME]: prints {"op":
 // "copy", "variant", "files", "bytes", "block", "inflight", "seconds", "gib_per_s",
 // "maxrss_kib"} (bytes counted once: what was read, which is what was written).
 int Copy(int argc, char** argv) {
   if (argc < 4) Die("usage: raw_io copy SRC_DIR DEST_DIR --files N --bytes-per-file B");
   const std::string src = argv[2], dest_dir = argv[3];
-  int files = 1;
-  uint64_t per_file = 0;
-  std::string variant = "direct_16MiB_x2";
-  for (int i = 4; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (i + 1 >= argc) Die("missing value for " + a);
-    if (a == "--files")
-      files = std::atoi(argv[++i]);
-    else if (a == "--bytes-per-file")
-      per_file = ParseBytes(argv[++i]);
-    else if (a == "--variant")
-      variant = argv[++i];
-    else
-      Die("unknown option " + a);
-  }
-  if (files < 1) Die("--files must be positive");
+  const PassOptions o = ParsePassOptions(argc, argv, 4, "direct_16MiB_x2");
+  const int files = o.files;
+  const uint64_t per_file = o.per_file;
+  const std::string& variant = o.variant;
   if (per_file == 0) Die("--bytes-per-file must be positive");
   const auto variants = raw_floor::CopyVariants();
   const raw_floor::CopyVariant* v = nullptr;
@@ -165,18 +180,10 @@ int main(int argc, char** argv) {
   }
   if (op == "copy") return Copy(argc, argv);
   const std::string dir = argv[2];
-  int files = 1;
-  uint64_t per_file = 0;
-  std::string variant = "buffered_4MiB";
-  for (int i = 3; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (i + 1 >= argc) Die("missing value for " + a);
-    if (a == "--files") files = std::atoi(argv[++i]);
-    else if (a == "--bytes-per-file") per_file = ParseBytes(argv[++i]);
-    else if (a == "--variant") variant = argv[++i];
-    else Die("unknown option " + a);
-  }
-  if (files < 1) Die("--files must be positive");
+  const PassOptions o = ParsePassOptions(argc, argv, 3, "buffered_4MiB");
+  const int files = o.files;
+  const uint64_t per_file = o.per_file;
+  const std::string& variant = o.variant;
   const bool write_pass = op == "write";
   // A read moves each file's own size (they may differ: rank files), or its first per_file
   // bytes; a write, per_file each.

@@ -303,11 +303,16 @@ class PickleParser {
     return PushInt(v);
   }
 
-  Status Global(std::string module, std::string name) {
+  // DataLoss naming module.name when RefusalFor refuses it (a global or getattr's member).
+  static Status Allowed(const std::string& module, const std::string& name) {
     const std::string why = RefusalFor(module, name);
-    if (!why.empty())
-      return Bad("refers to " + Excerpt(module, 80) + "." + Excerpt(name, 80) + " (" + why +
-                 "); ckpt never runs code from a checkpoint, so the file is refused");
+    if (why.empty()) return Status::Ok();
+    return Bad("refers to " + Excerpt(module, 80) + "." + Excerpt(name, 80) + " (" + why +
+               "); ckpt never runs code from a checkpoint, so the file is refused");
+  }
+
+  Status Global(std::string module, std::string name) {
+    CKPT_RETURN_IF_ERROR(Allowed(module, name), "");
     return PushStr(Kind::kGlobal, module + "." + name);
   }
 
@@ -365,10 +370,7 @@ class PickleParser {
       if (args.size() != 2 || !args[0] || args[0]->kind != Kind::kGlobal || !args[1] ||
           !args[1]->is_str() || args[1]->s.empty() || args[1]->s.find('.') != std::string::npos)
         return Bad("getattr is only read as getattr(<class>, \"<member>\") (an enum member)");
-      const std::string why = RefusalFor(args[0]->s, args[1]->s);
-      if (!why.empty())
-        return Bad("refers to " + Excerpt(args[0]->s, 80) + "." + Excerpt(args[1]->s, 80) + " (" +
-                   why + "); ckpt never runs code from a checkpoint, so the file is refused");
+      CKPT_RETURN_IF_ERROR(Allowed(args[0]->s, args[1]->s), "");
       CKPT_ASSIGN_OR_RETURN(PyValue * a, New(Kind::kGlobal), "");
       a->s = args[0]->s + "." + args[1]->s;
       return a;

@@ -94,6 +94,16 @@ TEST_CASE("unpickler refuses globals that run code and names the file", "[unit]"
   const std::string getattr_str =
       "\x80\x02"s + "c__builtin__\ngetattr\n" + U("os") + U("system") + "\x86R.";
   REQUIRE(!ParsePickle(getattr_str, "evil.pkl").ok());
+  // getattr(<class>, "<member>") whose member is refused: the same refusal as a global.
+  const std::string getattr_dunder = "\x80\x02"s + "c__builtin__\ngetattr\n" +
+                                     "ccollections\nOrderedDict\n" + U("__init__") + "\x86R.";
+  auto dunder = ParsePickle(getattr_dunder, "evil.pkl");
+  REQUIRE(!dunder.ok());
+  CHECK(dunder.status().code() == StatusCode::kDataLoss);
+  CHECK(dunder.status().message().find("evil.pkl") != std::string::npos);
+  CHECK(dunder.status().message().find("collections.OrderedDict.__init__ (a dunder attribute)") !=
+        std::string::npos);
+  CHECK(dunder.status().message().find("never runs code") != std::string::npos);
 }
 
 TEST_CASE("unpickler keeps other classes as inert records", "[unit]") {

@@ -220,16 +220,26 @@ inline PassResult CopyPass(const std::vector<std::string>& sources,
   const auto t0 = std::chrono::steady_clock::now();
   const int direct = v.mode == Mode::kDirect ? O_DIRECT : 0;
   std::vector<int> in;
+  auto close_sources = [&in] {
+    for (int fd : in)
+      if (fd >= 0) close(fd);
+  };
   for (const auto& path : sources) {
     in.push_back(open(path.c_str(), O_RDONLY | O_CLOEXEC | direct));
     if (in.back() < 0) {
-      if (direct && errno == EINVAL) return r;  // unsupported
+      if (direct && errno == EINVAL) {  // unsupported
+        close_sources();
+        return r;
+      }
       r.error = "open " + path + ": " + std::strerror(errno);
     }
   }
   const int out = open(dest.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | direct, 0644);
   if (out < 0 && r.error.empty()) {
-    if (direct && errno == EINVAL) return r;
+    if (direct && errno == EINVAL) {
+      close_sources();
+      return r;
+    }
     r.error = "open " + dest + ": " + std::strerror(errno);
   }
   const size_t slots = 2 * static_cast<size_t>(v.inflight);
@@ -312,8 +322,7 @@ inline PassResult CopyPass(const std::vector<std::string>& sources,
     if (!failure.empty()) r.error = failure;
   }
   if (r.error.empty() && fsync(out) != 0) r.error = "fsync " + dest + ": " + std::strerror(errno);
-  for (int fd : in)
-    if (fd >= 0) close(fd);
+  close_sources();
   if (out >= 0) close(out);
   for (uint8_t* p : mem) std::free(p);
   if (!r.error.empty()) return r;

@@ -25,6 +25,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <utility>
@@ -103,6 +104,9 @@ PassOptions ParsePassOptions(int argc, char** argv, int first, std::string defau
 int Copy(int argc, char** argv) {
   if (argc < 4) Die("usage: raw_io copy SRC_DIR DEST_DIR --files N --bytes-per-file B");
   const std::string src = argv[2], dest_dir = argv[3];
+  // DEST/raw_0.bin is created empty first: in SRC it would be the first source itself.
+  std::error_code ec;
+  if (std::filesystem::equivalent(src, dest_dir, ec)) Die("copy: SRC_DIR and DEST_DIR are one");
   const PassOptions o = ParsePassOptions(argc, argv, 4, "direct_16MiB_x2");
   const int files = o.files;
   const uint64_t per_file = o.per_file;

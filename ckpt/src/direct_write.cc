@@ -57,9 +57,10 @@ void CountBufferedWrite(uint64_t n) { g_buffered_bytes += n; }
 DirectWriter::DirectWriter(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
 DirectWriter::~DirectWriter() = default;
 
-bool DirectWriter::Wanted(uint64_t offset, uint64_t n) const {
+bool DirectWriter::Wanted(uint64_t offset, std::string_view data) const {
   if (direct_.refused() || DirectIoOff()) return false;
-  return AlignedMiddle(offset, n).bytes() >= kBlock;
+  return AlignedMiddle(offset, data.size()).bytes() >=
+         (InPlace(offset, data) ? kMinInPlace : kBlock);
 }
 
 bool DirectWriter::InPlace(uint64_t offset, std::string_view data) {

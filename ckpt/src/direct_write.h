@@ -33,14 +33,19 @@ class DirectWriter {
   static constexpr int kSlots = 4;              // staging buffers (up to 32 MiB, as needed)
   static constexpr int kWriters = 2;            // O_DIRECT writes in flight at once
   static constexpr uint64_t kAlign = 4096;
+  static constexpr uint64_t kMinInPlace = 1u << 20;
 
   // `fd` is the file's ordinary descriptor (not owned); `path` names it in errors.
   DirectWriter(int fd, std::string path);
   ~DirectWriter();
 
-  // Whether Write takes [offset, offset + n): O_DIRECT not refused for this file, not switched
-  // off by CKPT_DIRECT_IO=off, and at least one whole block in the aligned middle.
-  bool Wanted(uint64_t offset, uint64_t n) const;
+  // Whether Write takes `data` at `offset`: O_DIRECT not refused for this file, not switched
+  // off by CKPT_DIRECT_IO=off, and at least one whole block in the aligned middle, or
+  // kMinInPlace bytes when the middle leaves from where it is (InPlace: no staging to fill).
+  // Through the page cache, an export's last 5.5 MB piece of each 89 MB tensor took 20 ms
+  // (its fresh cache pages, then its writeback at the fsync) where O_DIRECT writes 8 MiB in
+  // 8-15 ms (docs/performance.md, 2026-12-03 16:30).
+  bool Wanted(uint64_t offset, std::string_view data) const;
 
   // Whether `data`'s aligned middle can leave from where it is: I/O memory (IsIoMemory) at the
   // same position within a 4 KiB block as `offset`. Write then copies nothing.

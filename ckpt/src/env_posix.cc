@@ -114,7 +114,7 @@ class PosixRandomWriteFile final : public RandomWriteFile {
   // slower than the rest, where the page cache's first took 1.66-2.09 s; docs/performance.md,
   // 2026-12-02 05:40). From I/O memory nothing is copied at all (2026-12-02 20:40).
   Status WriteThrough(uint64_t offset, std::string_view data, const PieceFn& before) override {
-    if (direct_.Wanted(offset, data.size()) &&
+    if (direct_.Wanted(offset, data) &&
         (internal::DirectIoOn() || internal::DirectWriter::InPlace(offset, data)))
       return direct_.Write(offset, data, before);
     internal::CountBufferedWrite(data.size());
@@ -181,7 +181,7 @@ class PosixWritableFile final : public WritableFile {
     // A large append (an export's tensor piece) leaves past the page cache (DirectWriter: its
     // aligned middle with O_DIRECT from staging in huge pages): a 358 MB export-fp32 took
     // 0.45-0.50 s against 0.46-0.63 s through the page cache (docs/performance.md).
-    if (!appending_ && direct_.Wanted(written_, data.size())) {
+    if (!appending_ && direct_.Wanted(written_, data)) {
       if (written_ > writeback_from_)
         ::sync_file_range(fd_.get(), static_cast<off_t>(writeback_from_),
                           static_cast<off_t>(written_ - writeback_from_), SYNC_FILE_RANGE_WRITE);

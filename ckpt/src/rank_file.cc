@@ -1570,6 +1570,15 @@ Status RankFile::ReadSliceVerified(const DatasetRecord& rec, int64_t offset, int
   return Status::Ok();
 }
 
+Result<std::optional<uint64_t>> RankFile::SliceFileOffset(const DatasetRecord& rec,
+                                                          int64_t offset) const {
+  CKPT_RETURN_IF_ERROR(CheckSlice(impl_->label, rec, offset, 0));
+  CKPT_RETURN_IF_ERROR(CheckShape(rec), "");
+  CKPT_ASSIGN_OR_RETURN(std::optional<uint64_t> at, impl_->DirectOffset(rec), "");
+  if (at) *at += static_cast<uint64_t>(offset) * DTypeSize(rec.dtype);
+  return at;
+}
+
 Status RankFile::ReadSlice(const DatasetRecord& rec, int64_t offset, int64_t count, void* out,
                            bool sequential) const {
   CKPT_RETURN_IF_ERROR(CheckSlice(impl_->label, rec, offset, count));

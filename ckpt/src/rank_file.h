@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -121,6 +122,10 @@ class RankFile {
   // streams the dataset in chunk-aligned blocks, so the chunk cache is bypassed.
   Status ReadSlice(const DatasetRecord& rec, int64_t offset, int64_t count, void* out,
                    bool sequential = false) const;
+  // Where element `offset` of a dataset stored as plain contiguous bytes lies in the file
+  // (nullopt when it is stored otherwise: zstd chunks): a ReadSlice into memory at the same
+  // place within a 4 KiB block is read straight from the disk into it (ReadLarge).
+  Result<std::optional<uint64_t>> SliceFileOffset(const DatasetRecord& rec, int64_t offset) const;
   // The same, verified against the record's piece digests (rec.has_pieces() required): every
   // piece the range touches is read whole and hashed before any of its bytes are returned; a
   // piece the range covers only partly (at most one at each end) goes into `cache` (may be

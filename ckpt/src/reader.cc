@@ -153,6 +153,13 @@ Status CheckpointReader::ReadSliceUnverified(int rank, std::string_view name, in
   return Status::Ok();
 }
 
+Result<std::optional<uint64_t>> CheckpointReader::SliceFileOffset(int rank, std::string_view name,
+                                                                  int64_t offset) const {
+  CKPT_ASSIGN_OR_RETURN(const DatasetRecord* rec, impl_->Record(rank, name), "");
+  CKPT_ASSIGN_OR_RETURN(internal::RankFile * f, impl_->File(rank), "");
+  return f->SliceFileOffset(*rec, offset);
+}
+
 Status CheckpointReader::VerifyDataset(int rank, std::string_view name) const {
   CKPT_ASSIGN_OR_RETURN(const DatasetRecord* rec, impl_->Record(rank, name), "");
   CKPT_ASSIGN_OR_RETURN(internal::RankFile * f, impl_->File(rank), "");

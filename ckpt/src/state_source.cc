@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 
+#include "ckpt/aligned_buffer.h"
 #include "ckpt/deepspeed.h"
 #include "ckpt/hash.h"
 #include "ckpt/json.h"
@@ -99,6 +100,19 @@ class ShardedSource final : public StateSource {
                            "parameter '" + p->name + "'");
     }
     return Status::Ok();
+  }
+
+  std::optional<uint64_t> ReadShift(std::string_view param, std::string_view state, int64_t begin,
+                                    int64_t end) override {
+    auto p = Resolve(manifest(), dir(), param, state, begin, end);
+    if (!p.ok() || (*p)->frozen) return std::nullopt;
+    for (const auto& r : (*p)->ranges) {
+      if (begin < r.begin || end > r.end) continue;
+      auto at = reader_.SliceFileOffset(r.rank, state, r.shard_offset + (begin - r.begin));
+      if (!at.ok() || !*at) return std::nullopt;
+      return **at % AlignedBuffer::kAlign;
+    }
+    return std::nullopt;
   }
 
   Result<std::vector<uint8_t>> ReadFrozenBytes(std::string_view param) override {

@@ -3,10 +3,13 @@
 // misuse dies in every build.
 #include <fcntl.h>
 #include <hdf5.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cerrno>
@@ -544,6 +547,71 @@ TEST_CASE("RunAhead: in order, a bounded distance ahead, per-producer indices, f
   CHECK(RunAhead(0, 2, [](uint64_t, int) { return Internal("never"); },
                  [](uint64_t, int) { return Internal("never"); })
             .ok());
+}
+
+TEST_CASE("RunAhead keeps its threads for the next runs; a child of fork() starts its own",
+          "[unit]") {
+  // The threads that ran the producers of 50 runs (two producers each, on other threads).
+  std::mutex mu;
+  std::set<long> tids;
+  auto run = [&](int runs) {
+    for (int r = 0; r < runs; ++r) {
+      Status s = RunAhead(
+          32, 4,
+          [&](uint64_t, int) {
+            std::lock_guard<std::mutex> lock(mu);
+            tids.insert(static_cast<long>(syscall(SYS_gettid)));
+            return Status::Ok();
+          },
+          [](uint64_t, int) { return Status::Ok(); }, 2);
+      if (!s.ok()) return s;
+    }
+    return Status::Ok();
+  };
+  REQUIRE(run(50).ok());
+  CHECK(!tids.count(static_cast<long>(syscall(SYS_gettid))));
+  // A thread per producer per run would be up to 100; kept threads serve them all (a few more
+  // start when a run begins before the last run's threads are back waiting).
+  CHECK(tids.size() <= 20);
+
+  // The parent's waiting threads do not exist in a child: its runs start threads of their own
+  // (a child that handed them work would wait forever; killed after 20 s).
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    tids.clear();
+    const bool ok = run(3).ok() && !tids.empty();
+    _exit(ok ? 0 : 1);
+  }
+  int status = 0;
+  pid_t done = 0;
+  for (int i = 0; i < 2000 && done == 0; ++i) {
+    done = waitpid(pid, &status, WNOHANG);
+    if (done == 0) usleep(10'000);
+  }
+  if (done == 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+  }
+  CHECK(done == pid);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+}
+
+TEST_CASE("FaultIn keeps the bytes and faults every page in", "[unit]") {
+  AlignedBuffer b(3u << 20);
+  for (size_t i = 0; i < b.size(); ++i) b.data()[i] = static_cast<uint8_t>(i * 7);
+  FaultIn(b.data() + 5, b.size() - 5);
+  size_t same = 0;
+  for (size_t i = 0; i < b.size(); ++i) same += b.data()[i] == static_cast<uint8_t>(i * 7);
+  CHECK(same == b.size());
+  // Memory not touched yet: every page resident afterwards (mincore).
+  AlignedBuffer fresh(4u << 20);
+  FaultIn(fresh.data(), fresh.size());
+  std::vector<unsigned char> resident(fresh.size() / 4096);
+  REQUIRE(mincore(fresh.data(), fresh.size(), resident.data()) == 0);
+  CHECK(std::all_of(resident.begin(), resident.end(), [](unsigned char r) { return r & 1; }));
+  FaultIn(fresh.data(), 0);
 }
 
 TEST_CASE("WriteThrough: O_DIRECT from staging for the aligned middle, pieces in order", "[io]") {

@@ -91,7 +91,8 @@ struct DirectReadStats {
 DirectReadStats GetDirectReadStats();
 
 // How PosixEnv's large writes went in this process (issue 19): appends of 8 MiB or more to a
-// new WritableFile (an export's tensor pieces) and, with CKPT_DIRECT_IO=on, the rank files'
+// new WritableFile (an export's tensor pieces; 1 MiB from I/O memory at the place its file
+// offset takes in a 4 KiB block) and, with CKPT_DIRECT_IO=on, the rank files'
 // uncompressed data (RandomWriteFile::WriteThrough; by default it goes through the page cache,
 // which measured faster for repeated saves) leave through aligned staging memory with
 // O_DIRECT, two requests in flight, where the file system allows it. A rank file's data that

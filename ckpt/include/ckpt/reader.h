@@ -55,6 +55,12 @@ class CheckpointReader {
   // (StateSource's stream_verify), so pieces are not read and hashed twice.
   Status ReadSliceUnverified(int rank, std::string_view name, int64_t offset, int64_t count,
                              void* out) const;
+  // Where element `offset` of a 1-D dataset lies in its rank file when the dataset is stored
+  // as plain contiguous bytes (nullopt when compressed): a slice read into memory at the same
+  // place within a 4 KiB block goes from the disk straight into it (O_DIRECT, no bounce buffer
+  // and no copy), where other memory gets the bytes through a buffer.
+  Result<std::optional<uint64_t>> SliceFileOffset(int rank, std::string_view name,
+                                                  int64_t offset) const;
   // Elements [begin, end) of a trainable parameter's `state` (kMaster, kExpAvg, kExpAvgSq) as
   // fp32, gathered from the owning ranks with hyperslab reads. A tied alias reads its owner.
   Status ReadParamRange(std::string_view param, std::string_view state, int64_t begin,

@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -88,6 +89,16 @@ class StateSource {
   // their own context, not the parameter's name again.
   virtual Status ReadParamRange(std::string_view param, std::string_view state, int64_t begin,
                                 int64_t end, float* out) = 0;
+  // Where in a 4 KiB block the stored bytes of elements [begin, end) of a trainable
+  // parameter's `state` start, when one file holds them all as plain fp32 bytes: a
+  // ReadParamRange into memory at that place reads them from the disk straight into it
+  // (O_DIRECT, RandomAccessFile::ReadLarge), where other memory gets them through a bounce
+  // buffer and a copy. nullopt when the range spans files, is stored otherwise (compressed,
+  // a universal or DeepSpeed source) or cannot be placed (the read reports why).
+  virtual std::optional<uint64_t> ReadShift(std::string_view param, std::string_view state,
+                                            int64_t begin, int64_t end) {
+    return std::nullopt;
+  }
   // A frozen parameter's stored bytes (its dtype and shape), checksum-verified where the source
   // records checksums. Errors name the parameter or its dataset, as ReadParamRange's.
   virtual Result<std::vector<uint8_t>> ReadFrozenBytes(std::string_view param) = 0;

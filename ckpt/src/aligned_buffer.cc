@@ -42,19 +42,6 @@ void* AllocateIoMemory(size_t bytes) {
   return p;
 }
 
-void FaultIn(void* p, size_t n) {
-#ifndef MADV_POPULATE_WRITE
-  constexpr int MADV_POPULATE_WRITE = 23;  // Linux 5.14
-#endif
-  if (n == 0) return;
-  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-  const uintptr_t lo = a / kPage * kPage;  // madvise takes a page-aligned start
-  if (madvise(reinterpret_cast<void*>(lo), n + (a - lo), MADV_POPULATE_WRITE) == 0) return;
-  // An older kernel (EINVAL): a write to every page, of the byte already there.
-  auto* bytes = static_cast<volatile uint8_t*>(p);
-  for (size_t i = 0; i < n; i += kPage) bytes[i] = bytes[i];
-}
-
 void FreeIoMemory(void* p) {
   if (p == nullptr) return;
   {

@@ -890,6 +890,16 @@ Status DeepSpeedReader::ReadParamRange(std::string_view param, std::string_view 
   return Status::Ok();
 }
 
+Status DeepSpeedReader::ReadPartition(int r, std::string_view state, int64_t offset, int64_t count,
+                                      float* out) {
+  Impl& I = *impl_;
+  if (r < 0 || static_cast<size_t>(r) >= I.groups.size())
+    return InvalidArgument(I.dir + ": no rank " + std::to_string(r));
+  if (state != kMaster && state != kExpAvg && state != kExpAvgSq)
+    return InvalidArgument("unknown state '" + std::string(state) + "'");
+  return I.ReadStream(r, state, offset, count, out);
+}
+
 Result<std::vector<uint8_t>> DeepSpeedReader::ReadFrozenBytes(std::string_view param) {
   Impl& I = *impl_;
   const ParamEntry* p = I.Owner(param);

@@ -4,6 +4,7 @@
 #include "ckpt/state_source.h"
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -58,6 +59,54 @@ Result<const ParamEntry*> Resolve(const Manifest& m, const std::string& dir,
   return p;
 }
 
+// ReadParamSlices for a source whose trainable parameters live in per-rank partitions: runs of
+// slices stored one after the other in one rank's partition are read by one call of
+// read_run(rank, offset, count, out); any other slice (spread over ranks, frozen) by
+// StateSource::ReadParamRange.
+using ReadRunFn = std::function<Status(int rank, int64_t offset, int64_t count, float* out)>;
+Status ReadRuns(StateSource& src, const std::vector<StateSource::ParamSlice>& slices,
+                std::string_view state, float* out, const ReadRunFn& read_run) {
+  struct Run {
+    int rank = -1;
+    int64_t offset = 0, count = 0;
+    float* out = nullptr;
+    size_t first = 0, last = 0;  // the slices it holds
+  } run;
+  auto flush = [&]() -> Status {
+    if (run.count == 0) return Status::Ok();
+    const std::string a(slices[run.first].param);
+    Status s = read_run(run.rank, run.offset, run.count, run.out);
+    run.count = 0;
+    if (run.first == run.last) return s.WithContext("parameter '" + a + "'");
+    return s.WithContext("parameters '" + a + "' to '" + std::string(slices[run.last].param) + "'");
+  };
+  for (size_t k = 0; k < slices.size(); ++k) {
+    const auto& sl = slices[k];
+    CKPT_ASSIGN_OR_RETURN(const ParamEntry* p,
+                          Resolve(src.manifest(), src.dir(), sl.param, state, sl.begin, sl.end),
+                          "");
+    const int64_t n = sl.end - sl.begin;
+    const PartitionRange* holder = nullptr;
+    for (const auto& r : p->ranges)
+      if (!p->frozen && r.begin <= sl.begin && sl.end <= r.end) holder = &r;
+    if (!holder) {
+      CKPT_RETURN_IF_ERROR(flush(), "");
+      CKPT_RETURN_IF_ERROR(src.ReadParamRange(sl.param, state, sl.begin, sl.end, out), "");
+    } else {
+      const int64_t offset = holder->shard_offset + (sl.begin - holder->begin);
+      if (run.count > 0 && run.rank == holder->rank && run.offset + run.count == offset) {
+        run.count += n;
+        run.last = k;
+      } else {
+        CKPT_RETURN_IF_ERROR(flush(), "");
+        run = {holder->rank, offset, n, out, k, k};
+      }
+    }
+    out += n;
+  }
+  return flush();
+}
+
 // Elements [begin, end) of a frozen parameter's stored bytes as fp32.
 Status FrozenToF32(const ParamEntry& p, const std::vector<uint8_t>& raw, int64_t begin,
                    int64_t end, float* out) {
@@ -100,6 +149,14 @@ class ShardedSource final : public StateSource {
                            "parameter '" + p->name + "'");
     }
     return Status::Ok();
+  }
+
+  Status ReadParamSlices(const std::vector<ParamSlice>& slices, std::string_view state,
+                         float* out) override {
+    return ReadRuns(*this, slices, state, out,
+                    [&](int rank, int64_t offset, int64_t count, float* to) {
+                      return Feed(rank, std::string(state), offset, count, to);
+                    });
   }
 
   std::optional<uint64_t> ReadShift(std::string_view param, std::string_view state, int64_t begin,
@@ -338,6 +395,13 @@ class DeepSpeedSource final : public StateSource {
     CKPT_RETURN_IF_ERROR(Resolve(manifest(), dir(), param, state, begin, end).status(), "");
     return reader_.ReadParamRange(param, state, begin, end, out);
   }
+  Status ReadParamSlices(const std::vector<ParamSlice>& slices, std::string_view state,
+                         float* out) override {
+    return ReadRuns(*this, slices, state, out,
+                    [&](int rank, int64_t offset, int64_t count, float* to) {
+                      return reader_.ReadPartition(rank, state, offset, count, to);
+                    });
+  }
   Result<std::vector<uint8_t>> ReadFrozenBytes(std::string_view param) override {
     return reader_.ReadFrozenBytes(param);
   }
@@ -376,6 +440,15 @@ double JsonNumber(const nlohmann::json& j, const char* key, double fallback, boo
 }
 
 }  // namespace
+
+Status StateSource::ReadParamSlices(const std::vector<ParamSlice>& slices, std::string_view state,
+                                    float* out) {
+  for (const auto& sl : slices) {
+    CKPT_RETURN_IF_ERROR(ReadParamRange(sl.param, state, sl.begin, sl.end, out), "");
+    out += sl.end - sl.begin;
+  }
+  return Status::Ok();
+}
 
 std::string_view SourceKindName(SourceKind kind) {
   switch (kind) {

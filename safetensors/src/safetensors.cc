@@ -386,6 +386,37 @@ struct SafetensorsWriter::Impl {
   bool finished = false;
   bool failed = false;  // Finish() failed and removed the temporary file
 
+  // Append (span: AppendTensors): the bytes leave in one AppendThrough, each tensor's share
+  // hashed into its own digest on the way out.
+  Status Write(const void* data, uint64_t bytes, bool span) {
+    if (finished || failed) return FailedPrecondition(path + ": writer already finished");
+    if (bytes == 0) return Status::Ok();
+    if (index >= tensors.size()) return InvalidArgument(path + ": append past the last tensor");
+    uint64_t room = sizes[index] - written_in_tensor;
+    for (size_t k = index + 1; span && k < sizes.size(); ++k) room += sizes[k];
+    if (bytes > room)
+      return InvalidArgument(path + ": " + std::to_string(bytes) + " bytes overrun tensor '" +
+                             tensors[span ? tensors.size() - 1 : index].name + "' (" +
+                             std::to_string(room) + " left" + (span ? " in the file)" : ")"));
+    const std::string first = tensors[index].name;
+    // Hashed on the way out: each piece while the disk writes the ones before it (an export's
+    // 45 MB piece hashed after its write left the disk idle for as long, issue 19).
+    return file
+        ->AppendThrough(std::string_view(static_cast<const char*>(data), bytes),
+                        [this](const uint8_t* p, size_t n) {
+                          while (n > 0) {
+                            const size_t k = static_cast<size_t>(
+                                std::min<uint64_t>(n, sizes[index] - written_in_tensor));
+                            hash.Update(p, k);
+                            written_in_tensor += k;
+                            p += k;
+                            n -= k;
+                            SkipEmpty();
+                          }
+                        })
+        .WithContext("write " + path + " tensor '" + first + "'");
+  }
+
   void SkipEmpty() {
     while (index < tensors.size() && written_in_tensor == sizes[index]) {
       digests.push_back(hash.Digest());
@@ -467,23 +498,11 @@ std::optional<SafetensorsTensorSpec> SafetensorsWriter::current() const {
 uint64_t SafetensorsWriter::file_size() const { return impl_->total; }
 
 Status SafetensorsWriter::Append(const void* data, uint64_t bytes) {
-  Impl& w = *impl_;
-  if (w.finished || w.failed) return FailedPrecondition(w.path + ": writer already finished");
-  if (bytes == 0) return Status::Ok();
-  if (w.index >= w.tensors.size()) return InvalidArgument(w.path + ": append past the last tensor");
-  if (bytes > w.sizes[w.index] - w.written_in_tensor)
-    return InvalidArgument(w.path + ": " + std::to_string(bytes) + " bytes overrun tensor '" +
-                           w.tensors[w.index].name + "' (" +
-                           std::to_string(w.sizes[w.index] - w.written_in_tensor) + " left)");
-  // Hashed on the way out: each piece while the disk writes the ones before it (an export's
-  // 45 MB piece hashed after its write left the disk idle for as long, issue 19).
-  CKPT_RETURN_IF_ERROR(
-      w.file->AppendThrough(std::string_view(static_cast<const char*>(data), bytes),
-                            [&w](const uint8_t* p, size_t n) { w.hash.Update(p, n); }),
-      "write " + w.path + " tensor '" + w.tensors[w.index].name + "'");
-  w.written_in_tensor += bytes;
-  w.SkipEmpty();
-  return Status::Ok();
+  return impl_->Write(data, bytes, /*span=*/false);
+}
+
+Status SafetensorsWriter::AppendTensors(const void* data, uint64_t bytes) {
+  return impl_->Write(data, bytes, /*span=*/true);
 }
 
 Status SafetensorsWriter::Finish() {

@@ -3,7 +3,6 @@
 // misuse dies in every build.
 #include <fcntl.h>
 #include <hdf5.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -596,22 +595,6 @@ TEST_CASE("RunAhead keeps its threads for the next runs; a child of fork() start
   CHECK(done == pid);
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
-}
-
-TEST_CASE("FaultIn keeps the bytes and faults every page in", "[unit]") {
-  AlignedBuffer b(3u << 20);
-  for (size_t i = 0; i < b.size(); ++i) b.data()[i] = static_cast<uint8_t>(i * 7);
-  FaultIn(b.data() + 5, b.size() - 5);
-  size_t same = 0;
-  for (size_t i = 0; i < b.size(); ++i) same += b.data()[i] == static_cast<uint8_t>(i * 7);
-  CHECK(same == b.size());
-  // Memory not touched yet: every page resident afterwards (mincore).
-  AlignedBuffer fresh(4u << 20);
-  FaultIn(fresh.data(), fresh.size());
-  std::vector<unsigned char> resident(fresh.size() / 4096);
-  REQUIRE(mincore(fresh.data(), fresh.size(), resident.data()) == 0);
-  CHECK(std::all_of(resident.begin(), resident.end(), [](unsigned char r) { return r & 1; }));
-  FaultIn(fresh.data(), 0);
 }
 
 TEST_CASE("WriteThrough: O_DIRECT from staging for the aligned middle, pieces in order", "[io]") {

@@ -11,6 +11,7 @@
 
 #include "ckpt/deepspeed.h"
 #include "ckpt/manifest.h"
+#include "ckpt/state_source.h"
 #include "ckpt_test_helpers.h"
 #include "test_util.h"
 
@@ -142,4 +143,52 @@ TEST_CASE("DeepSpeed files are read through the Env: storages with ReadLarge, li
   REQUIRE_FALSE(refused.ok());
   CHECK(refused.status().code() == ckpt::StatusCode::kDataLoss);
   CHECK(refused.status().message().find("symbolic link") != std::string::npos);
+}
+
+TEST_CASE("ReadParamSlices reads a run of small DeepSpeed parameters with one request", "[io]") {
+  // Blocks of 512 x 512 fp32 (1 MiB a matrix) in one ZeRO-2 partition: what export-fp32
+  // reads as one piece. The run is one large read of the partition's storage, and its values
+  // are each parameter's own.
+  ckpt::testing::ScratchDir dir("dsrun");
+  const std::string ds = dir / "ds";
+  REQUIRE(ckpt::testing::RunShell("/usr/bin/python3 " + std::string(CKPT_SOURCE_DIR) +
+                                  "/tests/deepspeed/make_ds_checkpoint.py " + ds +
+                                  " --zero 2 --world 1 --dtype fp32 --blocks 8 --block-width 512"
+                                  " > /dev/null") == 0);
+  ReadWatchEnv env;
+  ckpt::SourceOptions so;
+  so.env = &env;
+  auto src = ckpt::OpenStateSource(ds, so);
+  REQUIRE(src.ok());
+  std::vector<ckpt::StateSource::ParamSlice> slices;
+  int64_t total = 0;
+  for (const auto& p : (*src)->manifest().params) {
+    if (p.frozen || !p.tied_to.empty() || p.numel < 512 * 512) continue;
+    slices.push_back({p.name, 0, p.numel});
+    total += p.numel;
+  }
+  REQUIRE(slices.size() >= 8);
+  // The first slice starts inside its parameter: a run need not start at a parameter's start.
+  slices.front().begin = 100;
+  total -= 100;
+  std::vector<float> got(static_cast<size_t>(total)), want;
+  const uint64_t before = env.large_reads;
+  env.largest = 0;
+  REQUIRE((*src)->ReadParamSlices(slices, ckpt::kMaster, got.data()).ok());
+  CHECK(env.large_reads - before <= 2);
+  CHECK(env.largest >= static_cast<uint64_t>(total) * 4 / 2);
+  for (const auto& s : slices) {
+    std::vector<float> one(static_cast<size_t>(s.end - s.begin));
+    REQUIRE((*src)->ReadParamRange(s.param, ckpt::kMaster, s.begin, s.end, one.data()).ok());
+    want.insert(want.end(), one.begin(), one.end());
+  }
+  CHECK(got == want);
+  // A failure names the run's parameters.
+  env.fail = true;
+  ckpt::Status s = (*src)->ReadParamSlices(slices, ckpt::kMaster, got.data());
+  env.fail = false;
+  INFO(s.ToString());
+  CHECK(s.code() == ckpt::StatusCode::kIOError);
+  CHECK(s.message().find("parameters '" + std::string(slices.front().param) + "' to '") !=
+        std::string::npos);
 }

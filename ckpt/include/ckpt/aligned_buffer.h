@@ -30,12 +30,6 @@ namespace ckpt {
 void* AllocateIoMemory(size_t bytes);
 void FreeIoMemory(void* p);
 
-// Faults [p, p + n) in now, as writable memory (MADV_POPULATE_WRITE; a write to every 4 KiB page
-// where the kernel lacks it): for a caller that would otherwise first touch it in the middle of
-// its I/O, where each fault holds the address-space lock that starting a thread or a malloc
-// arena waits for (export-fp32's slots, docs/performance.md 2026-12-03 16:30).
-void FaultIn(void* p, size_t n);
-
 // Whether [p, p + n) lies inside one live allocation of AllocateIoMemory of 2 MiB or more:
 // memory in huge pages that a rank file's data can leave from with O_DIRECT as it is, without a
 // copy into staging (direct_write.h). A save from tensors that live in such memory (an

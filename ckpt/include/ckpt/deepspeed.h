@@ -70,6 +70,9 @@ class DeepSpeedReader {
   // lazily from the partitions that hold them. Aliases read their owner.
   Status ReadParamRange(std::string_view param, std::string_view state, int64_t begin,
                         int64_t end, float* out);
+  // fp32 elements [offset, offset + count) of rank r's partition of `state` (its optimizer
+  // groups one after the other: the space the parameters' ranges' shard_offset index).
+  Status ReadPartition(int r, std::string_view state, int64_t offset, int64_t count, float* out);
   // A frozen parameter's (or buffer's) bytes in its stored dtype (manifest dtype and shape).
   Result<std::vector<uint8_t>> ReadFrozenBytes(std::string_view param);
   // Reads every record of every file to its end (libzip checks each CRC-32) and reports what

@@ -89,6 +89,18 @@ class StateSource {
   // their own context, not the parameter's name again.
   virtual Status ReadParamRange(std::string_view param, std::string_view state, int64_t begin,
                                 int64_t end, float* out) = 0;
+  // Elements [begin, end) of one parameter, for ReadParamSlices.
+  struct ParamSlice {
+    std::string_view param;
+    int64_t begin, end;
+  };
+  // The slices' `state` elements one after the other into `out`, as ReadParamRange reads each;
+  // a slice whose stored elements continue the previous one's in the same rank's partition is
+  // read with it, so a run of small parameters (a model's norms and biases, the 1 MiB
+  // parameters of a DeepSpeed partition) is one large read instead of one per parameter.
+  // Errors name the parameters.
+  virtual Status ReadParamSlices(const std::vector<ParamSlice>& slices, std::string_view state,
+                                 float* out);
   // Where in a 4 KiB block the stored bytes of elements [begin, end) of a trainable
   // parameter's `state` start, when one file holds them all as plain fp32 bytes: a
   // ReadParamRange into memory at that place reads them from the disk straight into it

@@ -145,6 +145,10 @@ class SafetensorsWriter {
   // Appends the next bytes of the current tensor (pieces may not straddle two tensors).
   // InvalidArgument when `bytes` overruns the current tensor; IOError from the file system.
   Status Append(const void* data, uint64_t bytes);
+  // The same for bytes that run on into the tensors after the current one (in header order):
+  // a run of small tensors leaves in one write. InvalidArgument when `bytes` overruns the last
+  // tensor.
+  Status AppendTensors(const void* data, uint64_t bytes);
   // The tensor that the next Append() belongs to; nullopt when all bytes are written.
   std::optional<SafetensorsTensorSpec> current() const;
   // Total file size once finished (8 + header + data).

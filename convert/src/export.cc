@@ -212,8 +212,9 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
     int64_t count = 0;           // elements in all
   };
   constexpr size_t kNoTensor = SIZE_MAX;  // a file's only piece when it has no elements
-  // A trainable tensor's piece: up to chunk_elements and at most 4 Mi elements (16 MiB of
-  // fp32), two in flight (kAhead). The pieces' slots are the export's working memory, touched
+  // A trainable tensor's piece: up to chunk_elements and at most 4 Mi - 1 Ki elements (16 MiB
+  // of fp32 less one 4 KiB block, so that a slot with its block of room is eight 2 MiB pages,
+  // not nine), two in flight (kAhead). The pieces' slots are the export's working memory, touched
   // first by this process: on the development VM fresh memory in 2 MiB pages cost 0.37 GiB/s
   // once the host had taken it back (free page reporting, a few seconds after it was freed),
   // so slots of half the largest tensor (2 x 44.7 MB for a 1 GiB checkpoint) added 0.2-0.3 s
@@ -221,7 +222,7 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
   // against 0.68 (0.53-0.74, system 0.30), and no slower with memory at hand (0.50 against
   // 0.49; docs/performance.md, 2026-12-03 14:00). A copy program that reads and writes the
   // same bytes through a 32 MiB ring stays at the disk's floor in both cases (raw_io copy).
-  constexpr int64_t kPieceElements = int64_t{1} << 22;
+  constexpr int64_t kPieceElements = (int64_t{1} << 22) - 1024;
   const int64_t piece_elements =
       static_cast<int64_t>(std::min<uint64_t>(opts.chunk_elements, kPieceElements));
   // Runs of small tensors fill up to 8 MiB (or as much as the largest tensor's pieces, which

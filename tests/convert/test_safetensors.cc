@@ -213,6 +213,42 @@ TEST_CASE("the writer records the XXH3 of every tensor and of the header", "[uni
   CHECK(built->size() == n);
 }
 
+TEST_CASE("AppendTensors runs on across tensors: the same file as Append, each digest its own",
+          "[unit][io]") {
+  testing::ScratchDir dir("st_span");
+  // The same three tensors (one empty) as WriteSmall, its bytes in one buffer.
+  const SmallFile want = WriteSmall(dir.str(), {});
+  std::string bytes(reinterpret_cast<const char*>(want.a.data()), want.a.size() * 4);
+  bytes.append(reinterpret_cast<const char*>(want.b.data()), want.b.size() * 2);
+  const std::vector<SafetensorsTensorSpec> specs = {{"layer.weight", DType::kF32, {30, 10}},
+                                                    {"empty", DType::kF32, {0, 4}},
+                                                    {"layer.bias", DType::kBF16, {5}}};
+  const std::string path = dir / "span.safetensors";
+  {
+    auto w = SafetensorsWriter::Create(path, specs, {});
+    REQUIRE(w.ok());
+    // Part of the first tensor, then the rest of it, the empty one and the last in one call.
+    REQUIRE(w->Append(bytes.data(), 400).ok());
+    // More than the file holds is refused, naming the last tensor.
+    Status over = w->AppendTensors(bytes.data() + 400, bytes.size() - 400 + 1);
+    CHECK(over.code() == StatusCode::kInvalidArgument);
+    CHECK(over.message().find("'layer.bias'") != std::string::npos);
+    // Append alone may not run into the next tensor.
+    CHECK(w->Append(bytes.data() + 400, bytes.size() - 400).code() == StatusCode::kInvalidArgument);
+    REQUIRE(w->AppendTensors(bytes.data() + 400, bytes.size() - 400).ok());
+    CHECK(!w->current().has_value());
+    REQUIRE(w->Finish().ok());
+  }
+  // Byte for byte the file the per-tensor Appends wrote: the same data and the same digests.
+  CHECK(testing::Slurp(path) == testing::Slurp(want.path));
+  auto h = ReadSafetensorsHeader(path);
+  REQUIRE(h.ok());
+  CHECK(h->checksummed);
+  auto bad = VerifySafetensorsData(path, *h);
+  REQUIRE(bad.ok());
+  CHECK(bad->empty());
+}
+
 TEST_CASE("a plain safetensors reader (Python + torch) loads a checksummed file", "[io]") {
   testing::ScratchDir dir("st-torch");
   SmallFile f = WriteSmall(dir.str(), {{"format", "pt"}});

@@ -59,6 +59,15 @@ Result<const ParamEntry*> Resolve(const Manifest& m, const std::string& dir,
   return p;
 }
 
+// The source rank's range that holds all of a trainable parameter's elements [begin, end);
+// nullptr when none does (they are spread over ranks, or the parameter is frozen).
+const PartitionRange* HoldingRange(const ParamEntry& p, int64_t begin, int64_t end) {
+  if (p.frozen) return nullptr;
+  for (const auto& r : p.ranges)
+    if (r.begin <= begin && end <= r.end) return &r;
+  return nullptr;
+}
+
 // ReadParamSlices for a source whose trainable parameters live in per-rank partitions: runs of
 // slices stored one after the other in one rank's partition are read by one call of
 // read_run(rank, offset, count, out); any other slice (spread over ranks, frozen) by
@@ -86,9 +95,7 @@ Status ReadRuns(StateSource& src, const std::vector<StateSource::ParamSlice>& sl
                           Resolve(src.manifest(), src.dir(), sl.param, state, sl.begin, sl.end),
                           "");
     const int64_t n = sl.end - sl.begin;
-    const PartitionRange* holder = nullptr;
-    for (const auto& r : p->ranges)
-      if (!p->frozen && r.begin <= sl.begin && sl.end <= r.end) holder = &r;
+    const PartitionRange* holder = HoldingRange(*p, sl.begin, sl.end);
     if (!holder) {
       CKPT_RETURN_IF_ERROR(flush(), "");
       CKPT_RETURN_IF_ERROR(src.ReadParamRange(sl.param, state, sl.begin, sl.end, out), "");
@@ -162,14 +169,11 @@ class ShardedSource final : public StateSource {
   std::optional<uint64_t> ReadShift(std::string_view param, std::string_view state, int64_t begin,
                                     int64_t end) override {
     auto p = Resolve(manifest(), dir(), param, state, begin, end);
-    if (!p.ok() || (*p)->frozen) return std::nullopt;
-    for (const auto& r : (*p)->ranges) {
-      if (begin < r.begin || end > r.end) continue;
-      auto at = reader_.SliceFileOffset(r.rank, state, r.shard_offset + (begin - r.begin));
-      if (!at.ok() || !*at) return std::nullopt;
-      return **at % AlignedBuffer::kAlign;
-    }
-    return std::nullopt;
+    const PartitionRange* r = p.ok() ? HoldingRange(**p, begin, end) : nullptr;
+    if (!r) return std::nullopt;
+    auto at = reader_.SliceFileOffset(r->rank, state, r->shard_offset + (begin - r->begin));
+    if (!at.ok() || !*at) return std::nullopt;
+    return **at % AlignedBuffer::kAlign;
   }
 
   Result<std::vector<uint8_t>> ReadFrozenBytes(std::string_view param) override {

@@ -53,6 +53,13 @@ class ReadWatchEnv final : public ckpt::testing::WrappedFileEnv {
     ReadWatchEnv* env_;
   };
 };
+// A DeepSpeed checkpoint at `root` written by the test generator with `args`; true on success.
+bool MakeDeepSpeed(const std::string& root, const std::string& args) {
+  return ckpt::testing::RunShell("/usr/bin/python3 " + std::string(CKPT_SOURCE_DIR) +
+                                 "/tests/deepspeed/make_ds_checkpoint.py " + root + " " + args +
+                                 " > /dev/null") == 0;
+}
+
 // Read during static initialisation: what the program had loaded at start.
 const bool g_libzip_mapped_at_start = Mapped("libzip");
 
@@ -73,9 +80,7 @@ TEST_CASE("libzip is opened on first use, not loaded at start", "[io]") {
   CHECK(ckpt::testing::RunShell("ldd " + ckpt::testing::BinDir() +
                                 "/ckpt | grep -q -e libzip -e libcrypto") == 1);
   ckpt::testing::ScratchDir dir("dszip");
-  REQUIRE(ckpt::testing::RunShell("/usr/bin/python3 " + std::string(CKPT_SOURCE_DIR) +
-                                  "/tests/deepspeed/make_ds_checkpoint.py " + dir / "ds" +
-                                  " --zero 2 --world 1 --dtype fp32 > /dev/null") == 0);
+  REQUIRE(MakeDeepSpeed(dir / "ds", "--zero 2 --world 1 --dtype fp32"));
   auto r = ckpt::DeepSpeedReader::Open(dir / "ds");
   REQUIRE(r.ok());
   CHECK(r->info().optim_files.size() == 1);
@@ -89,10 +94,7 @@ TEST_CASE("DeepSpeed files are read through the Env: storages with ReadLarge, li
   // own file reads.
   ckpt::testing::ScratchDir dir("dsenv");
   const std::string ds = dir / "ds";
-  REQUIRE(ckpt::testing::RunShell("/usr/bin/python3 " + std::string(CKPT_SOURCE_DIR) +
-                                  "/tests/deepspeed/make_ds_checkpoint.py " + ds +
-                                  " --zero 2 --world 1 --dtype fp32 --blocks 2 --block-width 1024"
-                                  " > /dev/null") == 0);
+  REQUIRE(MakeDeepSpeed(ds, "--zero 2 --world 1 --dtype fp32 --blocks 2 --block-width 1024"));
   auto plain = ckpt::DeepSpeedReader::Open(ds);
   REQUIRE(plain.ok());
   const ckpt::ParamEntry* big = nullptr;
@@ -151,10 +153,7 @@ TEST_CASE("ReadParamSlices reads a run of small DeepSpeed parameters with one re
   // are each parameter's own.
   ckpt::testing::ScratchDir dir("dsrun");
   const std::string ds = dir / "ds";
-  REQUIRE(ckpt::testing::RunShell("/usr/bin/python3 " + std::string(CKPT_SOURCE_DIR) +
-                                  "/tests/deepspeed/make_ds_checkpoint.py " + ds +
-                                  " --zero 2 --world 1 --dtype fp32 --blocks 8 --block-width 512"
-                                  " > /dev/null") == 0);
+  REQUIRE(MakeDeepSpeed(ds, "--zero 2 --world 1 --dtype fp32 --blocks 8 --block-width 512"));
   ReadWatchEnv env;
   ckpt::SourceOptions so;
   so.env = &env;

@@ -9,13 +9,12 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
-#include <exception>
 #include <mutex>
 #include <new>
-#include <thread>
 #include <vector>
 
 #include "ckpt/aligned_buffer.h"
+#include "ckpt/run_ahead.h"
 #include "direct_read.h"
 
 namespace ckpt {
@@ -169,12 +168,11 @@ Status DirectWriter::Write(uint64_t offset, std::string_view data,
       cv.notify_all();
     }
   };
-  std::vector<std::thread> threads;
-  try {
-    for (int t = 0; t < kWriters; ++t) threads.emplace_back(writer);
-  } catch (const std::exception&) {
-    // Fewer helpers (a thread limit, or no memory for one): those that started write the
-    // blocks; with none, the caller writes each block itself below.
+  // Fewer helpers when no thread can be started: those that started write the blocks; with
+  // none, the caller writes each block itself below.
+  Helpers helpers;
+  for (int t = 0; t < kWriters; ++t) {
+    if (!helpers.Start(writer)) break;
   }
   Status status = Status::Ok();
   uint64_t block = 0;
@@ -198,7 +196,7 @@ Status DirectWriter::Write(uint64_t offset, std::string_view data,
       }
       const auto* from = reinterpret_cast<const char*>(in_place ? src + (pos - offset) : slot);
       const Job j{pos, len, k, from};
-      if (threads.empty()) {
+      if (helpers.started() == 0) {
         status = write_block(j);
         if (!status.ok()) break;
         continue;
@@ -218,7 +216,7 @@ Status DirectWriter::Write(uint64_t offset, std::string_view data,
     closing = true;
   }
   cv.notify_all();
-  for (auto& t : threads) t.join();
+  helpers.Join();
   if (status.ok()) status = failed;
   CKPT_RETURN_IF_ERROR(status, "");
   return buffered(hi, end);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstdlib>
 #include <exception>
 #include <functional>
 #include <mutex>
@@ -45,6 +46,33 @@ class Workers {
       return true;
     }
     lock.unlock();
+    return StartThread(std::move(task));
+  }
+
+  // Starts threads until n (at most kMaxIdle) are idle, each past its first allocation, and
+  // returns once they are (or once no further thread can be started).
+  void Ready(int n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    const int want = std::min(n, kMaxIdle) - idle_;
+    const uint64_t base = settled_;
+    lock.unlock();
+    int started = 0;
+    while (started < want && StartThread(&TouchArena)) ++started;
+    lock.lock();
+    settled_cv_.wait(lock, [&] { return settled_ >= base + static_cast<uint64_t>(started); });
+  }
+
+ private:
+  static constexpr int kMaxIdle = 16;
+
+  // A thread's first allocation attaches it to a malloc arena (a new one maps 64 MiB of
+  // address space): done while the thread is started, not in the middle of a transfer.
+  static void TouchArena() {
+    void* volatile p = std::malloc(64);
+    std::free(p);
+  }
+
+  bool StartThread(std::function<void()> task) {
     try {
       std::thread([this, t = std::move(task)]() mutable { Serve(std::move(t)); }).detach();
     } catch (const std::exception&) {  // a thread limit, no memory
@@ -52,9 +80,6 @@ class Workers {
     }
     return true;
   }
-
- private:
-  static constexpr int kMaxIdle = 16;
 
   static Workers*& Instance() {
     static Workers* instance = nullptr;
@@ -66,6 +91,8 @@ class Workers {
       task();
       task = nullptr;
       std::unique_lock<std::mutex> lock(mu_);
+      ++settled_;
+      settled_cv_.notify_all();
       if (idle_ >= kMaxIdle) return;
       ++idle_;
       cv_.wait(lock, [&] { return !tasks_.empty(); });
@@ -76,11 +103,42 @@ class Workers {
 
   std::mutex mu_;
   std::condition_variable cv_;
+  std::condition_variable settled_cv_;
   int idle_ = 0;  // threads waiting for a task, less the tasks handed to them not yet taken
+  uint64_t settled_ = 0;  // tasks that returned (Ready waits for its own)
   std::vector<std::function<void()>> tasks_;
 };
 
 }  // namespace
+
+bool Helpers::Start(std::function<void()> task) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++running_;
+  }
+  // The last thing a task does is leave this object behind: it notifies under the lock, so
+  // Join cannot return (and the object go) before it lets go of the lock.
+  const bool ok = Workers::Get().Run([this, t = std::move(task)] {
+    t();
+    std::lock_guard<std::mutex> lock(mu_);
+    --running_;
+    cv_.notify_all();
+  });
+  if (!ok) {
+    std::lock_guard<std::mutex> lock(mu_);
+    --running_;
+    return false;
+  }
+  ++started_;
+  return true;
+}
+
+void Helpers::Join() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return running_ == 0; });
+}
+
+void KeepHelpersReady(int n) { Workers::Get().Ready(n); }
 
 Status RunAhead(uint64_t n, int slots, const std::function<Status(uint64_t i, int slot)>& produce,
                 const std::function<Status(uint64_t i, int slot)>& consume, int producers) {
@@ -118,30 +176,14 @@ Status RunAheadOnProducers(
       cv.notify_all();
     }
   };
-  int running = 0;  // producers started and not yet returned (under mu)
   // A single item has nothing to overlap with: it runs on the calling thread (a one-request
   // read does not pay for starting a thread).
   const int wanted = n <= 1 ? 0 : static_cast<int>(std::min<uint64_t>(std::max(producers, 1), n));
-  int started = 0;
-  for (int t = 0; t < wanted; ++t, ++started) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      ++running;
-    }
-    // The last thing a producer does is leave this function's state behind: it notifies under
-    // the lock, so the wait below cannot end (and the state go) before it lets go of the lock.
-    const bool ok = Workers::Get().Run([&, t] {
-      producer(t);
-      std::lock_guard<std::mutex> lock(mu);
-      --running;
-      cv.notify_all();
-    });
-    if (!ok) {  // fewer producers
-      std::lock_guard<std::mutex> lock(mu);
-      --running;
-      break;
-    }
+  Helpers helpers;  // declared after the state its tasks use: joined before that goes
+  for (int t = 0; t < wanted; ++t) {
+    if (!helpers.Start([&, t] { producer(t); })) break;  // fewer producers
   }
+  const int started = helpers.started();
   if (started == 0) {
     for (uint64_t i = 0; i < n; ++i) {
       CKPT_RETURN_IF_ERROR(produce(i, static_cast<int>(i % depth), 0), "");
@@ -164,10 +206,12 @@ Status RunAheadOnProducers(
     cv.notify_all();
     if (!status.ok()) break;
   }
-  std::unique_lock<std::mutex> lock(mu);
-  stop = true;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    stop = true;
+  }
   cv.notify_all();
-  cv.wait(lock, [&] { return running == 0; });
+  helpers.Join();
   return status;
 }
 

@@ -215,29 +215,28 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
     int64_t count = 0;           // elements in all
   };
   constexpr size_t kNoTensor = SIZE_MAX;  // a file's only piece when it has no elements
-  // A trainable tensor's piece: up to chunk_elements and at most 4 Mi - 1 Ki elements (16 MiB
-  // of fp32 less one 4 KiB block, so that a slot with its block of room is eight 2 MiB pages,
-  // not nine), two in flight (kAhead). The pieces' slots are the export's working memory, touched
-  // first by this process: on the development VM fresh memory in 2 MiB pages cost 0.37 GiB/s
-  // once the host had taken it back (free page reporting, a few seconds after it was freed),
-  // so slots of half the largest tensor (2 x 44.7 MB for a 1 GiB checkpoint) added 0.2-0.3 s
-  // of system time to a 0.5 s export; two 16 MiB slots: 0.56 s (0.50-0.60, system 0.17)
-  // against 0.68 (0.53-0.74, system 0.30), and no slower with memory at hand (0.50 against
-  // 0.49; docs/performance.md, 2026-12-03 14:00). A copy program that reads and writes the
-  // same bytes through a 32 MiB ring stays at the disk's floor in both cases (raw_io copy).
-  constexpr int64_t kPieceElements = (int64_t{1} << 22) - 1024;
+  // A trainable tensor's piece: up to chunk_elements and at most 2 Mi - 1 Ki elements (8 MiB
+  // of fp32 less one 4 KiB block, so that a slot with its block of room is four 2 MiB pages),
+  // three slots (kAhead). The slots are the export's working memory, touched first by this
+  // process: on the development VM fresh memory in 2 MiB pages cost 0.1-0.4 GiB/s once the host
+  // had taken it back (free page reporting, a few seconds after it was freed). Slots of half
+  // the largest tensor (2 x 44.7 MB for a 1 GiB checkpoint) exported it in 0.68 s 3 s after a
+  // cache drop, two 16 MiB slots in 0.56-0.61 s (system 0.17-0.23: each piece was two 8 MiB
+  // requests faulting in the slot on two threads), three 8 MiB slots in 0.42-0.45 s (system
+  // 0.06: one request per piece, up to two pieces read ahead of the write), no slower with
+  // memory at hand (docs/performance.md, 2026-12-03 14:00 and 20:00). A copy program that
+  // reads and writes the same bytes through a 32 MiB ring: 0.33-0.44 s.
+  constexpr int64_t kPieceElements = (int64_t{1} << 21) - 1024;
   const int64_t piece_elements =
       static_cast<int64_t>(std::min<uint64_t>(opts.chunk_elements, kPieceElements));
-  // Runs of small tensors fill up to 8 MiB (or as much as the largest tensor's pieces, which
-  // the slots hold anyway), so that memory stays within the documented bound: a DeepSpeed
-  // ZeRO-2 partition of 1 MiB parameters exported in 0.55 s instead of 0.68 (3 s after a cache
-  // drop; 0.36 s either way right after one; docs/performance.md, 2026-12-03 16:30).
+  // Runs of small tensors fill up to 8 MiB (a slot then has 8 MiB + 4 KiB): a DeepSpeed
+  // ZeRO-2 partition of 1 MiB parameters exported in 0.55 s instead of 0.68 with 8 MiB runs, 3 s
+  // after a cache drop (0.36 s either way right after one; docs/performance.md, 2026-12-03
+  // 16:30); runs of seven (8 MiB less a block, the trainable pieces' size) took 0.70 s: a run
+  // then straddles the 8 MiB reads of a source with no ReadShift (2026-12-03 20:00).
   constexpr int64_t kRunElements = int64_t{1} << 21;
-  int64_t largest = 0;
-  for (const auto& t : tensors)
-    if (!t.param->frozen) largest = std::max(largest, t.param->numel);
   const int64_t run_elements =
-      std::max(std::min(kRunElements, piece_elements), std::min(largest, piece_elements));
+      static_cast<int64_t>(std::min<uint64_t>(opts.chunk_elements, kRunElements));
   std::vector<Piece> pieces;
   for (size_t f = 0; f < files.size(); ++f) {
     const size_t first_piece = pieces.size();
@@ -268,7 +267,9 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
     }
     if (pieces.size() == first_piece) pieces.push_back({f, kNoTensor});  // still written
   }
-  constexpr int kAhead = 2;
+  constexpr int kAhead = 3;
+  // RunAhead's producer, the threads the reads and the writes run on (direct_write.h).
+  constexpr int kTransferThreads = 4;
   // A trainable fp32 piece is read to the place within a 4 KiB block that it takes in the
   // output file, so that its aligned middle is written from where it lies (O_DIRECT, no copy
   // into staging: direct_write.h); `values` has a block of room for that.
@@ -284,6 +285,8 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
   for (const auto& pc : pieces)
     if (pc.tensor != kNoTensor && !files[pc.file].tensors[pc.tensor].param->frozen)
       longest_piece = std::max(longest_piece, pc.count);
+  // Those threads are started before the slots are touched (run_ahead.h).
+  KeepHelpersReady(kTransferThreads);
   for (auto& slot : slots)
     slot.values = AlignedBuffer(static_cast<size_t>(longest_piece) * 4 + kBlock);
   CKPT_ASSIGN_OR_RETURN(StagedOutput staged, StagedOutput::Begin(out, env), "");

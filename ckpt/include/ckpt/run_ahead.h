@@ -2,8 +2,10 @@
 // of writes (export-fp32).
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <mutex>
 
 #include "ckpt/status.h"
 
@@ -26,5 +28,37 @@ Status RunAhead(uint64_t n, int slots, const std::function<Status(uint64_t i, in
 Status RunAheadOnProducers(
     uint64_t n, int slots, const std::function<Status(uint64_t i, int slot, int producer)>& produce,
     const std::function<Status(uint64_t i, int slot)>& consume, int producers);
+
+// Tasks on kept helper threads (the ones RunAhead's producers run on), waited for together.
+// Start runs a task on an idle kept thread or, when none is idle, on a new one (which is kept
+// after it for later tasks, up to a limit); Join waits until every task started returned; the
+// destructor joins. Starting a thread, and a thread's first allocation (its malloc arena), take
+// the process's address-space lock for writing: while buffers are first touched by O_DIRECT
+// reads that lock waits behind their page faults (40-90 ms per thread measured on the
+// development VM: docs/performance.md, 2026-12-03 16:30 and 19:30).
+class Helpers {
+ public:
+  Helpers() = default;
+  ~Helpers() { Join(); }
+  Helpers(const Helpers&) = delete;
+  Helpers& operator=(const Helpers&) = delete;
+
+  // Runs `task` on a helper thread; false when no thread can be started (the task did not run:
+  // the caller does its work itself).
+  bool Start(std::function<void()> task);
+  void Join();
+  int started() const { return started_; }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int running_ = 0;  // tasks started and not yet returned (under mu_)
+  int started_ = 0;  // tasks started (the calling thread's count)
+};
+
+// Makes sure at least n (at most 16) kept helper threads are idle, each past its first
+// allocation, before it returns: a transfer calls it before it touches its fresh buffers, so
+// that the threads it then uses start none of the above while those buffers fault in.
+void KeepHelpersReady(int n);
 
 }  // namespace ckpt

@@ -900,6 +900,22 @@ Status DeepSpeedReader::ReadPartition(int r, std::string_view state, int64_t off
   return I.ReadStream(r, state, offset, count, out);
 }
 
+std::optional<uint64_t> DeepSpeedReader::PartitionFileOffset(int r, std::string_view state,
+                                                             int64_t offset) {
+  Impl& I = *impl_;
+  if (r < 0 || static_cast<size_t>(r) >= I.groups.size()) return std::nullopt;
+  for (const auto& g : I.groups[static_cast<size_t>(r)]) {
+    if (offset < g.base || offset >= g.base + g.length) continue;
+    const TorchTensorRef* t = state == kMaster     ? g.master
+                              : state == kExpAvg   ? g.exp_avg
+                              : state == kExpAvgSq ? g.exp_avg_sq
+                                                   : nullptr;
+    if (!t || t->dtype != DType::kF32) return std::nullopt;
+    return I.optim[static_cast<size_t>(r)].ElementFileOffset(*t, offset - g.base);
+  }
+  return std::nullopt;
+}
+
 Result<std::vector<uint8_t>> DeepSpeedReader::ReadFrozenBytes(std::string_view param) {
   Impl& I = *impl_;
   const ParamEntry* p = I.Owner(param);

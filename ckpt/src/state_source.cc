@@ -406,6 +406,16 @@ class DeepSpeedSource final : public StateSource {
                       return reader_.ReadPartition(rank, state, offset, count, to);
                     });
   }
+  std::optional<uint64_t> ReadShift(std::string_view param, std::string_view state, int64_t begin,
+                                    int64_t end) override {
+    auto p = Resolve(manifest(), dir(), param, state, begin, end);
+    const PartitionRange* r = p.ok() ? HoldingRange(**p, begin, end) : nullptr;
+    if (!r) return std::nullopt;
+    const std::optional<uint64_t> at =
+        reader_.PartitionFileOffset(r->rank, state, r->shard_offset + (begin - r->begin));
+    if (!at) return std::nullopt;
+    return *at % AlignedBuffer::kAlign;
+  }
   Result<std::vector<uint8_t>> ReadFrozenBytes(std::string_view param) override {
     return reader_.ReadFrozenBytes(param);
   }

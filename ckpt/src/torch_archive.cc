@@ -104,8 +104,10 @@ struct ZipFileCloser {
 // tensors) through pread. (A window read ahead for runs of small reads, a ZeRO partition read
 // parameter by parameter, was tried and not kept: docs/performance.md, 2026-12-03.)
 struct ZipFileSource {
+  static constexpr uint64_t kNowhere = UINT64_MAX;
   std::unique_ptr<RandomAccessFile> file;
   uint64_t pos = 0;
+  uint64_t last_read_at = kNowhere;  // where the last read began (TorchFile::ElementFileOffset)
   int zip_error = ZIP_ER_OK;  // of the last failed command
   Status read_error;          // the last failed read
 
@@ -123,6 +125,7 @@ struct ZipFileSource {
       case ZIP_SOURCE_READ: {
         const uint64_t n = std::min<uint64_t>(len, size - std::min(s->pos, size));
         if (n == 0) return 0;
+        s->last_read_at = s->pos;
         // No exception may cross libzip's C frames.
         Status st = OutOfMemoryAsStatus("read", [&] {
           return n >= RandomAccessFile::kLargeReadBlock
@@ -190,6 +193,7 @@ struct TorchFile::Impl {
   std::map<std::string, zip_uint64_t> records;  // name below prefix -> index
   PickleDoc doc;
   uint64_t bytes_read = 0;
+  std::map<zip_uint64_t, std::optional<uint64_t>> data_at;  // DataFileOffset's answers
 
   Result<zip_uint64_t> Index(const std::string& name) const {
     auto it = records.find(name);
@@ -243,6 +247,30 @@ struct TorchFile::Impl {
     }
     bytes_read += n;
     return Status::Ok();
+  }
+
+  // Where record idx's data starts in the file, for a record stored uncompressed: where libzip
+  // reads its first byte from (a stored record is read through a window onto the archive),
+  // checked against that byte read from the file directly. Learned once per record.
+  std::optional<uint64_t> DataFileOffset(zip_uint64_t idx) {
+    auto it = data_at.find(idx);
+    if (it != data_at.end()) return it->second;
+    std::optional<uint64_t> at;
+    zip_stat_t st;
+    Zip().stat_init(&st);
+    if (Zip().stat_index(zip.get(), idx, 0, &st) == 0 && (st.valid & ZIP_STAT_COMP_METHOD) &&
+        st.comp_method == ZIP_CM_STORE && (st.valid & ZIP_STAT_SIZE) && st.size > 0) {
+      std::unique_ptr<zip_file_t, ZipFileCloser> f(Zip().fopen_index(zip.get(), idx, 0));
+      char via_zip = 0, direct = 0;
+      source->last_read_at = ZipFileSource::kNowhere;
+      if (f && Zip().fread(f.get(), &via_zip, 1) == 1 &&
+          source->last_read_at != ZipFileSource::kNowhere &&
+          source->file->Read(source->last_read_at, 1, &direct).ok() && direct == via_zip)
+        at = source->last_read_at;
+      source->read_error = Status::Ok();
+    }
+    data_at.emplace(idx, at);
+    return at;
   }
 
   Result<uint64_t> Size(zip_uint64_t idx) const {
@@ -371,6 +399,15 @@ Status TorchFile::ReadElements(const TorchTensorRef& t, int64_t first, int64_t c
     }
   }
   return Status::Ok();
+}
+
+std::optional<uint64_t> TorchFile::ElementFileOffset(const TorchTensorRef& t, int64_t first) {
+  if (!t.contiguous() || first < 0 || first > t.numel()) return std::nullopt;
+  auto idx = impl_->Index("data/" + t.key);
+  if (!idx.ok()) return std::nullopt;
+  const std::optional<uint64_t> at = impl_->DataFileOffset(*idx);
+  if (!at) return std::nullopt;
+  return *at + static_cast<uint64_t>(t.offset + first) * t.itemsize;
 }
 
 Status TorchFile::ReadFloats(const TorchTensorRef& t, int64_t first, int64_t count, float* out) {

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -42,6 +43,13 @@ class TorchFile {
   Status ReadElements(const TorchTensorRef& t, int64_t first, int64_t count, void* out);
   // The same converted to fp32 (floating dtypes only).
   Status ReadFloats(const TorchTensorRef& t, int64_t first, int64_t count, float* out);
+  // Where element `first` of tensor `t` lies in the file: for a contiguous tensor whose storage
+  // record is stored uncompressed (as torch.save writes them); nullopt otherwise. libzip does
+  // not tell where a record's data starts: it is learned once per record from where libzip
+  // reads the record's first byte, and checked against that byte. A caller places its buffer
+  // at this offset's position within a 4 KiB block so that ReadElements of 4 MiB or more goes
+  // straight into it with O_DIRECT (StateSource::ReadShift).
+  std::optional<uint64_t> ElementFileOffset(const TorchTensorRef& t, int64_t first);
   // Reads every record to its end, so libzip checks each CRC-32. DataLoss on a mismatch.
   Status VerifyRecords();
   uint64_t bytes_read() const;

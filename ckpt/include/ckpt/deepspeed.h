@@ -7,11 +7,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "ckpt/env.h"
 #include "ckpt/manifest.h"
@@ -73,6 +73,10 @@ class DeepSpeedReader {
   // fp32 elements [offset, offset + count) of rank r's partition of `state` (its optimizer
   // groups one after the other: the space the parameters' ranges' shard_offset index).
   Status ReadPartition(int r, std::string_view state, int64_t offset, int64_t count, float* out);
+  // Where element `offset` of rank r's partition of `state` lies in its optimizer file, when its
+  // group's fp32 tensor is stored contiguous and uncompressed; nullopt otherwise (or for a
+  // moment the optimizer has not written yet). For StateSource::ReadShift.
+  std::optional<uint64_t> PartitionFileOffset(int r, std::string_view state, int64_t offset);
   // A frozen parameter's (or buffer's) bytes in its stored dtype (manifest dtype and shape).
   Result<std::vector<uint8_t>> ReadFrozenBytes(std::string_view param);
   // Reads every record of every file to its end (libzip checks each CRC-32) and reports what

@@ -105,8 +105,9 @@ class StateSource {
   // parameter's `state` start, when one file holds them all as plain fp32 bytes: a
   // ReadParamRange into memory at that place reads them from the disk straight into it
   // (O_DIRECT, RandomAccessFile::ReadLarge), where other memory gets them through a bounce
-  // buffer and a copy. nullopt when the range spans files, is stored otherwise (compressed,
-  // a universal or DeepSpeed source) or cannot be placed (the read reports why).
+  // buffer and a copy (a DeepSpeed source: where the range starts in the optimizer file's
+  // uncompressed zip record). nullopt when the range spans files, is stored otherwise
+  // (compressed, a universal source) or cannot be placed (the read reports why).
   virtual std::optional<uint64_t> ReadShift(std::string_view param, std::string_view state,
                                             int64_t begin, int64_t end) {
     return std::nullopt;

@@ -35,7 +35,7 @@ Status RunAheadOnProducers(
 // destructor joins. Starting a thread, and a thread's first allocation (its malloc arena), take
 // the process's address-space lock for writing: while buffers are first touched by O_DIRECT
 // reads that lock waits behind their page faults (40-90 ms per thread measured on the
-// development VM: docs/performance.md, 2026-12-03 16:30 and 19:30).
+// development VM: docs/performance.md, 2026-12-03 16:30 and 20:00).
 class Helpers {
  public:
   Helpers() = default;

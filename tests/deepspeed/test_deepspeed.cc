@@ -66,6 +66,32 @@ bool MakeDeepSpeed(const std::string& root, const std::string& args) {
 // Read during static initialisation: what the program had loaded at start.
 const bool g_libzip_mapped_at_start = Mapped("libzip");
 
+// The trainable 512 x 512 matrices of a DeepSpeed source made with --block-width 512, in table
+// order, whole (one ZeRO partition holds them one after the other): a run export-fp32 reads as
+// one piece. `total` gets their element count.
+std::vector<ckpt::StateSource::ParamSlice> MatrixRun(ckpt::StateSource& src, int64_t* total) {
+  std::vector<ckpt::StateSource::ParamSlice> slices;
+  *total = 0;
+  for (const auto& p : src.manifest().params) {
+    if (p.frozen || !p.tied_to.empty() || p.numel < 512 * 512) continue;
+    slices.push_back({p.name, 0, p.numel});
+    *total += p.numel;
+  }
+  return slices;
+}
+
+// Each slice read on its own (ReadParamRange), one after the other.
+std::vector<float> ReadEach(ckpt::StateSource& src,
+                            const std::vector<ckpt::StateSource::ParamSlice>& slices) {
+  std::vector<float> all;
+  for (const auto& s : slices) {
+    std::vector<float> one(static_cast<size_t>(s.end - s.begin));
+    REQUIRE(src.ReadParamRange(s.param, ckpt::kMaster, s.begin, s.end, one.data()).ok());
+    all.insert(all.end(), one.begin(), one.end());
+  }
+  return all;
+}
+
 }  // namespace
 
 TEST_CASE("DeepSpeed fixtures: ckpt equals torch's recomputation; hostile files refused", "[io]") {
@@ -162,29 +188,19 @@ TEST_CASE("ReadParamSlices reads a run of small DeepSpeed parameters with one re
   so.env = &env;
   auto src = ckpt::OpenStateSource(ds, so);
   REQUIRE(src.ok());
-  std::vector<ckpt::StateSource::ParamSlice> slices;
   int64_t total = 0;
-  for (const auto& p : (*src)->manifest().params) {
-    if (p.frozen || !p.tied_to.empty() || p.numel < 512 * 512) continue;
-    slices.push_back({p.name, 0, p.numel});
-    total += p.numel;
-  }
+  std::vector<ckpt::StateSource::ParamSlice> slices = MatrixRun(**src, &total);
   REQUIRE(slices.size() >= 8);
   // The first slice starts inside its parameter: a run need not start at a parameter's start.
   slices.front().begin = 100;
   total -= 100;
-  std::vector<float> got(static_cast<size_t>(total)), want;
+  std::vector<float> got(static_cast<size_t>(total));
   const uint64_t before = env.large_reads;
   env.largest = 0;
   REQUIRE((*src)->ReadParamSlices(slices, ckpt::kMaster, got.data()).ok());
   CHECK(env.large_reads - before <= 2);
   CHECK(env.largest >= static_cast<uint64_t>(total) * 4 / 2);
-  for (const auto& s : slices) {
-    std::vector<float> one(static_cast<size_t>(s.end - s.begin));
-    REQUIRE((*src)->ReadParamRange(s.param, ckpt::kMaster, s.begin, s.end, one.data()).ok());
-    want.insert(want.end(), one.begin(), one.end());
-  }
-  CHECK(got == want);
+  CHECK(got == ReadEach(**src, slices));
   // A failure names the run's parameters.
   env.fail = true;
   ckpt::Status s = (*src)->ReadParamSlices(slices, ckpt::kMaster, got.data());
@@ -204,20 +220,10 @@ TEST_CASE("ReadShift places a DeepSpeed run where O_DIRECT reads it straight int
   REQUIRE(MakeDeepSpeed(ds, "--zero 2 --world 1 --dtype fp32 --blocks 8 --block-width 512"));
   auto src = ckpt::OpenStateSource(ds);
   REQUIRE(src.ok());
-  std::vector<ckpt::StateSource::ParamSlice> slices;
   int64_t total = 0;
-  for (const auto& p : (*src)->manifest().params) {
-    if (p.frozen || !p.tied_to.empty() || p.numel < 512 * 512) continue;
-    slices.push_back({p.name, 0, p.numel});
-    total += p.numel;
-  }
+  std::vector<ckpt::StateSource::ParamSlice> slices = MatrixRun(**src, &total);
   REQUIRE(slices.size() >= 8);
-  std::vector<float> want;
-  for (const auto& s : slices) {
-    std::vector<float> one(static_cast<size_t>(s.end - s.begin));
-    REQUIRE((*src)->ReadParamRange(s.param, ckpt::kMaster, s.begin, s.end, one.data()).ok());
-    want.insert(want.end(), one.begin(), one.end());
-  }
+  const std::vector<float> want = ReadEach(**src, slices);
   for (const int64_t begin : {int64_t{0}, int64_t{100}}) {
     INFO("the run starts at element " << begin << " of its first parameter");
     slices.front().begin = begin;

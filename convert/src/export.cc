@@ -232,8 +232,9 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
   // Runs of small tensors fill up to 8 MiB (a slot then has 8 MiB + 4 KiB): a DeepSpeed
   // ZeRO-2 partition of 1 MiB parameters exported in 0.55 s instead of 0.68 with 8 MiB runs, 3 s
   // after a cache drop (0.36 s either way right after one; docs/performance.md, 2026-12-03
-  // 16:30); runs of seven (8 MiB less a block, the trainable pieces' size) took 0.70 s: a run
-  // then straddles the 8 MiB reads of a source with no ReadShift (2026-12-03 20:00).
+  // 16:30); runs of seven (8 MiB less a block, the trainable pieces' size) took 0.70 s, a run
+  // then straddling the 8 MiB reads of the bounce buffers (2026-12-03 20:00, measured before
+  // DeepSpeed sources had ReadShift).
   constexpr int64_t kRunElements = int64_t{1} << 21;
   const int64_t run_elements =
       static_cast<int64_t>(std::min<uint64_t>(opts.chunk_elements, kRunElements));

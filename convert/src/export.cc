@@ -229,15 +229,13 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
   constexpr int64_t kPieceElements = (int64_t{1} << 21) - 1024;
   const int64_t piece_elements =
       static_cast<int64_t>(std::min<uint64_t>(opts.chunk_elements, kPieceElements));
-  // Runs of small tensors fill up to 8 MiB (a slot then has 8 MiB + 4 KiB): a DeepSpeed
-  // ZeRO-2 partition of 1 MiB parameters exported in 0.55 s instead of 0.68 with 8 MiB runs, 3 s
-  // after a cache drop (0.36 s either way right after one; docs/performance.md, 2026-12-03
-  // 16:30); runs of seven (8 MiB less a block, the trainable pieces' size) took 0.70 s, a run
-  // then straddling the 8 MiB reads of the bounce buffers (2026-12-03 20:00, measured before
-  // DeepSpeed sources had ReadShift).
-  constexpr int64_t kRunElements = int64_t{1} << 21;
-  const int64_t run_elements =
-      static_cast<int64_t>(std::min<uint64_t>(opts.chunk_elements, kRunElements));
+  // Runs of small tensors fill a piece too: a DeepSpeed ZeRO-2 partition of 1 MiB parameters
+  // exported in 0.55 s instead of 0.68 with 8 MiB runs, 3 s after a cache drop (0.36 s either
+  // way right after one; docs/performance.md, 2026-12-03 16:30). Runs of seven (a piece) took
+  // 0.70 s through the bounce buffers, a run then straddling their 8 MiB reads, and 0.37-0.41 s
+  // against 0.41-0.45 for runs of eight (2 MiB more per slot) once DeepSpeed sources had
+  // ReadShift (2026-12-03 20:00).
+  const int64_t run_elements = piece_elements;
   std::vector<Piece> pieces;
   for (size_t f = 0; f < files.size(); ++f) {
     const size_t first_piece = pieces.size();

@@ -60,9 +60,9 @@ struct ExportReport {
 // model-0000k-of-0000n.safetensors shards + model.safetensors.index.json when the tensors
 // exceed max_shard_bytes. Reads only master weights (never the moments) and checks their XXH3
 // while streaming. The next pieces are read on a helper thread while the last one is written
-// (up to two pieces ahead); a piece is at most chunk_elements and at most 2 Mi - 1 Ki elements
-// (a run of small tensors up to 2 Mi), and peak memory is about 3 × piece × (4 + output dtype
-// size) bytes + 64 MiB of I/O buffers, plus twice
+// (up to two pieces ahead); a piece (one tensor's part, or a run of small tensors) is at most
+// chunk_elements and at most 2 Mi - 1 Ki elements, and peak memory is about
+// 3 × piece × (4 + output dtype size) bytes + 64 MiB of I/O buffers, plus twice
 // the largest frozen tensor (its stored and converted copies; nothing is read ahead while it is
 // written). The directory appears atomically only when everything succeeded.
 Result<ExportReport> ExportFp32(const std::string& src, const std::string& out,

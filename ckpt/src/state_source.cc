@@ -68,6 +68,21 @@ const PartitionRange* HoldingRange(const ParamEntry& p, int64_t begin, int64_t e
   return nullptr;
 }
 
+// ReadShift for a source whose trainable parameters live in per-rank partitions: the rank range
+// that holds all of [begin, end), then where its partition element lies in the rank's file
+// (file_offset(rank, offset); nullopt: not known or not plain bytes), within a 4 KiB block.
+std::optional<uint64_t> PartitionShift(
+    const StateSource& src, std::string_view param, std::string_view state, int64_t begin,
+    int64_t end,
+    const std::function<std::optional<uint64_t>(int rank, int64_t offset)>& file_offset) {
+  auto p = Resolve(src.manifest(), src.dir(), param, state, begin, end);
+  const PartitionRange* r = p.ok() ? HoldingRange(**p, begin, end) : nullptr;
+  if (!r) return std::nullopt;
+  const std::optional<uint64_t> at = file_offset(r->rank, r->shard_offset + (begin - r->begin));
+  if (!at) return std::nullopt;
+  return *at % AlignedBuffer::kAlign;
+}
+
 // ReadParamSlices for a source whose trainable parameters live in per-rank partitions: runs of
 // slices stored one after the other in one rank's partition are read by one call of
 // read_run(rank, offset, count, out); any other slice (spread over ranks, frozen) by
@@ -168,12 +183,11 @@ class ShardedSource final : public StateSource {
 
   std::optional<uint64_t> ReadShift(std::string_view param, std::string_view state, int64_t begin,
                                     int64_t end) override {
-    auto p = Resolve(manifest(), dir(), param, state, begin, end);
-    const PartitionRange* r = p.ok() ? HoldingRange(**p, begin, end) : nullptr;
-    if (!r) return std::nullopt;
-    auto at = reader_.SliceFileOffset(r->rank, state, r->shard_offset + (begin - r->begin));
-    if (!at.ok() || !*at) return std::nullopt;
-    return **at % AlignedBuffer::kAlign;
+    return PartitionShift(*this, param, state, begin, end,
+                          [&](int rank, int64_t offset) -> std::optional<uint64_t> {
+                            auto at = reader_.SliceFileOffset(rank, state, offset);
+                            return at.ok() ? *at : std::nullopt;
+                          });
   }
 
   Result<std::vector<uint8_t>> ReadFrozenBytes(std::string_view param) override {
@@ -408,13 +422,9 @@ class DeepSpeedSource final : public StateSource {
   }
   std::optional<uint64_t> ReadShift(std::string_view param, std::string_view state, int64_t begin,
                                     int64_t end) override {
-    auto p = Resolve(manifest(), dir(), param, state, begin, end);
-    const PartitionRange* r = p.ok() ? HoldingRange(**p, begin, end) : nullptr;
-    if (!r) return std::nullopt;
-    const std::optional<uint64_t> at =
-        reader_.PartitionFileOffset(r->rank, state, r->shard_offset + (begin - r->begin));
-    if (!at) return std::nullopt;
-    return *at % AlignedBuffer::kAlign;
+    return PartitionShift(*this, param, state, begin, end, [&](int rank, int64_t offset) {
+      return reader_.PartitionFileOffset(rank, state, offset);
+    });
   }
   Result<std::vector<uint8_t>> ReadFrozenBytes(std::string_view param) override {
     return reader_.ReadFrozenBytes(param);

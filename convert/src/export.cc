@@ -99,15 +99,19 @@ Result<std::vector<uint8_t>> EncodeFrozen(const ParamEntry& p, std::vector<uint8
 }
 
 // The end of the piece of `p` that starts at element b: at most `step` elements, and not past
-// the end of the source rank's range that holds b when that leaves the piece 1 Mi elements
-// (4 MiB) or more, so that one file holds the piece (StateSource::ReadShift reads it in place).
-// Shorter parts are not cut off: a ZeRO-3 source of many ranks (every rank a slice of every
-// tensor) would turn each piece into many small reads and writes.
+// the end of the source rank's range that holds b when that leaves the piece, or the next
+// one, 1 Mi elements (4 MiB) or more, so that one file holds the large piece
+// (StateSource::ReadShift reads it in place; a piece of 8 MiB spanning two rank files went
+// through the page cache in two 4 MiB reads, 11 ms where an in-place read takes 6:
+// docs/performance.md, 2026-12-04 00:30). Where both parts are shorter the piece is not cut:
+// a ZeRO-3 source of many ranks (every rank a slice of every tensor) would turn each piece
+// into many small reads and writes.
 int64_t PieceEnd(const ParamEntry& p, int64_t b, int64_t step) {
   constexpr int64_t kMinCut = int64_t{1} << 20;
   int64_t e = std::min(p.numel, b + step);
   for (const auto& r : p.ranges)
-    if (r.begin <= b && b < r.end && r.end < e && r.end - b >= kMinCut) e = r.end;
+    if (r.begin <= b && b < r.end && r.end < e && (r.end - b >= kMinCut || e - r.end >= kMinCut))
+      e = r.end;
   return e;
 }
 

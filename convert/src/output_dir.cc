@@ -26,12 +26,9 @@ Result<StagedOutput> StagedOutput::Begin(const std::string& out_arg, Env* env) {
   const std::string staging =
       (parent / (std::string(kTempPrefix) + p.filename().string() + "-" + std::to_string(rd())))
           .string();
+  // Its entry in the parent is made durable by Commit (the rename, then fsync of the parent):
+  // a staging directory lost in a crash before then lost nothing published.
   CKPT_RETURN_IF_ERROR(env->CreateDir(staging), "create staging directory");
-  Status s = env->SyncDir(parent.string());
-  if (!s.ok()) {
-    env->RemoveDirRecursive(staging).IgnoreError();
-    return s.WithContext("fsync " + parent.string());
-  }
   return StagedOutput(env, out, parent.string(), staging);
 }
 
@@ -56,7 +53,13 @@ Status StagedOutput::Commit() {
   // filled since Begin() is never clobbered (ENOTEMPTY).
   CKPT_RETURN_IF_ERROR(env_->RenameFile(staging_, out_), "publish " + out_);
   committed_ = true;
-  CKPT_RETURN_IF_ERROR(env_->SyncDir(parent_), "fsync " + parent_);
+  Status s = env_->SyncDir(parent_);
+  if (!s.ok()) {
+    // Not durable: the command fails, so OUT goes back to its staging name (and with this
+    // object) rather than stay behind a failed command.
+    if (env_->RenameFile(out_, staging_).ok()) committed_ = false;
+    return s.WithContext("fsync " + parent_);
+  }
   return Status::Ok();
 }
 

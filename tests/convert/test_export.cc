@@ -6,7 +6,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include "ckpt/reader.h"
 #include "convert/export.h"
+#include "convert/output_dir.h"
 #include "convert/reshard.h"
 #include "safetensors/safetensors.h"
 #include "convert/universal.h"
@@ -321,6 +323,69 @@ TEST_CASE("a failed file-system step never publishes OUT", "[io]") {
 
 // Context is added once per layer: the source names the parameter it failed to read, the
 // converters do not name it again ("parameter 'x': parameter 'x': ..." before).
+TEST_CASE("export cuts a piece at a rank boundary where the rest of it is large", "[io]") {
+  testing::ScratchDir dir("exp_cut");
+  const std::string src = dir / "src";
+  // ZeRO-2 over two ranks: the 4 M-element tensor's elements are split between the ranks.
+  REQUIRE(testing::MakeSynthetic(src, 2, 2, 4'000'000, 4'000'000).ok());
+  auto reader = CheckpointReader::Open(src);
+  REQUIRE(reader.ok());
+  const ParamEntry* split = nullptr;
+  for (const auto& p : reader->manifest().params)
+    if (p.ranges.size() == 2) split = &p;
+  REQUIRE(split != nullptr);
+  const int64_t boundary = split->ranges[0].end;
+  // Pieces of 1000 elements less than the boundary: the second piece starts 1000 elements
+  // before it and would end far past it, its rank-1 part (about 8 MB) not in place.
+  ExportOptions o;
+  o.chunk_elements = boundary - 1000;
+  REQUIRE(split->numel - boundary >= (int64_t{1} << 20) + 1000);
+  REQUIRE(split->numel >= 2 * (boundary - 1000));
+  const DirectReadStats before = GetDirectReadStats();
+  {
+    testing::DirectIoMode on("on");
+    REQUIRE(ExportFp32(src, dir / "a", o).ok());
+  }
+  const DirectReadStats after = GetDirectReadStats();
+  REQUIRE(ExportFp32(src, dir / "b", ExportOptions()).ok());
+  CHECK(Slurp(dir / "a/model.safetensors") == Slurp(dir / "b/model.safetensors"));
+  if (after.refused == before.refused) {
+    // Both large parts went from the disk straight into the slots: [0, boundary - 1000) and
+    // [boundary, 2 * (boundary - 1000)), less at most a block at the ends of each; the
+    // 1000-element piece before the boundary and the tensor's short tail are read otherwise.
+    // (Without the cut only the first part: about 8 MB.)
+    const uint64_t in_place = after.direct_into_caller_bytes - before.direct_into_caller_bytes;
+    CHECK(in_place + 4 * 4096 >= 4 * static_cast<uint64_t>(2 * boundary - 3000));
+    CHECK(after.buffered_bytes - before.buffered_bytes < (1u << 20));
+  } else {
+    WARN("O_DIRECT refused on " << dir.str());
+  }
+}
+
+TEST_CASE("an output whose publishing fsync fails goes back to staging and away", "[io]") {
+  testing::ScratchDir dir("staged");
+  // Begin creates the staging directory without an fsync of the parent; Commit fsyncs the
+  // staging directory (#1), renames it to OUT, fsyncs the parent (#2).
+  for (int n = 1; n <= 2; ++n) {
+    FaultInjectionEnv env(Env::Default());
+    env.FailAt(FaultInjectionEnv::Op::kSyncDir, n);
+    {
+      auto staged = StagedOutput::Begin(dir / "out", &env);
+      REQUIRE(staged.ok());
+      REQUIRE(WriteFileAtomic(Env::Default(), staged->staging() + "/f", "x").ok());
+      Status s = staged->Commit();
+      INFO("fsync #" << n << ": " << s.ToString());
+      CHECK(s.code() == StatusCode::kIOError);
+    }
+    CHECK(testing::EmptyOrMissing(dir / "out"));
+    CHECK(testing::CountTemp(dir.str()) == 0);
+  }
+  auto staged = StagedOutput::Begin(dir / "out", Env::Default());
+  REQUIRE(staged.ok());
+  REQUIRE(staged->Commit().ok());
+  CHECK(std::filesystem::is_directory(dir / "out"));
+}
+
 TEST_CASE("a failed read names the parameter once", "[io]") {
   testing::ScratchDir dir("fault-read");
   const std::string src = dir / "src";

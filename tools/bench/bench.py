@@ -88,7 +88,22 @@ def paired(j):
            if r.get("raw_buffered_seconds", -1) > 0]
     if old:
         out["ratio_to_buffered"] = stats(old)
+    out.update(best_variant_ratio([r.get("raw_variants") or {} for r in j["reps"]],
+                                  [r["seconds"] for r in j["reps"]]))
     return out
+
+
+def best_variant_ratio(variants, secs):
+    """The pairs against one floor variant, the one with the least median over the pairs,
+    instead of the least of every variant in each pair: the least of several noisy runs is
+    biased low against a single ckpt run. Empty when no variant ran in every pair."""
+    names = set.intersection(*(set(k for k, t in v.items() if t) for v in variants)) \
+        if variants else set()
+    if not names:
+        return {}
+    best = min(sorted(names), key=lambda n: statistics.median(v[n] for v in variants))
+    return {"best_variant_by_median": best,
+            "ratio_best_variant": stats([v[best] / t for v, t in zip(variants, secs)])}
 
 
 def paired_codec(j):
@@ -444,7 +459,7 @@ def main():
     # writes, both in the same minutes as the export; with peak RSS beside the documented bound
     # (2 x largest tensor + 64 MiB).
     def export_fp32(src, name, extra, data_files):
-        secs, rsss, floors, w1, r1, copies = [], [], [], [], [], []
+        secs, rsss, floors, w1, r1, copies, copy_each = [], [], [], [], [], [], []
         out = os.path.join(work, name)
         one_dir = os.path.join(work, name + "_floor")
         read_dir = os.path.join(work, name + "_read_floor")
@@ -481,20 +496,26 @@ def main():
             floors.append(r + best)
             # The copy floor: the same reads and writes by one program that overlaps them
             # (raw_io copy, every variant, best counts): whether the disk gives a copy the sum
-            # of its separate read and write rates.
+            # of its separate read and write rates. Timed as export is, the process from its
+            # start to its exit (its own clock, which leaves out loading and exiting, is kept
+            # beside it: until 2026-12-04 the ratio used that one).
             best = None
+            each = {}
             for v in variants["copy"]:
                 shutil.rmtree(one_dir, ignore_errors=True)
                 os.makedirs(one_dir)
                 drop_caches()
-                j, _, _ = R.json([raw_io, "copy", read_dir, one_dir, "--files",
-                                  str(len(data_files)), "--bytes-per-file", str(read_per_file),
-                                  "--variant", v])
-                if not j.get("unsupported") and (best is None or j["seconds"] < best[0]):
-                    best = (j["seconds"], v)
+                j, wall, _ = R.json([raw_io, "copy", read_dir, one_dir, "--files",
+                                     str(len(data_files)), "--bytes-per-file", str(read_per_file),
+                                     "--variant", v])
+                if not j.get("unsupported"):
+                    each[v] = wall
+                    if best is None or wall < best[0]:
+                        best = (wall, v, j["seconds"])
             shutil.rmtree(one_dir, ignore_errors=True)
             if best is not None:
                 copies.append(best)
+                copy_each.append(each)
             time.sleep(3)
 
         for rep in range(a.reps):
@@ -530,12 +551,17 @@ def main():
                                "variant, three seconds before (even repetitions) or after "
                                "(odd ones) each export" % (len(data_files), nfiles)},
             "copy_floor": None if len(copies) != len(secs) else {
-                "seconds": stats([c for c, _ in copies]),
-                "ratio": stats([c / t for (c, _), t in zip(copies, secs)]),
-                "variants": [v for _, v in copies],
+                "seconds": stats([c for c, _, _ in copies]),
+                "ratio": stats([c / t for (c, _, _), t in zip(copies, secs)]),
+                "variants": [v for _, v, _ in copies],
+                "own_clock_seconds": stats([c for _, _, c in copies]),
+                "ratio_own_clock": stats([c / t for (_, _, c), t in zip(copies, secs)]),
+                **best_variant_ratio(copy_each, secs),
                 "note": "raw_io copy: the same bytes read from the same files and written to one "
                         "file by one program, reads and writes overlapped (best of every copy "
-                        "variant, its ring buffers fresh memory), paired as the floor above"},
+                        "variant, its ring buffers fresh memory), paired as the floor above; "
+                        "timed from its start to its exit as export is (own_clock_seconds: its "
+                        "own clock, without loading and exiting)"},
             "gib_per_s_read_plus_written": (ej["bytes_read"] + written) / GiB / s["median"],
             "maxrss_kib": max(rsss), "maxrss_kib_all": rsss,
             "largest_tensor_bytes": ej["largest_tensor_bytes"],
@@ -826,21 +852,22 @@ def main():
     # --- targets -------------------------------------------------------------------------
     T = res["targets"]
 
-    def target(name, value, op, goal, unit=""):
+    def target(name, value, op, goal, unit="", paired=None):
         ok = value >= goal if op == ">=" else value <= goal
         T.append({"target": name, "value": value, "goal": "%s %s" % (op, goal),
                   "status": "PASS" if ok else "MISS"})
+        if paired and "ratio_best_variant" in paired:
+            # Beside it, not counted: the pairs against the variant with the best median.
+            T[-1]["against_best_variant"] = paired["ratio_best_variant"]["median"]
+            T[-1]["best_variant"] = paired["best_variant_by_median"]
 
-    target("save >= 0.9x raw write (paired, median of reps)",
-           ph["save"]["paired"]["ratio"]["median"], ">=", 0.9)
-    target("load (verified) >= 0.9x raw read (paired, median of reps)",
-           ph["load_verified"]["paired"]["ratio"]["median"], ">=", 0.9)
-    target("save, one process per rank >= 0.9x raw write (paired, median of reps)",
-           ph["save_procs"]["paired"]["ratio"]["median"], ">=", 0.9)
-    target("load, one process per rank >= 0.9x raw read (paired, median of reps)",
-           ph["load_verified_procs"]["paired"]["ratio"]["median"], ">=", 0.9)
-    target("check --deep >= 0.9x cold read of the files (paired, median of reps)",
-           ph["check_deep"]["paired"]["ratio"]["median"], ">=", 0.9)
+    for key, name in [("save", "save >= 0.9x raw write"),
+                      ("load_verified", "load (verified) >= 0.9x raw read"),
+                      ("save_procs", "save, one process per rank >= 0.9x raw write"),
+                      ("load_verified_procs", "load, one process per rank >= 0.9x raw read"),
+                      ("check_deep", "check --deep >= 0.9x cold read of the files")]:
+        target(name + " (paired, median of reps)", ph[key]["paired"]["ratio"]["median"], ">=",
+               0.9, paired=ph[key]["paired"])
     if "export_fp32" in ph:
         e = ph["export_fp32"]
         target("export >= 0.9x read+write floor (paired, its own output files)", e["ratio"],
@@ -948,8 +975,12 @@ def print_table(res):
                                             fmt_range(e["paired"]["write_gib_per_s"]),
                                             fmt_range(e["paired"]["ratio"]), e["ratio_run_floor"]))
         if e.get("copy_floor"):
-            print("  %s vs its paired copy floor (raw_io copy, the same bytes): %s s, ratio %s" % (
-                name, fmt_range(e["copy_floor"]["seconds"]), fmt_range(e["copy_floor"]["ratio"])))
+            print("  %s vs its paired copy floor (raw_io copy, the same bytes, start to exit): %s s, "
+                  "ratio %s (its own clock: %s s, ratio %s)" % (
+                      name, fmt_range(e["copy_floor"]["seconds"]),
+                      fmt_range(e["copy_floor"]["ratio"]),
+                      fmt_range(e["copy_floor"]["own_clock_seconds"]),
+                      fmt_range(e["copy_floor"]["ratio_own_clock"])))
     for name in [k for k in ph if k.startswith(("save_zstd", "load_zstd"))]:
         if ph[name].get("codec"):
             c = ph[name]["codec"]
@@ -1042,7 +1073,10 @@ def print_table(res):
     print()
     print("targets:")
     for t in res["targets"]:
-        print("  %-4s %-55s %.3f (goal %s)" % (t["status"], t["target"], t["value"], t["goal"]))
+        print("  %-4s %-55s %.3f (goal %s)%s" % (
+            t["status"], t["target"], t["value"], t["goal"],
+            "; %.3f against %s alone" % (t["against_best_variant"], t["best_variant"])
+            if "against_best_variant" in t else ""))
     print("elapsed %.0fs" % res["elapsed_seconds"])
 
 
@@ -1144,9 +1178,12 @@ def markdown(res):
             L.append("")
             L.append("`%s` against its paired copy floor (`raw_io copy`: the same bytes read from "
                      "the same files and written to one file by one program that overlaps its "
-                     "reads and writes, best of %s): %s s, ratio %s." % (
+                     "reads and writes, best of %s, timed from its start to its exit as export "
+                     "is): %s s, ratio %s (by its own clock: %s s, ratio %s)." % (
                          name, ", ".join(sorted(set(e["copy_floor"]["variants"]))),
-                         fmt_range(e["copy_floor"]["seconds"]), fmt_range(e["copy_floor"]["ratio"])))
+                         fmt_range(e["copy_floor"]["seconds"]), fmt_range(e["copy_floor"]["ratio"]),
+                         fmt_range(e["copy_floor"]["own_clock_seconds"]),
+                         fmt_range(e["copy_floor"]["ratio_own_clock"])))
         L.append("")
     for name in [k for k in ph if k.startswith(("save_zstd", "load_zstd"))]:
         if ph[name].get("codec"):
@@ -1255,10 +1292,14 @@ def markdown(res):
             L.append("| %s | %.1f | %.1f | %.2f s |" % (r["mode"], r["tokens_per_s"], r["seconds"],
                                                     r["inside_save_seconds"]))
         L.append("")
-    L.append("| target | measured | goal | status |")
-    L.append("|---|---:|---|---|")
+    L.append("| target | measured | goal | status | against the variant with the best median "
+             "(not counted) |")
+    L.append("|---|---:|---|---|---|")
     for t in res["targets"]:
-        L.append("| %s | %.3f | %s | **%s** |" % (t["target"], t["value"], t["goal"], t["status"]))
+        L.append("| %s | %.3f | %s | **%s** | %s |" % (
+            t["target"], t["value"], t["goal"], t["status"],
+            "%.3f (%s)" % (t["against_best_variant"], t["best_variant"])
+            if "against_best_variant" in t else ""))
     L.append("")
     L.append("Elapsed: %.0f s." % res["elapsed_seconds"])
     return "\n".join(L) + "\n"

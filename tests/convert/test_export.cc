@@ -321,8 +321,6 @@ TEST_CASE("a failed file-system step never publishes OUT", "[io]") {
   }
 }
 
-// Context is added once per layer: the source names the parameter it failed to read, the
-// converters do not name it again ("parameter 'x': parameter 'x': ..." before).
 TEST_CASE("export cuts a piece at a rank boundary where the rest of it is large", "[io]") {
   testing::ScratchDir dir("exp_cut");
   const std::string src = dir / "src";
@@ -386,6 +384,8 @@ TEST_CASE("an output whose publishing fsync fails goes back to staging and away"
   CHECK(std::filesystem::is_directory(dir / "out"));
 }
 
+// Context is added once per layer: the source names the parameter it failed to read, the
+// converters do not name it again ("parameter 'x': parameter 'x': ..." before).
 TEST_CASE("a failed read names the parameter once", "[io]") {
   testing::ScratchDir dir("fault-read");
   const std::string src = dir / "src";

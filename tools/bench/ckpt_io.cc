@@ -2,9 +2,11 @@
 //
 //   ckpt_io save ROOT --ranks N --params P [--zero S] [--compress C] [--chunk-bytes B]
 //                [--no-file-checksum] [--compress-threads T] [--reps R] [--drop-caches]
-//                [--paired-raw DIR [--paired-variant NAME]] [--paired-codec DIR]
+//                [--paired-raw DIR [--paired-variant NAME] [--null-variant NAME]]
+//                [--paired-codec DIR]
 //   ckpt_io load ROOT [--reps R] [--drop-caches] [--no-verify]
-//                [--paired-raw DIR [--paired-variant NAME]] [--paired-codec DIR [--chunk-bytes B]]
+//                [--paired-raw DIR [--paired-variant NAME] [--null-variant NAME]]
+//                [--paired-codec DIR [--chunk-bytes B]]
 //   ckpt_io zstd ROOT [--levels 1,3,9] [--max-mib M] [--chunk-bytes B]
 //   ckpt_io async ROOT --ranks N --params P [--zero S] [--reps R]
 //   ckpt_io reshard-load ROOT --to M [--zero S] [--reps R] [--drop-caches] --paired-raw DIR
@@ -26,6 +28,12 @@
 //   file per new rank holding exactly as many bytes as that rank owns (master and both
 //   moments), written untimed, then read back by every read variant of raw_floor.h just
 //   before each repetition; the ratio is to the best of them.
+// --null-variant NAME (save and load, ranks as threads, with --paired-raw): the calibration
+//   of the pairing. The timed side is not ckpt but one pass of that floor variant itself (a
+//   write of the same in-memory bytes into the repetition's tag directory; a read of the
+//   checkpoint's rank files), in the place, order and conditions of the ckpt run, paired with
+//   the same floor passes. Its ratio is what the pairing gives a program that is the floor:
+//   the least of several noisy floor passes against one pass is below 1 by itself.
 // zstd: compression ratio and single-thread throughput of the rank files' fp32 master
 //   weights, exp_avg, exp_avg_sq and the bf16 rounding of the master weights (or a stored
 //   `compute` dataset), per level, with and without HDF5-style byte shuffle, in chunks of
@@ -123,6 +131,7 @@ struct Args {
   std::string paired_raw;  // directory for the paired raw write / read of the same bytes
   std::string paired_codec;  // directory for the paired codec floor (zstd saves and loads)
   std::string paired_variant;  // --paired-variant: only this floor variant (the run's best)
+  std::string null_variant;    // --null-variant: time this floor variant instead of ckpt
   std::vector<int> levels = {1, 3, 9};
   int64_t max_mib = 64;
   int to = 0;  // reshard-load: the new world size
@@ -157,6 +166,7 @@ Args Parse(int argc, char** argv) {
     else if (k == "--paired-raw") a.paired_raw = val();
     else if (k == "--paired-codec") a.paired_codec = val();
     else if (k == "--paired-variant") a.paired_variant = val();
+    else if (k == "--null-variant") a.null_variant = val();
     else if (k == "--levels") {
       a.levels.clear();
       std::string s = val();
@@ -170,7 +180,33 @@ Args Parse(int argc, char** argv) {
   }
   if (a.reps < 1) a.reps = 1;
   if (a.zero < 0 && a.op != "reshard-load") a.zero = 2;
+  if (!a.null_variant.empty() &&
+      ((a.op != "save" && a.op != "load") || a.paired_raw.empty() || a.procs))
+    Die("--null-variant goes with save or load, --paired-raw and ranks as threads");
   return a;
+}
+
+// The floor variant called `name` (--null-variant); exits naming the known ones otherwise.
+raw_floor::Variant NamedVariant(bool write_pass, const std::string& name) {
+  std::string known;
+  for (const auto& v : write_pass ? raw_floor::WriteVariants() : raw_floor::ReadVariants()) {
+    if (v.name == name) return v;
+    known += " " + v.name;
+  }
+  Die("no " + std::string(write_pass ? "write" : "read") + " variant '" + name +
+      "' (known:" + known + ")");
+}
+
+// One timed pass of the --null-variant over the floor's buffers: what ckpt's place in a
+// repetition holds in a calibration run.
+double NullPass(const std::string& dir, const std::vector<raw_floor::AlignedBuffer>& files,
+                bool write_pass, const raw_floor::Variant& v) {
+  const auto t0 = Clock::now();
+  const raw_floor::PassResult r = raw_floor::Pass(dir, files, write_pass, v);
+  const double secs = Since(t0);
+  if (!r.error.empty()) Die("null pass " + v.name + ": " + r.error);
+  if (!r.seconds) Die("null pass " + v.name + ": the file system refuses it");
+  return secs;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -651,8 +687,10 @@ int Save(const Args& a) {
   double gen_secs = 0;
   long rss_before = 0, rank_rss = 0;
   // Right before a timed save: the last repetition's checkpoint deleted and the cache dropped,
-  // as each codec floor deletes its own last files and drops the cache right before it runs:
-  // the two sides of a pair start alike. On the development VM that matters twice over: the
+  // as each raw floor pass (FloorPasses) and each codec floor deletes its own last files and
+  // drops the cache right before it runs: the two sides of a pair start alike (until
+  // 2026-12-04 only the save did; a floor variant timed in the save's place, --null-variant,
+  // scored 0.74-0.89 then). On the development VM that matters twice over: the
   // root file system discards freed blocks (`mount -o discard`) in the seconds after a delete,
   // and the VM hands freed memory back to its host within about a second, after which
   // touching it again costs host page faults (docs/performance.md, 2026-12-02 09:40): a side
@@ -696,9 +734,10 @@ int Save(const Args& a) {
     if (codec) CodecSaveSetup(codec_ranks, *comp, codec_threads);
     for (int rep = 0; rep < a.reps; ++rep) {
       json floor;
+      // The floor's files stay until its next pass deletes them right before writing
+      // (FloorPasses), as the save's previous checkpoint is deleted right before the save.
       auto run_floor = [&] {
         floor = FloorPasses(a.paired_raw, floor_bufs, true, a.drop, a.paired_variant);
-        std::filesystem::remove_all(a.paired_raw);
         Settle();
       };
       if (!a.paired_raw.empty() && !FloorAfter(rep)) run_floor();
@@ -713,18 +752,25 @@ int Save(const Args& a) {
       if (codec && !FloorAfter(rep)) run_codec();
       between_reps(rep);
       meta.tag = prev_tag;
-      ckpt::ThreadGroup group(a.ranks);
-      std::vector<ckpt::Status> results(static_cast<size_t>(a.ranks));
-      const auto t0 = Clock::now();
-      std::vector<std::thread> threads;
-      for (int r = 0; r < a.ranks; ++r)
-        threads.emplace_back([&, r] {
-          results[static_cast<size_t>(r)] = ckpt::SaveCheckpoint(
-              a.root, meta, ranks[static_cast<size_t>(r)].contents, group.ForRank(r), so);
-        });
-      for (auto& t : threads) t.join();
-      const double secs = Since(t0);
-      if (!results[0].ok()) Die("save: " + results[0].ToString());
+      double secs = 0;
+      if (!a.null_variant.empty()) {
+        const std::string dir = a.root + "/" + meta.tag;
+        std::filesystem::create_directories(dir);
+        secs = NullPass(dir, floor_bufs, true, NamedVariant(true, a.null_variant));
+      } else {
+        ckpt::ThreadGroup group(a.ranks);
+        std::vector<ckpt::Status> results(static_cast<size_t>(a.ranks));
+        const auto t0 = Clock::now();
+        std::vector<std::thread> threads;
+        for (int r = 0; r < a.ranks; ++r)
+          threads.emplace_back([&, r] {
+            results[static_cast<size_t>(r)] = ckpt::SaveCheckpoint(
+                a.root, meta, ranks[static_cast<size_t>(r)].contents, group.ForRank(r), so);
+          });
+        for (auto& t : threads) t.join();
+        secs = Since(t0);
+        if (!results[0].ok()) Die("save: " + results[0].ToString());
+      }
       if (!a.paired_raw.empty() && FloorAfter(rep)) {
         Settle();
         run_floor();
@@ -798,14 +844,13 @@ int Save(const Args& a) {
     for (int rep = 0; rep < a.reps; ++rep) {
       collect(ready[0]);
       if (rep == 0) gen_secs = Since(tg);
-      between_reps(rep);
       json floor;
-      auto run_floor = [&] {
+      auto run_floor = [&] {  // as the threads' above
         floor = FloorPasses(a.paired_raw, floor_bufs, true, a.drop, a.paired_variant);
-        std::filesystem::remove_all(a.paired_raw);
         Settle();
       };
       if (!floor_bufs.empty() && !FloorAfter(rep)) run_floor();
+      between_reps(rep);
       const std::string tokens(static_cast<size_t>(a.ranks), 'g');
       const auto t0 = Clock::now();
       if (write(go[1], tokens.data(), tokens.size()) != static_cast<ssize_t>(tokens.size()))
@@ -832,10 +877,12 @@ int Save(const Args& a) {
     for (const auto& f : rd->manifest().files)
       for (const auto& d : f.datasets) logical += d.bytes;
   }
+  if (!a.paired_raw.empty()) std::filesystem::remove_all(a.paired_raw);
   // How the large writes went (O_DIRECT from staging or pwrite; env.h), over every repetition
   // of this process (the rank processes of --procs report nothing here).
   const ckpt::DirectWriteStats io = ckpt::GetDirectWriteStats();
   json out = {{"op", "save"},
+              {"null_variant", a.null_variant},
               {"ranks", a.ranks},
               {"heap_state", a.heap_state},
               {"direct_write", {{"direct_bytes", io.direct_bytes},
@@ -1114,6 +1161,8 @@ int Load(const Args& a) {
         if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) ++failed;
       }
       if (failed) Die("load: " + std::to_string(failed) + " rank process(es) failed");
+    } else if (!a.null_variant.empty()) {
+      secs = NullPass(a.paired_raw, floor_bufs, false, NamedVariant(false, a.null_variant));
     } else {
       const double cpu0 = CpuSeconds();
       const auto t0 = Clock::now();
@@ -1146,6 +1195,7 @@ int Load(const Args& a) {
   // this process (the rank processes of --procs report nothing here).
   const ckpt::DirectReadStats io = ckpt::GetDirectReadStats();
   json out = {{"op", "load"},       {"ranks", world},         {"verify", a.verify}, {"procs", a.procs},
+              {"null_variant", a.null_variant},
               {"direct_read", {{"direct_bytes", io.direct_bytes},
                                {"buffered_bytes", io.buffered_bytes},
                                {"cached_ranges", io.cached_ranges},

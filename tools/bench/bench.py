@@ -564,8 +564,6 @@ def main():
             if floor_after(rep):
                 time.sleep(3)
                 one_file_floor()
-        if not null:
-            ej = json.loads(o)
         shutil.rmtree(read_dir, ignore_errors=True)
         if null:
             shutil.rmtree(out, ignore_errors=True)
@@ -576,6 +574,7 @@ def main():
                     **best_variant_ratio(copy_each, secs),
                     "note": "raw_io copy --variant %s of the same bytes, timed from its start "
                             "to its exit in export's place, paired with the same floors" % null}
+        ej = json.loads(o)
         # The run's floor: the read and the write at the rates of the raw phase (four files
         # in parallel), as before; the paired floor reads the source's own files and writes
         # the export's own file count.

@@ -137,6 +137,17 @@ struct Args {
   int to = 0;  // reshard-load: the new world size
 };
 
+// The floor variant called `name` (--null-variant); exits naming the known ones otherwise.
+raw_floor::Variant NamedVariant(bool write_pass, const std::string& name) {
+  std::string known;
+  for (const auto& v : write_pass ? raw_floor::WriteVariants() : raw_floor::ReadVariants()) {
+    if (v.name == name) return v;
+    known += " " + v.name;
+  }
+  Die("no " + std::string(write_pass ? "write" : "read") + " variant '" + name +
+      "' (known:" + known + ")");
+}
+
 Args Parse(int argc, char** argv) {
   if (argc < 3) Die("usage: ckpt_io save|load|zstd|async|reshard-load ROOT [options]");
   Args a;
@@ -183,30 +194,18 @@ Args Parse(int argc, char** argv) {
   if (!a.null_variant.empty() &&
       ((a.op != "save" && a.op != "load") || a.paired_raw.empty() || a.procs))
     Die("--null-variant goes with save or load, --paired-raw and ranks as threads");
+  if (!a.null_variant.empty()) NamedVariant(a.op == "save", a.null_variant);  // exits if unknown
   return a;
 }
 
-// The floor variant called `name` (--null-variant); exits naming the known ones otherwise.
-raw_floor::Variant NamedVariant(bool write_pass, const std::string& name) {
-  std::string known;
-  for (const auto& v : write_pass ? raw_floor::WriteVariants() : raw_floor::ReadVariants()) {
-    if (v.name == name) return v;
-    known += " " + v.name;
-  }
-  Die("no " + std::string(write_pass ? "write" : "read") + " variant '" + name +
-      "' (known:" + known + ")");
-}
-
 // One timed pass of the --null-variant over the floor's buffers: what ckpt's place in a
-// repetition holds in a calibration run.
+// repetition holds in a calibration run (Pass's clock: from its threads' start to the end).
 double NullPass(const std::string& dir, const std::vector<raw_floor::AlignedBuffer>& files,
                 bool write_pass, const raw_floor::Variant& v) {
-  const auto t0 = Clock::now();
   const raw_floor::PassResult r = raw_floor::Pass(dir, files, write_pass, v);
-  const double secs = Since(t0);
   if (!r.error.empty()) Die("null pass " + v.name + ": " + r.error);
   if (!r.seconds) Die("null pass " + v.name + ": the file system refuses it");
-  return secs;
+  return *r.seconds;
 }
 
 // ---------------------------------------------------------------------------------------------

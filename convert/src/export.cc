@@ -282,6 +282,9 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
     std::vector<uint8_t> bytes;  // the piece in the output dtype (unused for fp32 output)
     const uint8_t* data = nullptr;
     uint64_t size = 0;
+    // A trainable fp32 piece read at values.data() + read_at goes to values.data() + place,
+    // which `data` points to, on the writing thread (consume).
+    uint64_t read_at = 0, place = 0;
   };
   std::vector<Slot> slots(kAhead);
   int64_t longest_piece = 0;
@@ -309,6 +312,7 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
   auto produce = [&](uint64_t i, int k) -> Status {
     const Piece& pc = pieces[i];
     Slot& slot = slots[static_cast<size_t>(k)];
+    slot.read_at = slot.place = 0;
     if (pc.tensor == kNoTensor) {
       slot.size = 0;
       return Status::Ok();
@@ -330,7 +334,8 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
     // Read at the source's place within a block where it has one, so the bytes come from the
     // disk straight into the slot, then moved within the slot to the output's place: one pass
     // over memory, where a read to the output's place goes through the reader's bounce buffers
-    // (24 MiB more of fresh memory) and a copy out of them.
+    // (24 MiB more of fresh memory) and a copy out of them. The move is the writing thread's
+    // (consume), so that this thread's next read starts once the piece is read and hashed.
     const uint64_t read_at = src->ReadShift(p.name, kMaster, pc.begin, pc.end).value_or(shift);
     float* values = reinterpret_cast<float*>(slot.values.data() + read_at);
     std::vector<StateSource::ParamSlice> slices = {{p.name, pc.begin, pc.end}};
@@ -341,8 +346,9 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
     CKPT_RETURN_IF_ERROR(src->ReadParamSlices(slices, kMaster, values));
     if (t.out_dtype == DType::kF32) {
       slot.size = static_cast<uint64_t>(pc.count) * 4;
-      if (read_at != shift) std::memmove(slot.values.data() + shift, values, slot.size);
       slot.data = slot.values.data() + shift;
+      slot.read_at = read_at;
+      slot.place = shift;
     } else {
       Encode(values, pc.count, t.out_dtype, slot.bytes);
       slot.data = slot.bytes.data();
@@ -361,8 +367,12 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
       writer.emplace(std::move(w));
       open_file = pc.file;
     }
-    const Slot& slot = slots[static_cast<size_t>(k)];
+    Slot& slot = slots[static_cast<size_t>(k)];
     if (slot.size == 0) return Status::Ok();
+    if (slot.read_at != slot.place) {
+      std::memmove(slot.values.data() + slot.place, slot.values.data() + slot.read_at, slot.size);
+      slot.read_at = slot.place;
+    }
     const auto& names = files[pc.file].tensors;
     if (pc.last == pc.tensor) {
       CKPT_RETURN_IF_ERROR(writer->Append(slot.data, slot.size),

@@ -10,7 +10,9 @@
 #   3. `ckpt next-update --device cuda` on a synthetic 64M-parameter checkpoint with one GPU and,
 #      when there are several, split over all of them (`--gpus N`: one process per GPU, NCCL
 #      all-reduce); the split must give the one-GPU digests (exit 1 otherwise), with wall times.
-# Not yet run: this repository's development machine has no GPU.
+# First run on 2026-12-04 (one H200; docs/verify.md, "Speed"), steps 1-3 with one GPU, with
+# binaries built on the development machine and carried there: the lent machine's image has
+# CUDA, CMake and ninja but not the Debian packages ckpt builds against.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 cd "$CKPT_ROOT"

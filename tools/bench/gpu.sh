@@ -10,36 +10,73 @@
 #   3. `ckpt next-update --device cuda` on a synthetic 64M-parameter checkpoint with one GPU and,
 #      when there are several, split over all of them (`--gpus N`: one process per GPU, NCCL
 #      all-reduce); the split must give the one-GPU digests (exit 1 otherwise), with wall times.
-# First run on 2026-12-04 (one H200; docs/verify.md, "Speed"), steps 1-3 with one GPU, with
-# binaries built on the development machine and carried there: the lent machine's image has
-# CUDA, CMake and ninja but not the Debian packages ckpt builds against.
+# A lent GPU machine has CUDA, CMake and ninja but not the Debian packages ckpt builds
+# against, and reaches no package registry, so the binaries are built here and carried there:
+#   tools/bench/gpu.sh --prepare DIR    (here, no GPU needed) builds build-bench-cuda and puts
+#                                       ckpt, next_update_worker, copy_rates and the shared
+#                                       libraries they need beyond glibc and libstdc++ in DIR
+#                                       (a folder .git/info/exclude ignores, to name in `carry`);
+#   tools/bench/gpu.sh --prebuilt DIR   (there) runs steps 1-3 with those binaries;
+#   tools/bench/gpu.sh                  builds and runs on a machine that has both.
+# First run on 2026-12-04 (one H200, steps 1-3 with one GPU): docs/verify.md, "Speed".
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 cd "$CKPT_ROOT"
 BUILD=build-bench-cuda
 export PATH="$PATH:/usr/local/cuda/bin"
-command -v nvcc >/dev/null || { echo "gpu.sh: nvcc not found" >&2; exit 2; }
+mode=build
+if [ "${1:-}" = --prepare ] || [ "${1:-}" = --prebuilt ]; then
+  [ -n "${2:-}" ] || { echo "gpu.sh: $1 needs a directory" >&2; exit 2; }
+  mode=${1#--}
+  DIR=$(mkdir -p "$2" && cd "$2" && pwd)
+fi
+if [ "$mode" != prebuilt ]; then
+  command -v nvcc >/dev/null || { echo "gpu.sh: nvcc not found" >&2; exit 2; }
+  ckpt_build "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCKPT_BUILD_TESTS=OFF -DCKPT_CUDA=ON
+  nvcc -O2 -arch=sm_90 -o "$BUILD/bin/copy_rates" tools/bench/copy_rates.cu
+fi
+if [ "$mode" = prepare ]; then
+  mkdir -p "$DIR/lib"
+  for b in ckpt next_update_worker copy_rates; do cp "$BUILD/bin/$b" "$DIR/"; done
+  # Shared libraries beyond the C and C++ runtimes (which the lent machine has, newer).
+  for b in ckpt next_update_worker; do
+    ldd "$BUILD/bin/$b" | awk '$3 ~ /^\// {print $3}' |
+      grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt)\.so' |
+      while read -r lib; do cp -L "$lib" "$DIR/lib/"; done
+  done
+  du -sh "$DIR"
+  exit 0
+fi
+if [ "$mode" = prebuilt ]; then
+  BIN=$DIR
+  export LD_LIBRARY_PATH="$DIR/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # NCCL (loaded when --gpus N runs) from the machine's Python packages, if it has them.
+  nccl=$(python3 -c 'import os, nvidia.nccl as n; print(os.path.join(list(n.__path__)[0], "lib"))' \
+    2>/dev/null || true)
+  if [ -n "$nccl" ]; then export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$nccl"; fi
+else
+  BIN=$BUILD/bin
+fi
+export CKPT_BIN_DIR=$BIN  # next_update_worker for --gpus N
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-ckpt_build "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCKPT_BUILD_TESTS=OFF -DCKPT_CUDA=ON
 for bytes in $((256 << 20)) $((1 << 30)) $((4 << 30)); do
-  "$BUILD/bin/ckpt" next-update --bench-bytes "$bytes" --bench-reps 5 --device cuda --json |
+  "$BIN/ckpt" next-update --bench-bytes "$bytes" --bench-reps 5 --device cuda --json |
     tr -d '\n'
   echo
 done
-nvcc -O2 -o "$BUILD/bin/copy_rates" tools/bench/copy_rates.cu
-"$BUILD/bin/copy_rates" $((1 << 30))
+"$BIN/copy_rates" $((1 << 30))
 
 # 3. Multi-GPU next-update.
 gpus=$(nvidia-smi -L | wc -l)
 work=$(mktemp -d /tmp/ckpt-gpu-XXXXXX)
 trap 'rm -rf "$work"' EXIT
-"$BUILD/bin/ckpt" synth "$work/ckpt" --ranks 4 --params 64M --zero 2 >/dev/null
-"$BUILD/bin/ckpt" export-fp32 "$work/ckpt" "$work/grad" --max-shard-size 0 --exclude-frozen \
+"$BIN/ckpt" synth "$work/ckpt" --ranks 4 --params 64M --zero 2 >/dev/null
+"$BIN/ckpt" export-fp32 "$work/ckpt" "$work/grad" --max-shard-size 0 --exclude-frozen \
   >/dev/null
 run_next_update() {  # GPUS OUT.json: prints {"gpus", "seconds", "processes", "digests"}
   local t0 t1
   t0=$(date +%s.%N)
-  "$BUILD/bin/ckpt" next-update "$work/ckpt" --grad "$work/grad/model.safetensors" \
+  "$BIN/ckpt" next-update "$work/ckpt" --grad "$work/grad/model.safetensors" \
     --device cuda --gpus "$1" --json >"$2"
   t1=$(date +%s.%N)
   /usr/bin/python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(json.dumps({"gpus": int(sys.argv[2]), "seconds": round(float(sys.argv[4]) - float(sys.argv[3]), 3), "processes": r["processes"], "devices": r["devices"], "elements": r["elements"], "digests": r["digests"]}))' \

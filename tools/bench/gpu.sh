@@ -28,7 +28,12 @@ mode=build
 if [ "${1:-}" = --prepare ] || [ "${1:-}" = --prebuilt ]; then
   [ -n "${2:-}" ] || { echo "gpu.sh: $1 needs a directory" >&2; exit 2; }
   mode=${1#--}
-  DIR=$(mkdir -p "$2" && cd "$2" && pwd)
+  if [ "$mode" = prepare ]; then mkdir -p "$2/lib"; fi
+  if [ "$mode" = prebuilt ] && [ ! -x "$2/ckpt" ]; then
+    echo "gpu.sh: $2/ckpt not found (tools/bench/gpu.sh --prepare $2 first)" >&2
+    exit 2
+  fi
+  DIR=$(cd "$2" && pwd)
 fi
 if [ "$mode" != prebuilt ]; then
   command -v nvcc >/dev/null || { echo "gpu.sh: nvcc not found" >&2; exit 2; }
@@ -36,14 +41,11 @@ if [ "$mode" != prebuilt ]; then
   nvcc -O2 -arch=sm_90 -o "$BUILD/bin/copy_rates" tools/bench/copy_rates.cu
 fi
 if [ "$mode" = prepare ]; then
-  mkdir -p "$DIR/lib"
   for b in ckpt next_update_worker copy_rates; do cp "$BUILD/bin/$b" "$DIR/"; done
-  # Shared libraries beyond the C and C++ runtimes (which the lent machine has, newer).
-  for b in ckpt next_update_worker; do
-    ldd "$BUILD/bin/$b" | awk '$3 ~ /^\// {print $3}' |
-      grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt)\.so' |
-      while read -r lib; do cp -L "$lib" "$DIR/lib/"; done
-  done
+  # Shared libraries beyond the C and C++ runtimes (which the lent machine has, newer), each once.
+  ldd "$BUILD/bin/ckpt" "$BUILD/bin/next_update_worker" | awk '$3 ~ /^\// {print $3}' | sort -u |
+    grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt)\.so' |
+    while read -r lib; do cp -L "$lib" "$DIR/lib/"; done
   du -sh "$DIR"
   exit 0
 fi

@@ -1,11 +1,12 @@
 // The three sources behind ckpt::StateSource (ckpt/state_source.h) and the one place that
 // decides what a path is.
-#include "ckpt/shape.h"
 #include "ckpt/state_source.h"
 
 #include <algorithm>
+#include <deque>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <set>
 
 #include "ckpt/aligned_buffer.h"
@@ -14,6 +15,7 @@
 #include "ckpt/json.h"
 #include "ckpt/reader.h"
 #include "ckpt/root.h"
+#include "ckpt/shape.h"
 #include "ckpt/universal.h"
 
 namespace ckpt {
@@ -146,8 +148,11 @@ Status FrozenToF32(const ParamEntry& p, const std::vector<uint8_t>& raw, int64_t
 
 class ShardedSource final : public StateSource {
  public:
-  ShardedSource(CheckpointReader reader, bool verify, bool verify_reads)
-      : reader_(std::move(reader)), verify_(verify), verify_reads_(verify_reads) {}
+  ShardedSource(CheckpointReader reader, bool verify, bool verify_reads, bool defer)
+      : reader_(std::move(reader)),
+        verify_(verify),
+        verify_reads_(verify_reads),
+        defer_(verify && defer) {}
 
   SourceKind kind() const override { return SourceKind::kSharded; }
   const Manifest& manifest() const override { return reader_.manifest(); }
@@ -225,7 +230,14 @@ class ShardedSource final : public StateSource {
     return out;
   }
 
+  void HashReadBytes() override {
+    if (!defer_) return;
+    std::lock_guard<std::mutex> hashing(hash_mu_);
+    HashPendingLocked();
+  }
+
   Status Verify(const std::vector<std::string>& states, int part, int parts) override {
+    HashReadBytes();
     int index = 0;
     for (const auto& f : manifest().files) {
       for (const auto& state : states) {
@@ -248,6 +260,13 @@ class ShardedSource final : public StateSource {
 
  private:
   Status HashUpTo(int rank, const std::string& state, HashStream& s, int64_t target) {
+    if (s.cursor >= target) return Status::Ok();
+    // The reads before the gap are hashed first, and no other thread hashes meanwhile.
+    std::unique_lock<std::mutex> hashing(hash_mu_, std::defer_lock);
+    if (defer_) {
+      hashing.lock();
+      HashPendingLocked();
+    }
     while (s.cursor < target) {
       const int64_t n = std::min(kGapChunk, target - s.cursor);
       gap_.resize(static_cast<size_t>(n));
@@ -257,6 +276,16 @@ class ShardedSource final : public StateSource {
       s.cursor += n;
     }
     return Status::Ok();
+  }
+
+  // Under hash_mu_: the reads queued so far, in order.
+  void HashPendingLocked() {
+    std::deque<PendingHash> todo;
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      todo.swap(pending_);
+    }
+    for (const auto& p : todo) p.hash->Update(p.bytes, p.n);
   }
 
   Status Feed(int rank, const std::string& state, int64_t offset, int64_t count, float* out) {
@@ -279,15 +308,32 @@ class ShardedSource final : public StateSource {
     else
       CKPT_RETURN_IF_ERROR(reader_.ReadSliceUnverified(rank, state, offset, count, out), "");
     if (!s.broken) {
-      s.hash.Update(out, static_cast<size_t>(count) * 4);
+      const size_t bytes = static_cast<size_t>(count) * 4;
+      if (defer_) {
+        std::lock_guard<std::mutex> lock(queue_mu_);
+        pending_.push_back({&s.hash, out, bytes});
+      } else {
+        s.hash.Update(out, bytes);
+      }
       s.cursor = offset + count;
     }
     return Status::Ok();
   }
 
+  // A read whose hashing HashReadBytes() does (defer_).
+  struct PendingHash {
+    Xxh3Stream* hash;  // its stream's (a node of streams_: never moves)
+    const void* bytes;
+    size_t n;
+  };
+
   CheckpointReader reader_;
   bool verify_;
   bool verify_reads_;
+  bool defer_;
+  std::mutex queue_mu_;              // guards pending_
+  std::mutex hash_mu_;               // held while a thread hashes pending reads or a gap
+  std::deque<PendingHash> pending_;  // in read order
   std::set<std::pair<int, std::string>> verified_;  // verify_reads: datasets checked whole
   std::map<std::pair<int, std::string>, HashStream> streams_;
   std::vector<float> gap_;
@@ -578,8 +624,8 @@ Result<std::unique_ptr<StateSource>> OpenStateSource(const std::string& path,
   CKPT_ASSIGN_OR_RETURN(CheckpointReader r, CheckpointReader::Open(dir, "", o), "");
   // A missing or truncated rank file is reported before any output is written.
   if (options.check_files) CKPT_RETURN_IF_ERROR(r.CheckFiles(), "");
-  return std::unique_ptr<StateSource>(
-      new ShardedSource(std::move(r), options.stream_verify, options.verify_reads));
+  return std::unique_ptr<StateSource>(new ShardedSource(
+      std::move(r), options.stream_verify, options.verify_reads, options.defer_stream_hashes));
 }
 
 }  // namespace ckpt

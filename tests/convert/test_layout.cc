@@ -1,8 +1,10 @@
 // The universal layout on awkward parameter tables: 3-D and scalar shapes (flat ranges become
 // unions of hyperslabs), names with '/' and '%', an fp16 frozen table, ZeRO-0.
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <thread>
 
 #include "ckpt/env.h"
@@ -12,9 +14,9 @@
 #include "ckpt/writer.h"
 #include "convert/export.h"
 #include "convert/reshard.h"
-#include "safetensors/safetensors.h"
 #include "convert/universal.h"
 #include "convert_test_util.h"
+#include "safetensors/safetensors.h"
 #include "test_util.h"
 
 using namespace ckpt;
@@ -256,6 +258,107 @@ TEST_CASE("one StateSource interface over a sharded checkpoint and its universal
     }
   }
   CHECK(failed == 1);
+}
+
+// SourceOptions::defer_stream_hashes (export-fp32's reads): the hashing of ordered reads is left
+// to HashReadBytes(), which another thread runs while the reads go on. The digests still cover
+// every byte in order, the gaps between reads included (hashed from the file), and they are of
+// the bytes where the caller holds them when HashReadBytes() runs: hence the caller's promise
+// to keep them unchanged until then.
+TEST_CASE("deferred stream hashes: on another thread, in order, gaps included", "[io]") {
+  testing::ScratchDir dir("defer");
+  REQUIRE(WriteCheckpoint(dir / "src", 3, 2).ok());
+  SourceOptions so;
+  so.stream_verify = true;
+  so.defer_stream_hashes = true;
+  // Every trainable parameter's master in table order, each in two halves, into memory kept
+  // until verification; with skip_bias one parameter is left out (a gap in its rank's stream).
+  auto read_all = [](StateSource& src, std::vector<std::vector<float>>& kept, bool skip_bias,
+                     const std::function<void()>& after_read = nullptr) -> Status {
+    kept.reserve(src.manifest().params.size() * 2);
+    for (const auto& p : src.manifest().params) {
+      if (!p.trainable() || (skip_bias && p.name == "bias")) continue;
+      const int64_t mid = p.numel / 2;
+      for (auto [b, e] : {std::pair<int64_t, int64_t>{0, mid}, {mid, p.numel}}) {
+        if (b == e) continue;
+        kept.emplace_back(static_cast<size_t>(e - b));
+        CKPT_RETURN_IF_ERROR(src.ReadParamRange(p.name, "master", b, e, kept.back().data()), "");
+        if (after_read) after_read();
+      }
+    }
+    return Status::Ok();
+  };
+  // The other thread calls HashReadBytes() in a loop; after every second read this one waits
+  // until it has begun a call since, so some reads are hashed there and others overlap it.
+  auto read_hashing_aside = [&](StateSource& src) -> Status {
+    std::atomic<bool> done{false};
+    std::atomic<int> calls{0};
+    std::thread hasher([&] {
+      while (!done) {
+        ++calls;
+        src.HashReadBytes();
+        std::this_thread::yield();
+      }
+    });
+    std::vector<std::vector<float>> kept;
+    int reads = 0;
+    Status st = read_all(src, kept, /*skip_bias=*/true, [&] {
+      if (++reads % 2 != 0) return;
+      const int seen = calls;
+      while (calls == seen) std::this_thread::yield();
+    });
+    done = true;
+    hasher.join();
+    CHECK(reads >= 4);
+    CKPT_RETURN_IF_ERROR(st, "");
+    return src.FinishVerification({"master"});
+  };
+
+  SECTION("another thread hashes while this one reads") {
+    for (int round = 0; round < 20; ++round) {
+      auto src = OpenStateSource(dir / "src", so);
+      REQUIRE(src.ok());
+      REQUIRE(read_hashing_aside(**src).ok());
+    }
+  }
+  SECTION("the bytes are hashed where they lie when HashReadBytes runs") {
+    for (bool defer : {true, false}) {
+      INFO("defer_stream_hashes " << defer);
+      SourceOptions o = so;
+      o.defer_stream_hashes = defer;
+      auto src = OpenStateSource(dir / "src", o);
+      REQUIRE(src.ok());
+      std::vector<std::vector<float>> kept;
+      REQUIRE(read_all(**src, kept, /*skip_bias=*/false).ok());
+      kept[0][0] += 1.0f;  // the caller breaks its promise: only a deferred hash sees it
+      Status st = (*src)->FinishVerification({"master"});
+      if (defer) {
+        CHECK(st.code() == StatusCode::kDataLoss);
+        CHECK(st.message().find("master") != std::string::npos);
+      } else {
+        CHECK(st.ok());
+      }
+    }
+  }
+  SECTION("a value flipped in a rank file is found") {
+    const std::string rank1 = dir / "src/global_step5/rank_00001.h5";
+    std::vector<float> first(2);
+    {
+      auto r = CheckpointReader::Open(dir / "src");
+      REQUIRE(r.ok());
+      REQUIRE(r->ReadSlice(1, "master", 0, 2, first.data()).ok());
+    }
+    std::string bytes = testing::Slurp(rank1);
+    const auto at = bytes.find(std::string(reinterpret_cast<const char*>(first.data()), 8));
+    REQUIRE(at != std::string::npos);
+    bytes[at] ^= 0x01;
+    testing::Spit(rank1, bytes);
+    auto src = OpenStateSource(dir / "src", so);
+    REQUIRE(src.ok());
+    Status st = read_hashing_aside(**src);
+    CHECK(st.code() == StatusCode::kDataLoss);
+    CHECK(st.message().find("rank_00001.h5") != std::string::npos);
+  }
 }
 
 // The same condition gets the same code in every reader: a tag or universal directory without

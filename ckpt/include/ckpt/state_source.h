@@ -20,7 +20,8 @@
 // checked. A DeepSpeed checkpoint records no checksums: its reads are as good as the zip
 // records' CRC-32, which Check() reads to the end.
 //
-// Not thread-safe (readers keep open handles); open one source per thread.
+// Not thread-safe (readers keep open handles); open one source per thread. The exception:
+// HashReadBytes() (SourceOptions::defer_stream_hashes).
 #pragma once
 
 #include <cstdint>
@@ -56,6 +57,13 @@ struct SourceOptions {
   std::string tag;             // empty: what `latest` names (or the directory itself)
   Env* env = nullptr;          // nullptr: Env::Default()
   bool stream_verify = false;  // hash ordered reads as they pass (see above)
+  // With stream_verify, a sharded source leaves the hashing of ordered reads to
+  // HashReadBytes(), which another thread may call while this one reads on, so that the
+  // reading thread's cycle is the read alone (export-fp32: the writing thread hashes a piece
+  // while the next one is read; docs/performance.md, 2026-12-04 16:30). The caller keeps the
+  // bytes of each such read unchanged where they were read until a HashReadBytes() call that
+  // began after the read returned. Other sources hash as they read.
+  bool defer_stream_hashes = false;
   // Every ReadParamRange is verified before it returns: a dataset that records piece digests
   // (format 1.3) by the pieces the range touches, an older one by one whole-dataset pass the
   // first time it is read (what LoadResharded opens with). Ignored with stream_verify.
@@ -120,6 +128,10 @@ class StateSource {
   virtual Result<std::vector<uint8_t>> ReadRankExtra(int r, const RankExtra& extra) = 0;
   // Stored tensors no reader of parameter state uses (e.g. "compute"), for "not carried over".
   virtual std::vector<std::string> UnusedTensors() const = 0;
+  // With SourceOptions::defer_stream_hashes: hashes, in read order, the bytes of the reads
+  // returned so far whose hashing was left for later (nothing otherwise). The one call that may
+  // run on another thread while this source reads; Verify makes it first.
+  virtual void HashReadBytes() {}
   // Checks the XXH3 of every dataset holding `states` of trainable parameters (see above).
   Status FinishVerification(const std::vector<std::string>& states) {
     return Verify(states, 0, 1);

@@ -4,16 +4,17 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <exception>
-#include <cstring>
 #include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <exception>
 #include <filesystem>
 #include <mutex>
-#include <thread>
 #include <optional>
+#include <thread>
 
-#include "ckpt/json.h"
 #include "ckpt/hash.h"
+#include "ckpt/json.h"
 #include "ckpt/progress.h"
 #include "ckpt/root.h"
 #include "rank_file.h"
@@ -25,7 +26,13 @@ struct CheckpointReader::Impl {
   OpenOptions options;
   std::string dir;
   Manifest manifest;
+  // Each rank's file, opened at its first use (or by OpenAhead on another thread): the
+  // vector's size and each slot change under files_mu; a file is opened outside it, `opening`
+  // marking the rank meanwhile.
+  mutable std::mutex files_mu;
+  mutable std::condition_variable files_cv;
   mutable std::vector<std::unique_ptr<internal::RankFile>> files;
+  mutable std::vector<bool> opening;
   mutable uint64_t bytes_read = 0;
   // Edge pieces of verified slice reads: two per state of a resharded load's interleaved
   // master / exp_avg / exp_avg_sq reads, whatever the number of files (memory: 6 pieces).
@@ -56,15 +63,34 @@ struct CheckpointReader::Impl {
   }
 
   Result<internal::RankFile*> File(int rank) const {
-    if (files.size() != manifest.files.size()) files.resize(manifest.files.size());
-    auto& slot = files.at(static_cast<size_t>(rank));
-    if (!slot) {
-      const FileRecord* f = manifest.FileForRank(rank);
-      CKPT_RETURN_IF_ERROR(CheckFile(*f), "");
-      const std::string path = dir + "/" + f->path;
-      CKPT_ASSIGN_OR_RETURN(slot, internal::RankFile::Open(path, f->path, *f, env));
+    const auto i = static_cast<size_t>(rank);
+    {
+      std::unique_lock<std::mutex> lock(files_mu);
+      if (files.size() != manifest.files.size()) {
+        files.resize(manifest.files.size());
+        opening.resize(manifest.files.size());
+      }
+      if (i >= files.size()) return NotFound("no rank file " + std::to_string(rank));
+      files_cv.wait(lock, [&] { return !opening[i]; });
+      if (files[i]) return files[i].get();
+      opening[i] = true;
     }
-    return slot.get();
+    const FileRecord* f = manifest.FileForRank(rank);
+    Status status = CheckFile(*f);
+    std::unique_ptr<internal::RankFile> file;
+    if (status.ok()) {
+      auto opened = internal::RankFile::Open(dir + "/" + f->path, f->path, *f, env);
+      if (opened.ok())
+        file = std::move(*opened);
+      else
+        status = opened.status();
+    }
+    std::lock_guard<std::mutex> lock(files_mu);
+    opening[i] = false;
+    files_cv.notify_all();
+    if (!status.ok()) return status;
+    files[i] = std::move(file);
+    return files[i].get();
   }
 };
 
@@ -93,6 +119,10 @@ const std::string& CheckpointReader::tag() const { return impl_->manifest.tag; }
 Status CheckpointReader::CheckFiles() const {
   for (const FileRecord& f : impl_->manifest.files) CKPT_RETURN_IF_ERROR(impl_->CheckFile(f), "");
   return Status::Ok();
+}
+Status CheckpointReader::OpenAhead(int rank) const {
+  if (!impl_->manifest.FileForRank(rank)) return NotFound("no rank " + std::to_string(rank));
+  return impl_->File(rank).status();
 }
 uint64_t CheckpointReader::bytes_read() const { return impl_->bytes_read; }
 

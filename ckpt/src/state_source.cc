@@ -15,6 +15,7 @@
 #include "ckpt/json.h"
 #include "ckpt/reader.h"
 #include "ckpt/root.h"
+#include "ckpt/run_ahead.h"
 #include "ckpt/shape.h"
 #include "ckpt/universal.h"
 
@@ -148,11 +149,13 @@ Status FrozenToF32(const ParamEntry& p, const std::vector<uint8_t>& raw, int64_t
 
 class ShardedSource final : public StateSource {
  public:
-  ShardedSource(CheckpointReader reader, bool verify, bool verify_reads, bool defer)
+  ShardedSource(CheckpointReader reader, bool verify, bool verify_reads, bool defer,
+                bool open_ahead)
       : reader_(std::move(reader)),
         verify_(verify),
         verify_reads_(verify_reads),
-        defer_(verify && defer) {}
+        defer_(verify && defer),
+        open_ahead_(open_ahead) {}
 
   SourceKind kind() const override { return SourceKind::kSharded; }
   const Manifest& manifest() const override { return reader_.manifest(); }
@@ -191,6 +194,7 @@ class ShardedSource final : public StateSource {
     return PartitionShift(*this, param, state, begin, end,
                           [&](int rank, int64_t offset) -> std::optional<uint64_t> {
                             auto at = reader_.SliceFileOffset(rank, state, offset);
+                            Reaching(rank);
                             return at.ok() ? *at : std::nullopt;
                           });
   }
@@ -288,7 +292,41 @@ class ShardedSource final : public StateSource {
     for (const auto& p : todo) p.hash->Update(p.bytes, p.n);
   }
 
+  // open_ahead_: the first read from rank r's file has rank r + 1's opened on a helper, one
+  // file at a time (a wish made while the helper works replaces any earlier one still
+  // waiting); a read that reaches a file being opened waits for it.
+  void Reaching(int rank) {
+    if (!open_ahead_ || rank == reached_) return;
+    reached_ = rank;
+    const int next = rank + 1;
+    if (!manifest().FileForRank(next)) return;
+    std::lock_guard<std::mutex> lock(ahead_mu_);
+    ahead_wanted_ = next;
+    if (ahead_running_) return;
+    ahead_running_ = ahead_.Start([this] {
+      for (;;) {
+        int r;
+        {
+          std::lock_guard<std::mutex> lock(ahead_mu_);
+          r = ahead_wanted_;
+          ahead_wanted_ = -1;
+          if (r < 0) {
+            ahead_running_ = false;
+            return;
+          }
+        }
+        reader_.OpenAhead(r).IgnoreError();  // the file's first read reports a failure
+      }
+    });
+  }
+
   Status Feed(int rank, const std::string& state, int64_t offset, int64_t count, float* out) {
+    CKPT_RETURN_IF_ERROR(FeedRead(rank, state, offset, count, out), "");
+    Reaching(rank);  // once this file is open and read from: the next one's open waits less
+    return Status::Ok();
+  }
+
+  Status FeedRead(int rank, const std::string& state, int64_t offset, int64_t count, float* out) {
     if (!verify_) {
       // ReadSlice checks the pieces it touches; a dataset without them is verified whole once.
       const DatasetRecord* rec = manifest().FindDataset(rank, state);
@@ -334,9 +372,15 @@ class ShardedSource final : public StateSource {
   std::mutex queue_mu_;              // guards pending_
   std::mutex hash_mu_;               // held while a thread hashes pending reads or a gap
   std::deque<PendingHash> pending_;  // in read order
+  bool open_ahead_;
+  int reached_ = -1;  // the rank file the last read reached
+  std::mutex ahead_mu_;
+  int ahead_wanted_ = -1;       // under ahead_mu_: the next rank file to open ahead
+  bool ahead_running_ = false;  // under ahead_mu_: a helper opens files ahead
   std::set<std::pair<int, std::string>> verified_;  // verify_reads: datasets checked whole
   std::map<std::pair<int, std::string>, HashStream> streams_;
   std::vector<float> gap_;
+  Helpers ahead_;  // last: joined before the reader it opens files of goes
 };
 
 // ---- universal ----------------------------------------------------------------------------
@@ -624,8 +668,9 @@ Result<std::unique_ptr<StateSource>> OpenStateSource(const std::string& path,
   CKPT_ASSIGN_OR_RETURN(CheckpointReader r, CheckpointReader::Open(dir, "", o), "");
   // A missing or truncated rank file is reported before any output is written.
   if (options.check_files) CKPT_RETURN_IF_ERROR(r.CheckFiles(), "");
-  return std::unique_ptr<StateSource>(new ShardedSource(
-      std::move(r), options.stream_verify, options.verify_reads, options.defer_stream_hashes));
+  return std::unique_ptr<StateSource>(
+      new ShardedSource(std::move(r), options.stream_verify, options.verify_reads,
+                        options.defer_stream_hashes, options.open_ahead));
 }
 
 }  // namespace ckpt

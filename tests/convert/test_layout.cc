@@ -2,9 +2,11 @@
 // unions of hyperslabs), names with '/' and '%', an fp16 frozen table, ZeRO-0.
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <mutex>
 #include <thread>
 
 #include "ckpt/env.h"
@@ -358,6 +360,67 @@ TEST_CASE("deferred stream hashes: on another thread, in order, gaps included", 
     Status st = read_hashing_aside(**src);
     CHECK(st.code() == StatusCode::kDataLoss);
     CHECK(st.message().find("rank_00001.h5") != std::string::npos);
+  }
+}
+
+// SourceOptions::open_ahead: the first read of a rank's file starts opening the next rank's on
+// another thread (CheckpointReader::OpenAhead); the reads then find it open.
+TEST_CASE("open_ahead opens the next rank's file on another thread", "[io]") {
+  testing::ScratchDir dir("ahead");
+  REQUIRE(WriteCheckpoint(dir / "src", 3, 2).ok());
+  // Records which thread opened each rank file.
+  class RecordingEnv : public EnvWrapper {
+   public:
+    RecordingEnv() : EnvWrapper(nullptr) {}
+    Result<std::unique_ptr<RandomAccessFile>> NewCheckpointFile(const std::string& path) override {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        opened_.emplace_back(std::filesystem::path(path).filename().string(),
+                             std::this_thread::get_id());
+      }
+      return EnvWrapper::NewCheckpointFile(path);
+    }
+    bool OpenedElsewhere(const std::string& name) {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& [n, id] : opened_)
+        if (n == name && id != std::this_thread::get_id()) return true;
+      return false;
+    }
+
+   private:
+    std::mutex mu_;
+    std::vector<std::pair<std::string, std::thread::id>> opened_;
+  };
+  for (bool ahead : {true, false}) {
+    INFO("open_ahead " << ahead);
+    RecordingEnv env;
+    SourceOptions so;
+    so.env = &env;
+    so.stream_verify = true;
+    so.open_ahead = ahead;
+    auto src = OpenStateSource(dir / "src", so);
+    REQUIRE(src.ok());
+    const Manifest& m = (*src)->manifest();
+    for (int r = 0; r < 3; ++r) {
+      // Rank r's share of every trainable parameter, in shard order.
+      for (const auto& p : m.params) {
+        if (!p.trainable()) continue;
+        for (const auto& rg : p.ranges) {
+          if (rg.rank != r) continue;
+          std::vector<float> got(static_cast<size_t>(rg.end - rg.begin));
+          REQUIRE((*src)->ReadParamRange(p.name, "master", rg.begin, rg.end, got.data()).ok());
+          CHECK(got[0] == Value(static_cast<size_t>(&p - m.params.data()), 0, rg.begin));
+        }
+      }
+      if (r == 2) break;
+      const std::string next = RankFileName(r + 1);
+      if (ahead) {
+        for (int waited = 0; waited < 1000 && !env.OpenedElsewhere(next); ++waited)
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      CHECK(env.OpenedElsewhere(next) == ahead);
+    }
+    CHECK((*src)->FinishVerification({"master"}).ok());
   }
 }
 

@@ -21,7 +21,7 @@ struct OpenOptions {
   bool verify_checksums = true;  // whole-dataset reads check their XXH3
 };
 
-// Not thread-safe (it caches open HDF5 handles); movable.
+// Not thread-safe (it caches open HDF5 handles), except OpenAhead; movable.
 class CheckpointReader {
  public:
   // `path` is a checkpoint root (opens `tag`, or what `latest` names when tag is empty) or a
@@ -77,6 +77,12 @@ class CheckpointReader {
   // opens a checkpoint checks before it writes anything (a truncated file it would not read is
   // still a damaged checkpoint). DataLoss naming the file.
   Status CheckFiles() const;
+  // Opens rank `rank`'s file now if it is not open (its size checked, its seal and HDF5
+  // structure read), so that its first read does not wait for that. The one call that may run
+  // on another thread while this reader reads other ranks' files (a source reading the ranks
+  // in order opens the next one ahead). A failure leaves the file to be opened by its first
+  // read, which reports it.
+  Status OpenAhead(int rank) const;
   // Data bytes read from rank files so far, whole pieces included (read accounting).
   uint64_t bytes_read() const;
 

@@ -64,6 +64,11 @@ struct SourceOptions {
   // bytes of each such read unchanged where they were read until a HashReadBytes() call that
   // began after the read returned. Other sources hash as they read.
   bool defer_stream_hashes = false;
+  // A sharded source whose reads reach rank r's file for the first time opens rank r + 1's on a
+  // helper thread (CheckpointReader::OpenAhead), so that a reader going through the ranks in
+  // order does not wait for each file's structure (export-fp32: 1-4 ms per rank file with no
+  // request at the disk; docs/performance.md, 2026-12-04 16:30).
+  bool open_ahead = false;
   // Every ReadParamRange is verified before it returns: a dataset that records piece digests
   // (format 1.3) by the pieces the range touches, an older one by one whole-dataset pass the
   // first time it is read (what LoadResharded opens with). Ignored with stream_verify.

@@ -373,7 +373,7 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
     Slot& slot = slots[static_cast<size_t>(k)];
     // The source's hash of this piece (and of any read after it) before its bytes move: on
     // the reading thread it left the disk idle for 0.4 ms of every 4 ms piece, the writer
-    // waiting for it (docs/performance.md, 2026-12-04 16:30).
+    // waiting for it (docs/performance.md, 2026-12-04 15:10).
     src->HashReadBytes();
     if (slot.size == 0) return Status::Ok();
     if (slot.read_at != slot.place) {

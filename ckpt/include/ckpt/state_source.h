@@ -60,14 +60,14 @@ struct SourceOptions {
   // With stream_verify, a sharded source leaves the hashing of ordered reads to
   // HashReadBytes(), which another thread may call while this one reads on, so that the
   // reading thread's cycle is the read alone (export-fp32: the writing thread hashes a piece
-  // while the next one is read; docs/performance.md, 2026-12-04 16:30). The caller keeps the
+  // while the next one is read; docs/performance.md, 2026-12-04 16:00). The caller keeps the
   // bytes of each such read unchanged where they were read until a HashReadBytes() call that
   // began after the read returned. Other sources hash as they read.
   bool defer_stream_hashes = false;
   // A sharded source whose reads reach rank r's file for the first time opens rank r + 1's on a
   // helper thread (CheckpointReader::OpenAhead), so that a reader going through the ranks in
   // order does not wait for each file's structure (export-fp32: 1-4 ms per rank file with no
-  // request at the disk; docs/performance.md, 2026-12-04 16:30).
+  // request at the disk; docs/performance.md, 2026-12-04 15:10).
   bool open_ahead = false;
   // Every ReadParamRange is verified before it returns: a dataset that records piece digests
   // (format 1.3) by the pieces the range touches, an older one by one whole-dataset pass the

@@ -75,22 +75,28 @@ struct CheckpointReader::Impl {
       if (files[i]) return files[i].get();
       opening[i] = true;
     }
-    const FileRecord* f = manifest.FileForRank(rank);
-    Status status = CheckFile(*f);
+    // However the open ends (an error, an exception), the rank is no longer being opened.
     std::unique_ptr<internal::RankFile> file;
-    if (status.ok()) {
-      auto opened = internal::RankFile::Open(dir + "/" + f->path, f->path, *f, env);
-      if (opened.ok())
-        file = std::move(*opened);
-      else
-        status = opened.status();
+    struct Done {
+      const Impl* impl;
+      size_t i;
+      std::unique_ptr<internal::RankFile>* file;
+      ~Done() {
+        std::lock_guard<std::mutex> lock(impl->files_mu);
+        impl->opening[i] = false;
+        if (*file) impl->files[i] = std::move(*file);
+        impl->files_cv.notify_all();
+      }
+    };
+    internal::RankFile* opened_file = nullptr;
+    {
+      Done done{this, i, &file};
+      const FileRecord* f = manifest.FileForRank(rank);
+      CKPT_RETURN_IF_ERROR(CheckFile(*f), "");
+      CKPT_ASSIGN_OR_RETURN(file, internal::RankFile::Open(dir + "/" + f->path, f->path, *f, env));
+      opened_file = file.get();
     }
-    std::lock_guard<std::mutex> lock(files_mu);
-    opening[i] = false;
-    files_cv.notify_all();
-    if (!status.ok()) return status;
-    files[i] = std::move(file);
-    return files[i].get();
+    return opened_file;
   }
 };
 

@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <new>
 #include <set>
 
 #include "ckpt/aligned_buffer.h"
@@ -315,7 +316,10 @@ class ShardedSource final : public StateSource {
             return;
           }
         }
-        reader_.OpenAhead(r).IgnoreError();  // the file's first read reports a failure
+        try {
+          reader_.OpenAhead(r).IgnoreError();  // the file's first read reports a failure
+        } catch (const std::bad_alloc&) {      // so does running out of memory
+        }
       }
     });
   }

@@ -26,8 +26,8 @@ struct CheckpointReader::Impl {
   OpenOptions options;
   std::string dir;
   Manifest manifest;
-  // Each rank's file, opened at its first use (or by OpenAhead on another thread): the
-  // vector's size and each slot change under files_mu; a file is opened outside it, `opening`
+  // Each rank's file, opened at its first use (or by OpenAhead on another thread): both tables
+  // are sized by Open, each slot changes under files_mu; a file is opened outside it, `opening`
   // marking the rank meanwhile.
   mutable std::mutex files_mu;
   mutable std::condition_variable files_cv;
@@ -66,10 +66,6 @@ struct CheckpointReader::Impl {
     const auto i = static_cast<size_t>(rank);
     {
       std::unique_lock<std::mutex> lock(files_mu);
-      if (files.size() != manifest.files.size()) {
-        files.resize(manifest.files.size());
-        opening.resize(manifest.files.size());
-      }
       if (i >= files.size()) return NotFound("no rank file " + std::to_string(rank));
       files_cv.wait(lock, [&] { return !opening[i]; });
       if (files[i]) return files[i].get();
@@ -115,6 +111,8 @@ Result<CheckpointReader> CheckpointReader::Open(const std::string& path, const s
   if (impl->manifest.kind != "sharded")
     return InvalidArgument(impl->dir + " is a " + impl->manifest.kind +
                            " checkpoint; open it with the convert tools");
+  impl->files.resize(impl->manifest.files.size());
+  impl->opening.resize(impl->manifest.files.size());
   return CheckpointReader(std::move(impl));
 }
 

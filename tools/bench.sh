@@ -10,6 +10,17 @@
 # (`tools/bench.sh --help` lists every option). Never fails on a timing; exit 2 if it cannot run.
 # Run as root to drop the page cache between phases (otherwise reads may come from memory and
 # the report says so). docs/performance.md holds the latest figures.
+#
+# On a machine without the Debian packages (a lent GPU machine: quiet, 16 cores, its own disk),
+# the binaries are built here and carried there, as tools/bench/gpu.sh does:
+#   tools/bench.sh --prepare DIR            (here) builds, puts ckpt, ckpt_io and raw_io in DIR/bin
+#                                           and the shared libraries they need in DIR/lib;
+#   tools/bench.sh --prebuilt DIR [ARGS]    (there) runs tools/bench/bench.py with those binaries
+#                                           (Python's standard library only; skip the phases
+#                                           that need engine_min or torch: zstd, async_engine,
+#                                           torch, deepspeed). A run stopped by
+#                                           SIGTERM (`timeout`) still writes --json with the
+#                                           phases it finished.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$CKPT_ROOT"
@@ -19,6 +30,22 @@ for arg in "$@"; do
     exec /usr/bin/python3 tools/bench/bench.py --help
   fi
 done
+mode=build
+if [ "${1:-}" = --prepare ] || [ "${1:-}" = --prebuilt ]; then
+  [ -n "${2:-}" ] || { echo "bench.sh: $1 needs a directory" >&2; exit 2; }
+  mode=${1#--}
+  mkdir -p "$2"
+  DIR=$(cd "$2" && pwd)
+  shift 2
+fi
+if [ "$mode" = prebuilt ]; then
+  [ -x "$DIR/bin/ckpt_io" ] ||
+    { echo "bench.sh: $DIR/bin/ckpt_io not found (tools/bench.sh --prepare $DIR first)" >&2; exit 2; }
+  export LD_LIBRARY_PATH="$DIR/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  py=/usr/bin/python3
+  [ -x "$py" ] || py=python3
+  exec "$py" tools/bench/bench.py --bin "$DIR/bin" "$@"
+fi
 
 ckpt_install_packages
 ckpt_build build-bench -DCMAKE_BUILD_TYPE=Release -DCKPT_BUILD_TESTS=OFF
@@ -54,4 +81,11 @@ fi
 helper "$BIN/ckpt_io" tools/bench/ckpt_io.cc -Ickpt/include build-bench/lib/libckpt.a \
   $HDF5_LIBS -lzstd -lxxhash -ldl -lpthread $CUDA_LIBS
 
+if [ "$mode" = prepare ]; then
+  mkdir -p "$DIR/bin"
+  for b in ckpt ckpt_io raw_io; do cp "$BIN/$b" "$DIR/bin/"; done
+  ckpt_carry_libs "$DIR/lib" "$DIR/bin/ckpt" "$DIR/bin/ckpt_io" "$DIR/bin/raw_io"
+  du -sh "$DIR"
+  exit 0
+fi
 exec /usr/bin/python3 tools/bench/bench.py "$@"

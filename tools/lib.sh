@@ -57,6 +57,19 @@ ckpt_build() {
   return "$rc"
 }
 
+# ckpt_carry_libs DIR BINARY...: copies the shared libraries the binaries load beyond the C and
+# C++ runtimes (which a machine without the Debian packages has, newer) into DIR, each once, so
+# that the binaries run there with LD_LIBRARY_PATH=DIR (tools/bench.sh and tools/bench/gpu.sh
+# --prepare).
+ckpt_carry_libs() {
+  local dir="$1"
+  shift
+  mkdir -p "$dir"
+  ldd "$@" | awk '$3 ~ /^\// {print $3}' | sort -u |
+    grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt)\.so' |
+    while read -r lib; do cp -L "$lib" "$dir/"; done
+}
+
 # mpirun as root on a small machine.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1

@@ -13,6 +13,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -256,6 +257,17 @@ def main():
            "size_bytes": a.size, "ranks": a.ranks, "reps": a.reps, "reps2": a.reps2,
            "machine": machine_info(work), "phases": {}, "targets": [], "notes": []}
     ph = res["phases"]
+
+    def on_term(signum, _frame):
+        # Stopped from outside (`timeout` on a lent machine): the phases finished so far.
+        res["interrupted"] = "signal %d after %.0f s" % (signum, time.perf_counter() - t_start)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(res, f, indent=1)
+            log("interrupted; wrote the finished phases to %s" % a.json)
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
     # What first-touching memory costs here (raw_io touch): the floors' buffers are touched
     # before their clocks, a ckpt process's working memory (and the page cache) inside.
     try:

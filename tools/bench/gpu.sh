@@ -42,10 +42,7 @@ if [ "$mode" != prebuilt ]; then
 fi
 if [ "$mode" = prepare ]; then
   for b in ckpt next_update_worker copy_rates; do cp "$BUILD/bin/$b" "$DIR/"; done
-  # Shared libraries beyond the C and C++ runtimes (which the lent machine has, newer), each once.
-  ldd "$BUILD/bin/ckpt" "$BUILD/bin/next_update_worker" | awk '$3 ~ /^\// {print $3}' | sort -u |
-    grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt)\.so' |
-    while read -r lib; do cp -L "$lib" "$DIR/lib/"; done
+  ckpt_carry_libs "$DIR/lib" "$BUILD/bin/ckpt" "$BUILD/bin/next_update_worker"
   du -sh "$DIR"
   exit 0
 fi

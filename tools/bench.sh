@@ -85,6 +85,12 @@ if [ "$mode" = prepare ]; then
   mkdir -p "$DIR/bin"
   for b in ckpt ckpt_io raw_io; do cp "$BIN/$b" "$DIR/bin/"; done
   ckpt_carry_libs "$DIR/lib" "$DIR/bin/ckpt" "$DIR/bin/ckpt_io" "$DIR/bin/raw_io"
+  # libzip, which ckpt opens with dlopen to read PyTorch .pt files (DeepSpeed checkpoints).
+  zip=$(ldconfig -p | awk '$1 ~ /^libzip\.so\.[0-9]+$/ && !f {f = $NF} END {print f}')
+  if [ -n "$zip" ]; then
+    cp -L "$zip" "$DIR/lib/"
+    ckpt_carry_libs "$DIR/lib" "$zip"
+  fi
   du -sh "$DIR"
   exit 0
 fi

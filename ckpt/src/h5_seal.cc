@@ -143,7 +143,13 @@ Status SealFile(Env* env, const std::string& path, uint64_t bytes, Extents* exte
 Result<Handle> OpenVerified(const RandomAccessFile& file, const std::string& path,
                             const std::string& label, uint64_t bytes, const Extents& extents,
                             const std::string& metadata_xxh3, const std::string& file_xxh3) {
-  Init();
+  CKPT_RETURN_IF_ERROR(VerifySeal(file, label, bytes, extents, metadata_xxh3, file_xxh3), "");
+  return OpenSealed(path, label);
+}
+
+Status VerifySeal(const RandomAccessFile& file, const std::string& label, uint64_t bytes,
+                  const Extents& extents, const std::string& metadata_xxh3,
+                  const std::string& file_xxh3) {
   if (file.size() != bytes)
     return DataLoss(label + ": size " + std::to_string(file.size()) +
                     " bytes, manifest records " + std::to_string(bytes) +
@@ -159,6 +165,11 @@ Result<Handle> OpenVerified(const RandomAccessFile& file, const std::string& pat
       return DataLoss(label + ": file checksum mismatch (manifest " + file_xxh3 + ", file " +
                       got + "); not opened");
   }
+  return Status::Ok();
+}
+
+Result<Handle> OpenSealed(const std::string& path, const std::string& label) {
+  Init();
   hid_t fid = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   if (fid < 0) return DataLoss(label + ": cannot open as HDF5 (" + ErrorText() + ")");
   Handle h5file = File(fid);

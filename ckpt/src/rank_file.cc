@@ -930,6 +930,8 @@ class FrameReader {
 struct RankFile::Impl {
   DecodeStates::Use decode_states;  // first: the pool's idle states live while files are open
   std::string label;
+  std::string path;        // opened by libhdf5 in Parse
+  bool universal = false;  // a universal checkpoint's file (Parse checks its format)
   h5::Handle file;
   h5::Handle dapl;          // slices: a one-chunk cache
   h5::Handle dapl_whole;    // whole-dataset reads: no cache, chunks go straight to the caller
@@ -992,47 +994,65 @@ RankFile::~RankFile() = default;
 Result<std::unique_ptr<RankFile>> RankFile::Open(const std::string& path, std::string label,
                                                  const FileRecord& record, Env* env,
                                                  bool universal) {
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<RankFile> rf,
+                        OpenUnparsed(path, std::move(label), record, env, universal), "");
+  CKPT_RETURN_IF_ERROR(rf->Parse(), "");
+  return rf;
+}
+
+Result<std::unique_ptr<RankFile>> RankFile::OpenUnparsed(const std::string& path, std::string label,
+                                                         const FileRecord& record, Env* env,
+                                                         bool universal) {
   if (!env) env = Env::Default();
-  h5::Init();
   std::unique_ptr<RankFile> rf(new RankFile());
   rf->impl_ = std::make_unique<Impl>();
   rf->impl_->label = std::move(label);
+  rf->impl_->path = path;
+  rf->impl_->universal = universal;
   // The same file serves the seal check and the direct (outside HDF5) reads.
   CKPT_ASSIGN_OR_RETURN(rf->impl_->data, env->NewCheckpointFile(path));
   rf->impl_->file_bytes = rf->impl_->data->size();
-  CKPT_ASSIGN_OR_RETURN(rf->impl_->file,
-                        h5::OpenVerified(*rf->impl_->data, path, rf->impl_->label, record.bytes,
-                                         record.data_extents, record.metadata_xxh3, record.xxh3));
-  const hid_t fid = rf->impl_->file.get();
+  CKPT_RETURN_IF_ERROR(h5::VerifySeal(*rf->impl_->data, rf->impl_->label, record.bytes,
+                                      record.data_extents, record.metadata_xxh3, record.xxh3),
+                       "");
+  return rf;
+}
+
+Status RankFile::Parse() {
+  Impl& im = *impl_;
+  if (im.file.valid()) return Status::Ok();
+  h5::Init();
+  CKPT_ASSIGN_OR_RETURN(im.file, h5::OpenSealed(im.path, im.label));
+  const hid_t fid = im.file.get();
   // The file says what it is: refuse foreign files and newer major versions before reading.
-  const std::string_view expected = universal ? kUniversalFormat : kFormatName;
-  const int supported_major = universal ? kUniversalMajor : kFormatMajor;
+  const std::string_view expected = im.universal ? kUniversalFormat : kFormatName;
+  const int supported_major = im.universal ? kUniversalMajor : kFormatMajor;
   const Result<std::string> format = h5::ReadStringAttr(fid, "format");
   if (!format.ok() || *format != expected) {
     H5Eclear2(H5E_DEFAULT);
-    return DataLoss(rf->impl_->label + ": not a " +
-                    (universal ? std::string("universal checkpoint file") : "ckpt rank file") +
+    return DataLoss(im.label + ": not a " +
+                    (im.universal ? std::string("universal checkpoint file") : "ckpt rank file") +
                     " (attribute 'format' is " +
                     (format.ok() ? "'" + *format + "'" : std::string("missing")) + ")");
   }
   const Result<std::string> version = h5::ReadStringAttr(fid, "format_version");
   int major = -1, minor = -1;
   if (!version.ok() || std::sscanf(version->c_str(), "%d.%d", &major, &minor) != 2 || major < 0) {
-    return DataLoss(rf->impl_->label + ": missing or malformed attribute 'format_version'");
+    return DataLoss(im.label + ": missing or malformed attribute 'format_version'");
   }
   if (major > supported_major) {
-    return Unimplemented(rf->impl_->label + ": written by format version " + *version +
+    return Unimplemented(im.label + ": written by format version " + *version +
                          ", this reader supports " + std::to_string(supported_major) +
                          ".x; upgrade ckpt to read it");
   }
-  rf->impl_->dapl = h5::NoExternalLinks();
+  im.dapl = h5::NoExternalLinks();
   // A chunk cache that holds one default (4 MiB) chunk; fully read chunks are evicted first.
-  H5Pset_chunk_cache(rf->impl_->dapl.get(), 521, (4u << 20) + (64u << 10), 1.0);
+  H5Pset_chunk_cache(im.dapl.get(), 521, (4u << 20) + (64u << 10), 1.0);
   // Whole-dataset reads bypass the cache: HDF5 then reads (and decompresses) each chunk
   // directly into the caller's buffer instead of staging it in the cache and copying.
-  rf->impl_->dapl_whole = h5::NoExternalLinks();
-  H5Pset_chunk_cache(rf->impl_->dapl_whole.get(), 0, 0, 1.0);
-  return rf;
+  im.dapl_whole = h5::NoExternalLinks();
+  H5Pset_chunk_cache(im.dapl_whole.get(), 0, 0, 1.0);
+  return Status::Ok();
 }
 
 Result<hid_t> RankFile::Impl::Dataset(const DatasetRecord& rec, bool whole) {

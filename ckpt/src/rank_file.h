@@ -113,6 +113,15 @@ class RankFile {
   static Result<std::unique_ptr<RankFile>> Open(const std::string& path, std::string label,
                                                 const FileRecord& record, Env* env = nullptr,
                                                 bool universal = false);
+  // Open in two steps, for a caller that verifies several files at once while libhdf5 (which
+  // serialises its calls) parses one at a time (CheckCheckpoint): OpenUnparsed opens the file
+  // and verifies its size and seal with offset reads only, no libhdf5 call (every method below
+  // fails with FailedPrecondition until Parse); Parse has libhdf5 open the verified file and
+  // checks what it says it is. Open is both.
+  static Result<std::unique_ptr<RankFile>> OpenUnparsed(const std::string& path, std::string label,
+                                                        const FileRecord& record,
+                                                        Env* env = nullptr, bool universal = false);
+  Status Parse();
   ~RankFile();
   // Checks the stored dtype and shape against the record (DataLoss when they differ).
   Status CheckShape(const DatasetRecord& rec) const;

@@ -287,50 +287,89 @@ Result<std::vector<Problem>> CheckCheckpoint(const std::string& tag_dir, bool de
   Progress bar("check --deep", total, progress && deep);
   // Each file is checked on its own (in parallel: more requests in flight, and the hashing
   // spread over the cores); the problems are reported in file order. The HDF5 part of each
-  // file (opening it, placing its datasets, closing its HDF5 handles unless the pass needs
-  // them) runs one file at a time: libhdf5 serialises its calls anyway, and a file whose HDF5
-  // state is freed before the next is opened lends it its metadata cache (about 0.5 MiB that
-  // H5Fopen calloc's; first-touched memory costs the development VM ~24 us a page). A shallow
-  // check of four files took 34.3 -> 27.1 ms, check --deep 0.221 -> 0.211 s (issue 19).
+  // file (having libhdf5 parse it, placing its datasets, closing its HDF5 handles unless the
+  // pass needs them) runs one file at a time: libhdf5 serialises its calls anyway, and a file
+  // whose HDF5 state is freed before the next is opened lends it its metadata cache (about 0.5
+  // MiB that H5Fopen calloc's; first-touched memory costs the development VM ~24 us a page). A
+  // shallow check of four files took 34.3 -> 27.1 ms, check --deep 0.221 -> 0.211 s (issue 19).
+  // With --deep, the seals of the first round of files (one per thread; a seal is a few small
+  // reads outside the datasets and no libhdf5 call) are all verified, in parallel and outside
+  // the lock, before any file's data pass begins: a small read of a cold file queued behind
+  // another file's 8 MiB reads waited 27-39 ms on the development VM, three such reads in each
+  // open, and each file's data pass began that much after the one before it (issue 19,
+  // docs/performance.md).
   static std::mutex open_mu;  // process-wide: concurrent checks share libhdf5 too
   std::vector<std::vector<Problem>> found(m.files.size());
-  auto check_file = [&](const FileRecord& f, std::vector<Problem>* out) {
-    std::unique_lock<std::mutex> hdf5_lock(open_mu);
+  std::vector<std::unique_ptr<internal::RankFile>> sealed(m.files.size());
+  // One thread per file up to 16: the pass is I/O-bound (4 MiB per thread in memory); the
+  // raw read floor uses one thread per file too.
+  const size_t workers = std::min<size_t>(m.files.size(), 16);
+  // With --deep the first `workers` files are sealed first, in parallel; any other file is
+  // opened whole by the thread that checks it, under the lock, as a shallow check opens every
+  // file (it reads no data, so no seal read can wait behind a large one).
+  const size_t seal_first = deep ? workers : 0;
+  // Whether file i is there at the size the manifest records (else its problem is recorded).
+  auto present = [&](size_t i) {
+    const FileRecord& f = m.files[i];
     const std::string path = reader->dir() + "/" + f.path;
     if (!env->Exists(path)) {
-      out->push_back({f.path, "", "file is missing"});
-      return;
+      found[i].push_back({f.path, "", "file is missing"});
+      return false;
     }
     auto size = env->FileSize(path);
     if (!size.ok() || *size != f.bytes) {
-      out->push_back({f.path, "",
-                      "size " + (size.ok() ? std::to_string(*size) : std::string("unknown")) +
-                          " bytes, manifest records " + std::to_string(f.bytes)});
-      return;
+      found[i].push_back({f.path, "",
+                          "size " + (size.ok() ? std::to_string(*size) : std::string("unknown")) +
+                              " bytes, manifest records " + std::to_string(f.bytes)});
+      return false;
     }
-    // Opening verifies the HDF5 metadata (the seal, or the whole-file digest of files before
-    // 1.2) before libhdf5 parses it.
-    auto rf = internal::RankFile::Open(path, f.path, f, env);
+    return true;
+  };
+  // Opens file i, verifying its size and HDF5 metadata (the seal, or the whole-file digest of
+  // files before 1.2) before libhdf5 parses it: with `parse` the whole open, else the
+  // verification alone (RankFile::OpenUnparsed). Null when a problem was recorded.
+  auto open_file = [&](size_t i, bool parse) -> std::unique_ptr<internal::RankFile> {
+    const FileRecord& f = m.files[i];
+    if (!present(i)) return nullptr;
+    const std::string path = reader->dir() + "/" + f.path;
+    auto rf = parse ? internal::RankFile::Open(path, f.path, f, env)
+                    : internal::RankFile::OpenUnparsed(path, f.path, f, env);
     if (!rf.ok()) {
-      out->push_back({f.path, "", ProblemText(rf.status().message(), f.path, "")});
+      found[i].push_back({f.path, "", ProblemText(rf.status().message(), f.path, "")});
+      return nullptr;
+    }
+    return std::move(*rf);
+  };
+  auto seal_file = [&](size_t i) { sealed[i] = open_file(i, /*parse=*/false); };
+  auto check_file = [&](size_t i) {
+    const FileRecord& f = m.files[i];
+    std::vector<Problem>* out = &found[i];
+    std::unique_lock<std::mutex> hdf5_lock(open_mu);
+    // Declared after the lock: a file that keeps its HDF5 handles closes them before the lock
+    // is released, so that the next file opened reuses its metadata cache.
+    std::unique_ptr<internal::RankFile> rf =
+        i < seal_first ? std::move(sealed[i]) : open_file(i, /*parse=*/true);
+    if (!rf) return;  // its problem is recorded
+    if (Status parsed = rf->Parse(); !parsed.ok()) {
+      out->push_back({f.path, "", ProblemText(parsed.message(), f.path, "")});
       return;
     }
     if (!deep) {
       for (const auto& d : f.datasets) {
-        Status s = (*rf)->CheckShape(d);
+        Status s = rf->CheckShape(d);
         if (!s.ok()) out->push_back({f.path, d.name, ProblemText(s.message(), f.path, d.name)});
       }
       return;
     }
-    auto plan = (*rf)->PlanWholeFile(f.datasets);
+    auto plan = rf->PlanWholeFile(f.datasets);
     if (!plan.ok()) {
       out->push_back({f.path, "", ProblemText(plan.status().message(), f.path, "")});
       return;
     }
-    if (!plan->needs_hdf5()) (*rf)->CloseHdf5();
+    if (!plan->needs_hdf5()) rf->CloseHdf5();
     hdf5_lock.unlock();
     // One pass over the file: its digest and every dataset's from the same bytes.
-    auto checked = (*rf)->RunWholeFile(f.datasets, *plan, [&](uint64_t n) { bar.Add(n); });
+    auto checked = rf->RunWholeFile(f.datasets, *plan, [&](uint64_t n) { bar.Add(n); });
     if (!checked.ok()) {
       out->push_back({f.path, "", ProblemText(checked.status().message(), f.path, "")});
       return;
@@ -338,24 +377,41 @@ Result<std::vector<Problem>> CheckCheckpoint(const std::string& tag_dir, bool de
     if (!f.xxh3.empty() && checked->file_xxh3 != f.xxh3)
       out->push_back({f.path, "", "file checksum mismatch (manifest " + f.xxh3 + ", file " +
                                       checked->file_xxh3 + ")"});
-    for (size_t i = 0; i < f.datasets.size(); ++i) {
-      const Status& s = checked->datasets[i];
-      const std::string& name = f.datasets[i].name;
+    for (size_t d = 0; d < f.datasets.size(); ++d) {
+      const Status& s = checked->datasets[d];
+      const std::string& name = f.datasets[d].name;
       if (!s.ok()) out->push_back({f.path, name, ProblemText(s.message(), f.path, name)});
     }
   };
-  // One thread per file up to 16: the pass is I/O-bound (4 MiB per thread in memory); the
-  // raw read floor uses one thread per file too.
-  const size_t workers = std::min<size_t>(m.files.size(), 16);
-  std::atomic<size_t> next{0};
-  auto worker = [&] {
-    for (size_t i = next++; i < m.files.size(); i = next++) {
-      try {
-        check_file(m.files[i], &found[i]);
-      } catch (const std::bad_alloc&) {
-        found[i].push_back({m.files[i].path, "", "out of memory while checking the file"});
-      }
+  // (`step` a lambda, not a std::function: constructing one allocates, and a worker's first
+  // allocation made before it holds the lock gives it an arena of its own at once, where one
+  // made after can take over the arena of a worker that has finished, with its last file's
+  // freed and already-touched HDF5 memory: a shallow check of four files took 4 ms longer.)
+  auto guarded = [&](size_t i, const auto& step) {
+    try {
+      step(i);
+    } catch (const std::bad_alloc&) {
+      sealed[i].reset();
+      found[i].push_back({m.files[i].path, "", "out of memory while checking the file"});
     }
+  };
+  // Any thread that started takes part in the first seals, so the wait for them ends however
+  // many started.
+  std::atomic<size_t> next_seal{0}, next{0};
+  std::mutex sealed_mu;
+  std::condition_variable sealed_cv;
+  size_t sealed_count = 0;  // under sealed_mu
+  auto worker = [&] {
+    for (size_t i = next_seal++; i < seal_first; i = next_seal++) {
+      guarded(i, seal_file);
+      std::lock_guard<std::mutex> lock(sealed_mu);
+      if (++sealed_count == seal_first) sealed_cv.notify_all();
+    }
+    {
+      std::unique_lock<std::mutex> lock(sealed_mu);
+      sealed_cv.wait(lock, [&] { return sealed_count == seal_first; });
+    }
+    for (size_t i = next++; i < m.files.size(); i = next++) guarded(i, check_file);
   };
   if (workers <= 1) {
     worker();

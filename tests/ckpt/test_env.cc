@@ -149,6 +149,105 @@ TEST_CASE("save, load, check and gc reach the Env for locks, offset I/O, hashing
   CHECK(env.calls.count("TryLockFile"));
 }
 
+// check --deep (issue 19): the seals of all files (a few small reads each) are verified before
+// any file's data pass begins, so that no seal read waits behind another file's large reads;
+// the problems found are the same, in file order.
+TEST_CASE("check --deep verifies every file's seal before any file's data is read", "[io]") {
+  ScratchDir d;
+  const std::string root = d / "root";
+  const int world = 4;
+  REQUIRE(SaveWithThreads(root, SmallModel("global_step1", world, 2), SaveOptions{}).ok());
+  // Records, in one sequence for all files, each small Read and the first Scan of each file.
+  struct Log {
+    std::mutex mu;
+    std::vector<std::pair<std::string, std::string>> events;  // {file, "read" or "scan"}
+    void Add(const std::string& file, const char* what) {
+      std::lock_guard<std::mutex> lock(mu);
+      events.emplace_back(file, what);
+    }
+  } log;
+  class LoggingFile final : public RandomAccessFile {
+   public:
+    LoggingFile(std::unique_ptr<RandomAccessFile> f, std::string name, Log* log)
+        : f_(std::move(f)), name_(std::move(name)), log_(log) {}
+    Status Read(uint64_t offset, size_t n, void* out) const override {
+      if (!scanning_) log_->Add(name_, "read");
+      return f_->Read(offset, n, out);
+    }
+    uint64_t size() const override { return f_->size(); }
+    Status Scan(uint64_t offset, uint64_t n, const PartFn& consume) const override {
+      log_->Add(name_, "scan");
+      scanning_ = true;  // the default Scan reads through Read: not a seal read
+      Status s = RandomAccessFile::Scan(offset, n, consume);
+      scanning_ = false;
+      return s;
+    }
+
+   private:
+    std::unique_ptr<RandomAccessFile> f_;
+    std::string name_;
+    Log* log_;
+    mutable std::atomic<bool> scanning_{false};
+  };
+  class LoggingEnv : public EnvWrapper {
+   public:
+    explicit LoggingEnv(Log* log) : EnvWrapper(nullptr), log_(log) {}
+    Result<std::unique_ptr<RandomAccessFile>> NewCheckpointFile(const std::string& p) override {
+      auto f = EnvWrapper::NewCheckpointFile(p);
+      if (!f.ok()) return f;
+      return std::unique_ptr<RandomAccessFile>(
+          new LoggingFile(std::move(*f), fs::path(p).filename().string(), log_));
+    }
+
+   private:
+    Log* log_;
+  };
+  LoggingEnv env(&log);
+  const std::string tag = root + "/global_step1";
+  for (int round = 0; round < 5; ++round) {
+    log.events.clear();
+    auto probs = CheckCheckpoint(tag, /*deep=*/true, &env);
+    REQUIRE(probs.ok());
+    CHECK(probs->empty());
+    size_t first_scan = log.events.size();
+    std::set<std::string> scanned, sealed_before_scan;
+    for (size_t i = 0; i < log.events.size(); ++i) {
+      const auto& [file, what] = log.events[i];
+      if (what == "scan") {
+        first_scan = std::min(first_scan, i);
+        scanned.insert(file);
+      } else if (first_scan == log.events.size() && file.rfind("rank_", 0) == 0) {
+        sealed_before_scan.insert(file);
+      }
+    }
+    CHECK(scanned.size() == static_cast<size_t>(world));  // the pass reached every file
+    CHECK(sealed_before_scan.size() == static_cast<size_t>(world));
+  }
+  // A shallow check reads no data; a damaged seal is still found, in either mode.
+  log.events.clear();
+  auto shallow = CheckCheckpoint(tag, /*deep=*/false, &env);
+  REQUIRE(shallow.ok());
+  CHECK(shallow->empty());
+  for (const auto& e : log.events) CHECK(e.second == "read");
+  const std::string victim = tag + "/" + RankFileName(2);
+  {
+    std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);  // inside the superblock and root group's header, outside every dataset
+    char c = 0;
+    f.read(&c, 1);
+    f.seekp(100);
+    c = static_cast<char>(c ^ 0x40);
+    f.write(&c, 1);
+  }
+  for (bool deep : {true, false}) {
+    auto probs = CheckCheckpoint(tag, deep, &env);
+    REQUIRE(probs.ok());
+    REQUIRE(probs->size() == 1);
+    CHECK((*probs)[0].file == RankFileName(2));
+    CHECK_THAT((*probs)[0].what, Catch::Contains("metadata checksum mismatch"));
+  }
+}
+
 TEST_CASE("fault injection fails the lock, the offset writes and the offset reads", "[io]") {
   ScratchDir d;
   SECTION("the root lock") {

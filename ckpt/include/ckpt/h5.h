@@ -131,6 +131,14 @@ Result<Handle> OpenVerified(const RandomAccessFile& file, const std::string& pat
                             const std::string& label, uint64_t bytes, const Extents& extents,
                             const std::string& metadata_xxh3, const std::string& file_xxh3);
 
+// OpenVerified in two steps, for a caller that verifies several files at once while libhdf5
+// (which serialises its calls) parses one at a time: VerifySeal is steps 1 and 2 (offset reads
+// through `file` and XXH3, no libhdf5 call); OpenSealed is step 3, for a file VerifySeal passed.
+Status VerifySeal(const RandomAccessFile& file, const std::string& label, uint64_t bytes,
+                  const Extents& extents, const std::string& metadata_xxh3,
+                  const std::string& file_xxh3);
+Result<Handle> OpenSealed(const std::string& path, const std::string& label);
+
 // Refuses, before its data is read, a dataset whose storage the format does not define:
 // external storage, a virtual or compact layout, a filter other than shuffle and zstd (an
 // unknown filter would make HDF5 search and load plugins). DataLoss naming `where`.

@@ -50,16 +50,24 @@ class Workers {
   }
 
   // Starts threads until n (at most kMaxIdle) are idle, each past its first allocation, and
-  // returns once they are (or once no further thread can be started).
+  // returns once the threads it started are idle (or have ended: kMaxIdle were idle already),
+  // or once no further thread can be started. Only its own threads count: a task of another
+  // caller returning meanwhile does not end the wait.
   void Ready(int n) {
     std::unique_lock<std::mutex> lock(mu_);
     const int want = std::min(n, kMaxIdle) - idle_;
-    const uint64_t base = settled_;
-    lock.unlock();
-    int started = 0;
-    while (started < want && StartThread(&TouchArena)) ++started;
-    lock.lock();
-    settled_cv_.wait(lock, [&] { return settled_ >= base + static_cast<uint64_t>(started); });
+    int pending = 0;  // this call's threads not yet idle, under mu_
+    for (int started = 0; started < want; ++started) {
+      ++pending;
+      lock.unlock();
+      const bool ok = StartThread(&TouchArena, &pending);
+      lock.lock();
+      if (!ok) {
+        --pending;
+        break;
+      }
+    }
+    ready_cv_.wait(lock, [&] { return pending == 0; });
   }
 
  private:
@@ -72,9 +80,12 @@ class Workers {
     std::free(p);
   }
 
-  bool StartThread(std::function<void()> task) {
+  // `pending` (Ready's count, under mu_): decremented once the thread is idle after `task`.
+  bool StartThread(std::function<void()> task, int* pending = nullptr) {
     try {
-      std::thread([this, t = std::move(task)]() mutable { Serve(std::move(t)); }).detach();
+      std::thread([this, t = std::move(task), pending]() mutable {
+        Serve(std::move(t), pending);
+      }).detach();
     } catch (const std::exception&) {  // a thread limit, no memory
       return false;
     }
@@ -86,13 +97,16 @@ class Workers {
     return instance;
   }
 
-  void Serve(std::function<void()> task) {
+  void Serve(std::function<void()> task, int* pending) {
     while (true) {
       task();
       task = nullptr;
       std::unique_lock<std::mutex> lock(mu_);
-      ++settled_;
-      settled_cv_.notify_all();
+      if (pending) {  // idle from here, or about to end: Ready's wait for it is over
+        --*pending;
+        pending = nullptr;
+        ready_cv_.notify_all();
+      }
       if (idle_ >= kMaxIdle) return;
       ++idle_;
       cv_.wait(lock, [&] { return !tasks_.empty(); });
@@ -103,9 +117,8 @@ class Workers {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::condition_variable settled_cv_;
+  std::condition_variable ready_cv_;
   int idle_ = 0;  // threads waiting for a task, less the tasks handed to them not yet taken
-  uint64_t settled_ = 0;  // tasks that returned (Ready waits for its own)
   std::vector<std::function<void()>> tasks_;
 };
 

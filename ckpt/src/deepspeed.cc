@@ -123,11 +123,16 @@ bool PrintableUtf8(std::string_view s) {
   return true;
 }
 
-bool HasModelStates(Env* env, const std::string& dir) {
+// Whether `dir` holds a file DeepSpeed writes into a tag directory: a model-states file or an
+// optimizer-states file (one without the other is a damaged DeepSpeed checkpoint, which
+// DeepSpeedReader::Open then reports naming the missing file, not "no checkpoint here").
+bool HasDeepSpeedFiles(Env* env, const std::string& dir) {
   auto list = env->ListDir(dir);
   if (!list.ok()) return false;
-  for (const auto& e : *list)
-    if (!e.is_dir && IsModelStates(e.name)) return true;
+  for (const auto& e : *list) {
+    int mp = 0;
+    if (!e.is_dir && (IsModelStates(e.name) || ParseOptimName(e.name, &mp))) return true;
+  }
   return false;
 }
 
@@ -168,15 +173,15 @@ std::string DeepSpeedTagDir(const std::string& path, const std::string& tag, Env
   if (!env) env = Env::Default();
   if (!tag.empty()) {
     const std::string dir = path + "/" + tag;
-    return HasModelStates(env, dir) ? dir : "";
+    return HasDeepSpeedFiles(env, dir) ? dir : "";
   }
-  if (HasModelStates(env, path)) return path;
+  if (HasDeepSpeedFiles(env, path)) return path;
   auto latest = ReadCheckpointFileToString(env, path + "/latest", 4096);
   if (!latest.ok()) return "";
   const std::string t = TrimWs(*latest);
   if (t.empty() || t.find('/') != std::string::npos || t == "..") return "";
   const std::string dir = path + "/" + t;
-  return HasModelStates(env, dir) ? dir : "";
+  return HasDeepSpeedFiles(env, dir) ? dir : "";
 }
 
 struct DeepSpeedReader::Impl {
@@ -283,13 +288,14 @@ Result<DeepSpeedReader> DeepSpeedReader::Open(const std::string& path, const std
   I.dir = DeepSpeedTagDir(path, tag, env);
   if (I.dir.empty()) {
     if (!env->Exists(path)) return NotFound(path + ": no such file or directory");
-    if (!tag.empty()) return NotFound(path + "/" + tag + ": no DeepSpeed model-states file");
+    if (!tag.empty()) return NotFound(path + "/" + tag + ": no DeepSpeed model- or optimizer-states file");
     if (!env->Exists(path + "/latest"))
-      return NotFound(path + ": no *_model_states.pt here and no `latest` file (pass --tag)");
+      return NotFound(path + ": no *_model_states.pt or *_optim_states.pt here and no `latest` file (pass --tag)");
     // A `latest` that cannot be read (a symbolic link, an I/O error) says why.
     if (auto latest = ReadCheckpointFileToString(env, path + "/latest", 4096); !latest.ok())
       return latest.status();
-    return NotFound(path + ": `latest` names a directory without a DeepSpeed model-states file");
+    return NotFound(path +
+                    ": `latest` names a directory without DeepSpeed model- or optimizer-states files");
   }
   CKPT_ASSIGN_OR_RETURN(auto entries, env->ListDir(I.dir), I.dir);
   std::map<int, std::string> optim_names;

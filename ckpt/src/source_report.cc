@@ -217,9 +217,14 @@ std::string SourceCheckToText(const SourceCheck& c) {
   }
   Appendf(out, "CORRUPT: %zu problem(s)\n", c.problems.size());
   const char* sep = c.kind == SourceKind::kDeepSpeed ? " parameter " : " /";
-  for (const auto& p : c.problems)
+  for (const auto& p : c.problems) {
+    if (p.file.empty() && p.dataset.empty()) {  // the message names the file (a layout problem)
+      Appendf(out, "  %s\n", p.what.c_str());
+      continue;
+    }
     Appendf(out, "  %s%s%s: %s\n", p.file.c_str(), p.dataset.empty() ? "" : sep,
             p.dataset.c_str(), p.what.c_str());
+  }
   return out;
 }
 

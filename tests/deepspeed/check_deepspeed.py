@@ -14,8 +14,9 @@ partitions concatenated, padding stripped, split by param_shapes; plus the momen
      inspect and `ckpt diff` read its universal copy, which diff finds identical;
   5. `ckpt next-update DS --grad G` equals torch.optim.AdamW on the fixture's state.
 Then the hostile variants (truncated zip, os.system / eval globals, a storage too small for its
-view, mismatched partition counts, a missing rank file, a parameter name of invalid UTF-8 with a
-terminal escape, a data.pkl changed in place under its CRC-32) must each be refused by
+view, mismatched partition counts, a missing rank file, a missing model-states file, a
+parameter name of invalid UTF-8 with a terminal escape, a data.pkl changed in place under its
+CRC-32) must each be refused by
 export-fp32, inspect and check with exit 1 or 2, a message naming the file and holding no raw
 bytes of it, nothing executed, nothing written; and 100 randomly damaged copies of a small
 checkpoint's .pt files (check_mutations) never crash check or export-fp32 nor make them print
@@ -341,7 +342,7 @@ def main():
     check_next_update(a.ckpt, a.work, 2, 2, "bf16")
     check_next_update(a.ckpt, a.work, 3, 3, "fp32")
     for kind in ("truncate", "os_system", "eval", "short_storage", "partitions", "missing_rank",
-                 "bad_name", "pickle_crc"):
+                 "missing_model", "bad_name", "pickle_crc"):
         check_hostile(a.ckpt, a.work, kind)
     check_mutations(a.ckpt, a.work)
     print("check_deepspeed: all ok")

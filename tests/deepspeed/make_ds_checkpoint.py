@@ -347,6 +347,7 @@ def hostile(args):
     short_storage a tensor whose view needs more elements than its storage holds
     partitions    rank 0's partition_count disagrees with the number of rank files
     missing_rank  the last rank's optimizer file deleted
+    missing_model the model-states file deleted (ZeRO-3: rank 0's), optimizer files intact
     bad_name      the first parameter's name (param_shapes and module) holds a lone surrogate
                   (invalid UTF-8 once pickled) and a terminal escape sequence
     pickle_crc    one letter of a name inside the model file's data.pkl changed in place: still
@@ -403,6 +404,8 @@ def hostile(args):
     elif kind == "missing_rank":
         os.unlink(os.path.join(tag_dir, f"{prefix}zero_pp_rank_{args.world - 1}"
                                         "_mp_rank_00_optim_states.pt"))
+    elif kind == "missing_model":
+        os.unlink(model)
     else:
         raise SystemExit(f"unknown --hostile {kind}")
 

@@ -24,8 +24,10 @@ namespace ckpt {
 inline constexpr std::string_view kDeepSpeedKind = "deepspeed";
 
 // The tag directory `path` names when it is a DeepSpeed checkpoint: `path` itself when it
-// holds a *_model_states.pt file, else path/<tag>, else path/<the tag in path/latest>. Empty
-// when `path` is not one (no model-states file there).
+// holds a *_model_states.pt or *_optim_states.pt file, else path/<tag>, else path/<the tag in
+// path/latest>. Empty when `path` is not one (neither kind of file there). A directory with one
+// kind and not the other is a damaged DeepSpeed checkpoint: DeepSpeedReader::Open names the
+// missing file.
 std::string DeepSpeedTagDir(const std::string& path, const std::string& tag = "",
                             Env* env = nullptr);
 

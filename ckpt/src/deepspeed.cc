@@ -288,14 +288,17 @@ Result<DeepSpeedReader> DeepSpeedReader::Open(const std::string& path, const std
   I.dir = DeepSpeedTagDir(path, tag, env);
   if (I.dir.empty()) {
     if (!env->Exists(path)) return NotFound(path + ": no such file or directory");
-    if (!tag.empty()) return NotFound(path + "/" + tag + ": no DeepSpeed model- or optimizer-states file");
+    if (!tag.empty())
+      return NotFound(path + "/" + tag + ": no DeepSpeed model- or optimizer-states file");
     if (!env->Exists(path + "/latest"))
-      return NotFound(path + ": no *_model_states.pt or *_optim_states.pt here and no `latest` file (pass --tag)");
+      return NotFound(
+          path +
+          ": no *_model_states.pt or *_optim_states.pt here and no `latest` file (pass --tag)");
     // A `latest` that cannot be read (a symbolic link, an I/O error) says why.
     if (auto latest = ReadCheckpointFileToString(env, path + "/latest", 4096); !latest.ok())
       return latest.status();
-    return NotFound(path +
-                    ": `latest` names a directory without DeepSpeed model- or optimizer-states files");
+    return NotFound(
+        path + ": `latest` names a directory without DeepSpeed model- or optimizer-states files");
   }
   CKPT_ASSIGN_OR_RETURN(auto entries, env->ListDir(I.dir), I.dir);
   std::map<int, std::string> optim_names;

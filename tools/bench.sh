@@ -16,11 +16,10 @@
 #   tools/bench.sh --prepare DIR            (here) builds, puts ckpt, ckpt_io and raw_io in DIR/bin
 #                                           and the shared libraries they need in DIR/lib;
 #   tools/bench.sh --prebuilt DIR [ARGS]    (there) runs tools/bench/bench.py with those binaries
-#                                           (Python's standard library only; skip the phases
-#                                           that need engine_min or torch: zstd, async_engine,
-#                                           torch, deepspeed). A run stopped by
-#                                           SIGTERM (`timeout`) still writes --json with the
-#                                           phases it finished.
+#                                           (Python's standard library only; the phases that
+#                                           need engine_min or Debian's torch are skipped,
+#                                           with a note). A run stopped by SIGTERM (`timeout`)
+#                                           still writes --json with the phases it finished.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$CKPT_ROOT"

@@ -144,6 +144,14 @@ def paired_codec(j):
     return out
 
 
+def debian_torch():
+    """Whether /usr/bin/python3 imports torch (the torch and DeepSpeed phases run it)."""
+    if not os.path.exists("/usr/bin/python3"):
+        return False
+    return subprocess.run(["/usr/bin/python3", "-c", "import torch"], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL).returncode == 0
+
+
 def drop_caches():
     os.sync()
     try:
@@ -245,6 +253,16 @@ def main():
     skip = set(x for x in a.skip.split(",") if x)
     if a.ranks < 1 or a.reps < 1 or a.reps2 < 1:
         ap.error("--ranks and --reps must be positive")
+    # Phases whose programs this machine lacks (tools/bench.sh --prebuilt on a machine without
+    # the Debian packages): skipped, and the report says so.
+    missing = {}
+    if not os.path.exists(os.path.join(bin_dir, "engine_min")):
+        missing.update({"zstd": "engine_min", "async_engine": "engine_min"})
+    if not debian_torch():
+        missing.update({"torch": "torch under /usr/bin/python3",
+                        "deepspeed": "torch under /usr/bin/python3"})
+    skipped_for_want = sorted(p for p in missing if p not in skip)
+    skip |= set(missing)
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     R = Runner(bin_dir)
@@ -281,6 +299,9 @@ def main():
         res["machine"]["ckpt_start"] = start_costs(ckpt, raw_io, R)
     except Exception as e:  # a probe, never a reason to stop
         res["notes"].append("start-up probe: %s" % e)
+    for p in skipped_for_want:
+        res["notes"].append("phase %s skipped: no %s here" % (p, missing[p]))
+        log(res["notes"][-1])
     res["drop_caches"] = drop_caches()
     if res["drop_caches"] != "ok":
         res["notes"].append(res["drop_caches"])

@@ -103,6 +103,10 @@ std::vector<Status> RunOnThreads(int n, const std::function<Status(int)>& body,
     });
     if (escaped && group) group->Abort(result);
   };
+  if (n == 1) {  // one rank runs on the caller's thread: no thread to start (or to be refused)
+    run(0);
+    return results;
+  }
   for (int i = 0; i < n; ++i) {
     try {
       threads.emplace_back(run, i);

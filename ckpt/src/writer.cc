@@ -281,15 +281,28 @@ Status SaveRanks(const std::string& root, const Manifest& meta, int threads,
       }
     }
   };
-  // A worker that cannot start (or fails outside a rank) fails the save, never the process.
+  // Ranks share nothing until the commit, so workers that cannot start (at a thread limit)
+  // leave their ranks to those that did, and this thread then takes whatever rank is left
+  // (all of them when no thread could start). A failure outside a rank fails the save, never
+  // the process.
   const std::vector<Status> workers = RunOnThreads(threads, [&](int) {
+    worker();
+    return Status::Ok();
+  });
+  const Status inline_worker = OutOfMemoryAsStatus("save", [&] {
     worker();
     return Status::Ok();
   });
 
   // Steps 5-8.
   Status s = [&]() -> Status {
-    for (const Status& w : workers) CKPT_RETURN_IF_ERROR(w, "");
+    CKPT_RETURN_IF_ERROR(inline_worker, "");
+    bool all_written = true;
+    for (const auto& rec : records) all_written = all_written && rec.ok();
+    // A worker's own failure matters only when a rank was left unwritten by it (a worker that
+    // could not start left nothing: its ranks were written by the others).
+    if (!all_written)
+      for (const Status& w : workers) CKPT_RETURN_IF_ERROR(w, "");
     std::vector<FileRecord> files;
     for (auto& rec : records) {
       CKPT_RETURN_IF_ERROR(rec.status(), "");

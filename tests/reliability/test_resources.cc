@@ -1,12 +1,13 @@
 // Resource limits on the CLI and engine_min (issue 20, item 4): a save past the file-size limit
 // (`ulimit -f`) and a run past the memory limit (`ulimit -v`, `ulimit -d`) end with a message and
-// exit 2, never a signal, and leave no staging directory behind. The limits apply to the child
-// process only (a `bash -c 'ulimit ...; exec ckpt ...'` child).
+// exit 2, never a signal, and leave no staging directory behind; with no thread to be had the
+// commands run on their own thread (docs/reliability.md, "Resource limits"). The limits apply to
+// the child process only (a `bash -c 'ulimit ...; exec ckpt ...'` child).
 #include <catch2/catch.hpp>
-
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "ckpt_test_helpers.h"
@@ -40,7 +41,87 @@ int Staging(const std::string& dir) {
   return n;
 }
 
+// Exit status of `ckpt ARGS` run unable to start a thread (the no_threads launcher), output in
+// *out.
+int RunNoThreads(const std::string& args, std::string* out) {
+  ScratchDir tmp("ckpt-no-threads-out");
+  const std::string log = tmp / "out.txt";
+  const std::string bin = ckpt::testing::BinDir();
+  const int rc =
+      ckpt::testing::RunShell(bin + "/no_threads " + bin + "/ckpt " + args + " >" + log + " 2>&1");
+  *out = Slurp(log);
+  return rc;
+}
+
 }  // namespace
+
+// At a thread limit (RLIMIT_NPROC, or no memory for a thread's stack) every helper thread is
+// optional: reads, checks, exports and conversions run on the command's own thread and give the
+// same bytes; a save whose ranks are threads that must meet (ckpt synth --ranks N) fails with
+// exit 2 and a message, and leaves nothing behind; a save of one rank, and a reshard (whose new
+// ranks share nothing until the commit), run on the caller's thread.
+TEST_CASE("at the thread limit the commands run on their own thread or fail cleanly", "[io]") {
+  ScratchDir d("ckpt-no-threads");
+  std::string out;
+  // The launcher does stop threads: ranks as threads cannot start.
+  int rc = RunNoThreads("synth " + d / "multi" + " --params 1M --ranks 2", &out);
+  INFO(out);
+  CHECK(rc == 2);
+  CHECK(out.find("over the thread limit") != std::string::npos);
+  CHECK(Staging(d / "multi") == 0);
+  CHECK_FALSE(fs::exists(d / "multi/latest"));
+  // Checkpoints saved with threads: plain (4 ranks) and zstd-compressed (2 ranks).
+  const std::string root = d / "root", zroot = d / "zroot";
+  REQUIRE(RunLimited("-c 0", "synth " + root + " --params 4M --ranks 4 --zero 2", &out) == 0);
+  REQUIRE(RunLimited("-c 0",
+                     "synth " + zroot + " --params 4M --ranks 2 --zero 2 --compress zstd:1+shuffle",
+                     &out) == 0);
+  for (const std::string& args : {"check " + root, "check --deep " + root, "check --deep " + zroot,
+                                  "inspect " + root, "diff " + root + " " + root}) {
+    rc = RunNoThreads(args, &out);
+    INFO(args << ": " << out);
+    CHECK(rc == 0);
+  }
+  // Exports: the same bytes as with threads.
+  for (const std::string& src : {root, zroot}) {
+    const std::string name = fs::path(src).filename().string();
+    REQUIRE(RunLimited("-c 0", "export-fp32 " + src + " " + d / (name + "_ref"), &out) == 0);
+    rc = RunNoThreads("export-fp32 " + src + " " + d / (name + "_nt"), &out);
+    INFO(out);
+    REQUIRE(rc == 0);
+    const std::string ref = Slurp(d / (name + "_ref/model.safetensors"));
+    CHECK(ref.size() > (1u << 20));
+    CHECK(Slurp(d / (name + "_nt/model.safetensors")) == ref);
+  }
+  // A save of one rank and a reshard onto two run on the command's thread.
+  rc = RunNoThreads("synth " + d / "one" + " --params 1M --ranks 1", &out);
+  INFO(out);
+  CHECK(rc == 0);
+  CHECK(RunLimited("-c 0", "check --deep " + d / "one", &out) == 0);
+  rc = RunNoThreads("reshard " + root + " " + d / "rs" + " --dp 2", &out);
+  INFO(out);
+  CHECK(rc == 0);
+  REQUIRE(RunLimited("-c 0", "reshard " + root + " " + d / "rs_ref" + " --dp 2", &out) == 0);
+  rc = RunLimited("-c 0", "diff " + d / "rs" + " " + d / "rs_ref", &out);
+  INFO(out);
+  CHECK(rc == 0);
+  CHECK(out.find("identical") != std::string::npos);
+  // A damaged tensor is still found on one thread.
+  const std::string victim = root + "/global_step100/" + ckpt::RankFileName(1);
+  {
+    std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(fs::file_size(victim) / 2));
+    char c = 0;
+    f.read(&c, 1);
+    f.seekp(static_cast<std::streamoff>(fs::file_size(victim) / 2));
+    c = static_cast<char>(c ^ 0x01);
+    f.write(&c, 1);
+  }
+  rc = RunNoThreads("check --deep " + root, &out);
+  INFO(out);
+  CHECK(rc == 1);
+  CHECK(out.find(ckpt::RankFileName(1)) != std::string::npos);
+}
 
 TEST_CASE("ckpt synth past ulimit -f: EFBIG, exit 2, nothing left behind", "[io]") {
   ScratchDir d("ckpt-ulimit-f");

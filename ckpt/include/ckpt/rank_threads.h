@@ -11,6 +11,7 @@
 namespace ckpt {
 
 // Runs body(i) for i in [0, n) on n threads and joins them; results[i] is body(i)'s status.
+// One body (n == 1) runs on the calling thread: no thread is started, so none can be refused.
 // For rank threads: a failed allocation inside body(i) becomes ResourceExhausted (an escaping
 // exception would abort the process, staging left behind), and a thread that cannot be started
 // (EAGAIN under a memory limit) gives ResourceExhausted for it and every later i. Either way

@@ -258,7 +258,7 @@ def main():
     missing = {}
     if not os.path.exists(os.path.join(bin_dir, "engine_min")):
         missing.update({"zstd": "engine_min", "async_engine": "engine_min"})
-    if not debian_torch():
+    if not {"torch", "deepspeed"} <= skip and not debian_torch():
         missing.update({"torch": "torch under /usr/bin/python3",
                         "deepspeed": "torch under /usr/bin/python3"})
     skipped_for_want = sorted(p for p in missing if p not in skip)

@@ -234,7 +234,9 @@ def check_next_update(ckpt, work, zero, world, dtype):
     hyper = r.get("hyper", {})
     if hyper.get("step") != truth["step"]:
         fail(f"{what} next-update: step {hyper.get('step')} != {truth['step']} ({r})")
-    p = run(["/usr/bin/python3", os.path.join(HERE, "..", "verify", "torch_adamw_check.py"), state,
+    # The interpreter running this check (Debian's /usr/bin/python3 in CI; a lent machine's own
+    # Python with a newer torch when run there: docs/deepspeed.md).
+    p = run([sys.executable, os.path.join(HERE, "..", "verify", "torch_adamw_check.py"), state,
              root + ".next", str(truth["lr"]), str(truth["betas"][0]), str(truth["betas"][1]),
              str(truth["eps"]), str(truth["weight_decay"]), str(truth["step"])], expect=None)
     if p.returncode != 0:

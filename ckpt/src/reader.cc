@@ -308,10 +308,10 @@ Result<std::vector<Problem>> CheckCheckpoint(const std::string& tag_dir, bool de
   // opened whole by the thread that checks it, under the lock, as a shallow check opens every
   // file (it reads no data, so no seal read can wait behind a large one).
   const size_t seal_first = deep ? workers : 0;
-  // Whether file i is there at the size the manifest records (else its problem is recorded).
-  auto present = [&](size_t i) {
+  // Whether file i, at `path`, is there at the size the manifest records (else its problem is
+  // recorded).
+  auto present = [&](size_t i, const std::string& path) {
     const FileRecord& f = m.files[i];
-    const std::string path = reader->dir() + "/" + f.path;
     if (!env->Exists(path)) {
       found[i].push_back({f.path, "", "file is missing"});
       return false;
@@ -330,8 +330,8 @@ Result<std::vector<Problem>> CheckCheckpoint(const std::string& tag_dir, bool de
   // verification alone (RankFile::OpenUnparsed). Null when a problem was recorded.
   auto open_file = [&](size_t i, bool parse) -> std::unique_ptr<internal::RankFile> {
     const FileRecord& f = m.files[i];
-    if (!present(i)) return nullptr;
     const std::string path = reader->dir() + "/" + f.path;
+    if (!present(i, path)) return nullptr;
     auto rf = parse ? internal::RankFile::Open(path, f.path, f, env)
                     : internal::RankFile::OpenUnparsed(path, f.path, f, env);
     if (!rf.ok()) {

@@ -31,15 +31,17 @@ class CountingFile final : public RandomAccessFile {
   std::atomic<uint64_t>* n_;
 };
 
-// An Env whose checkpoint files (NewCheckpointFile) are the real ones wrapped by `wrap`.
+// An Env whose checkpoint files (NewCheckpointFile) are the real ones wrapped by `wrap`, which
+// also gets the path the file was opened by.
 class WrappedFileEnv : public EnvWrapper {
  public:
-  using Wrap = std::function<std::unique_ptr<RandomAccessFile>(std::unique_ptr<RandomAccessFile>)>;
+  using Wrap = std::function<std::unique_ptr<RandomAccessFile>(std::unique_ptr<RandomAccessFile>,
+                                                               const std::string& path)>;
   explicit WrappedFileEnv(Wrap wrap) : EnvWrapper(nullptr), wrap_(std::move(wrap)) {}
   Result<std::unique_ptr<RandomAccessFile>> NewCheckpointFile(const std::string& p) override {
     auto f = EnvWrapper::NewCheckpointFile(p);
     if (!f.ok()) return f;
-    return wrap_(std::move(*f));
+    return wrap_(std::move(*f), p);
   }
 
  private:

@@ -36,7 +36,7 @@ namespace {
 class CountingEnv final : public WrappedFileEnv {
  public:
   CountingEnv()
-      : WrappedFileEnv([this](std::unique_ptr<RandomAccessFile> f) {
+      : WrappedFileEnv([this](std::unique_ptr<RandomAccessFile> f, const std::string&) {
           return std::make_unique<CountingFile>(std::move(f), &bytes_read);
         }) {}
   std::atomic<uint64_t> bytes_read{0};
@@ -239,7 +239,7 @@ TEST_CASE("a damaged compressed chunk is DataLoss naming the file, the dataset a
 class Hdf5WatchEnv final : public WrappedFileEnv {
  public:
   Hdf5WatchEnv()
-      : WrappedFileEnv([this](std::unique_ptr<RandomAccessFile> f) {
+      : WrappedFileEnv([this](std::unique_ptr<RandomAccessFile> f, const std::string&) {
           return std::make_unique<File>(std::move(f), this);
         }) {}
   std::atomic<int64_t> reads{0}, most_open{0};
@@ -306,7 +306,7 @@ class SpanWatchEnv final : public WrappedFileEnv {
     std::thread::id thread;
   };
   SpanWatchEnv()
-      : WrappedFileEnv([this](std::unique_ptr<RandomAccessFile> f) {
+      : WrappedFileEnv([this](std::unique_ptr<RandomAccessFile> f, const std::string&) {
           return std::make_unique<File>(std::move(f), this);
         }) {}
   std::atomic<uint64_t> fail_at{UINT64_MAX};

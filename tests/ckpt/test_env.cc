@@ -189,20 +189,9 @@ TEST_CASE("check --deep verifies every file's seal before any file's data is rea
     Log* log_;
     mutable std::atomic<bool> scanning_{false};
   };
-  class LoggingEnv : public EnvWrapper {
-   public:
-    explicit LoggingEnv(Log* log) : EnvWrapper(nullptr), log_(log) {}
-    Result<std::unique_ptr<RandomAccessFile>> NewCheckpointFile(const std::string& p) override {
-      auto f = EnvWrapper::NewCheckpointFile(p);
-      if (!f.ok()) return f;
-      return std::unique_ptr<RandomAccessFile>(
-          new LoggingFile(std::move(*f), fs::path(p).filename().string(), log_));
-    }
-
-   private:
-    Log* log_;
-  };
-  LoggingEnv env(&log);
+  WrappedFileEnv env([&log](std::unique_ptr<RandomAccessFile> f, const std::string& path) {
+    return std::make_unique<LoggingFile>(std::move(f), fs::path(path).filename().string(), &log);
+  });
   const std::string tag = root + "/global_step1";
   for (int round = 0; round < 5; ++round) {
     log.events.clear();

@@ -26,7 +26,7 @@ using ckpt::testing::Mapped;
 class ReadWatchEnv final : public ckpt::testing::WrappedFileEnv {
  public:
   ReadWatchEnv()
-      : WrappedFileEnv([this](std::unique_ptr<ckpt::RandomAccessFile> f) {
+      : WrappedFileEnv([this](std::unique_ptr<ckpt::RandomAccessFile> f, const std::string&) {
           return std::make_unique<File>(std::move(f), this);
         }) {}
   std::atomic<uint64_t> large_reads{0}, largest{0};

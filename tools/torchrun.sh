@@ -4,7 +4,7 @@
 # environment torch.distributed's env:// initialisation reads. Debian 12's
 # `python3 -m torch.distributed.run` fails under Python 3.11 in its elastic agent; this is the
 # loopback part of it. Exits with the first non-zero status of a rank (then stops the others),
-# 0 when every rank succeeded. PYTHONPATH gains build/python (the ckpt package) when present.
+# 0 when every rank succeeded. INT or TERM stops the ranks, and their status is the exit status. PYTHONPATH gains build/python (the ckpt package) when present.
 set -u
 if [ $# -lt 2 ]; then
   echo "usage: tools/torchrun.sh N SCRIPT [ARGS...]" >&2
@@ -20,22 +20,45 @@ if [ -d "$here/build/python/ckpt" ]; then
   export PYTHONPATH="$here/build/python${PYTHONPATH:+:$PYTHONPATH}"
 fi
 port="${MASTER_PORT:-$("$python" "$here/tools/free_port.py")}"
-pids=()
+status=0
+live=()  # the ranks not yet waited for
+trap '[ "${#live[@]}" -eq 0 ] || kill "${live[@]}" 2>/dev/null' INT TERM
 for ((r = 0; r < n; r++)); do
   RANK=$r LOCAL_RANK=$r WORLD_SIZE=$n LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 \
     MASTER_PORT=$port "$python" "$@" &
-  pids+=($!)
+  live+=($!)
 done
-trap 'kill "${pids[@]}" 2>/dev/null' INT TERM
-status=0
-remaining=$n
-while [ "$remaining" -gt 0 ]; do
-  wait -n -p done_pid
-  rc=$?
-  remaining=$((remaining - 1))
-  if [ "$rc" -ne 0 ] && [ "$status" -eq 0 ]; then
-    status=$rc
-    for p in "${pids[@]}"; do [ "$p" != "$done_pid" ] && kill "$p" 2>/dev/null; done
+# finish PID RC: PID has ended with RC; the first failure stops the other ranks.
+finish() {
+  local p keep=()
+  for p in "${live[@]}"; do [ "$p" != "$1" ] && keep+=("$p"); done
+  live=("${keep[@]}")
+  if [ "$2" -ne 0 ] && [ "$status" -eq 0 ]; then
+    status=$2
+    [ "${#live[@]}" -gt 0 ] && kill "${live[@]}" 2>/dev/null
   fi
+  return 0
+}
+while [ "${#live[@]}" -gt 0 ]; do
+  unset done_pid
+  wait -n -p done_pid "${live[@]}"
+  rc=$?
+  if [ -n "${done_pid-}" ]; then
+    finish "$done_pid" "$rc"
+    continue
+  fi
+  # No pid: a signal (INT, TERM: the trap has stopped the ranks) ended the wait, or bash 5.2's
+  # wait -n answered 127 because a rank ended and left the job table between two waits (about 1
+  # run in 1000 with two ranks that end together). Bash keeps an ended rank's status, which
+  # `wait PID` returns; a rank that is gone from the process table has ended.
+  found=0
+  for p in "${live[@]}"; do
+    if ! kill -0 "$p" 2>/dev/null; then
+      wait "$p"
+      finish "$p" $?
+      found=1
+    fi
+  done
+  [ "$found" -eq 1 ] || sleep 0.05
 done
 exit "$status"

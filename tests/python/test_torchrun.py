@@ -15,12 +15,16 @@ RANK_SCRIPT = """
 import json, os, sys, time
 rank = int(os.environ["RANK"])
 out = sys.argv[1]
-with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+path = os.path.join(out, f"rank{rank}.json")
+with open(path + ".tmp", "w") as f:
     json.dump({k: os.environ.get(k) for k in
                ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                 "MASTER_PORT")} | {"pid": os.getpid(), "args": sys.argv[2:]}, f)
+os.rename(path + ".tmp", path)  # whole when it appears
 mode = sys.argv[2]
 if mode == "fail" and rank == 1:
+    while not os.path.exists(os.path.join(out, "rank0.json")):  # rank 0 is up: it is stopped
+        time.sleep(0.01)                                          # running, not while starting
     sys.exit(3)
 if mode in ("fail", "sleep"):
     time.sleep(120)
@@ -52,7 +56,7 @@ class TorchRun(unittest.TestCase):
         for r in range(n):
             path = os.path.join(self.dir, f"rank{r}.json")
             for _ in range(600):  # the ranks may still be starting
-                if os.path.exists(path) and os.path.getsize(path):
+                if os.path.exists(path):
                     break
                 time.sleep(0.05)
             with open(path) as f:

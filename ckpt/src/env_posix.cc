@@ -452,16 +452,30 @@ Status RandomAccessFile::Scan(uint64_t offset, uint64_t n, const PartFn& consume
   return Status::Ok();
 }
 
-Result<std::string> ReadCheckpointFileToString(Env* env, const std::string& path,
-                                               uint64_t max_bytes) {
+Status ReadCheckpointFileInto(Env* env, const std::string& path, uint64_t max_bytes,
+                              std::string* out) {
   if (!env) env = Env::Default();
+  out->clear();
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file, env->NewCheckpointFile(path));
   const uint64_t size = file->size();
   if (size > max_bytes)
     return DataLoss(path + ": " + std::to_string(size) + " bytes, more than the " +
                     std::to_string(max_bytes) + " such a file may have; not read");
-  std::string text(static_cast<size_t>(size), '\0');
-  if (size > 0) CKPT_RETURN_IF_ERROR(file->Read(0, text.size(), text.data()));
+  out->resize(static_cast<size_t>(size));  // within the kept capacity: no new memory
+  if (size > 0) {
+    Status read = file->Read(0, out->size(), out->data());
+    if (!read.ok()) {
+      out->clear();
+      return read;
+    }
+  }
+  return Status::Ok();
+}
+
+Result<std::string> ReadCheckpointFileToString(Env* env, const std::string& path,
+                                               uint64_t max_bytes) {
+  std::string text;
+  CKPT_RETURN_IF_ERROR(ReadCheckpointFileInto(env, path, max_bytes, &text), "");
   return text;
 }
 

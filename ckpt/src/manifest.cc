@@ -409,34 +409,109 @@ Result<FileRecord> FileRecordFromJson(const json& j, std::string_view source) {
   }
 }
 
+namespace {
+
+// Format 1.1 and later minors of this major: the checksum over the bytes, before the schema
+// checks, so an edited or corrupted manifest is reported as such. (A newer major, or 1.0, is
+// ManifestFromJson's: refused, or verified under 1.0's rule.) *sealed: whether the rule applied.
+Status VerifyByteSeal(const json& j, std::string_view text, std::string_view source, bool* sealed) {
+  int major = -1, minor = -1;
+  *sealed = j.is_object() && j.contains("manifest_xxh3") && j.contains("format_version") &&
+            j["format_version"].is_string() &&
+            std::sscanf(j["format_version"].get_ref<const std::string&>().c_str(), "%d.%d", &major,
+                        &minor) == 2 &&
+            major == kFormatMajor && minor >= 1;
+  if (!*sealed) return Status::Ok();
+  const size_t at = FindManifestDigest(text);
+  if (at == std::string_view::npos) {
+    return DataLoss(std::string(source) +
+                    ": manifest_xxh3 is not a 16-character string member of the top object");
+  }
+  // The bytes with the digest read as '0's, hashed in place (a large manifest is not copied).
+  const std::string want(text.substr(at, kDigestPlaceholder.size()));
+  Xxh3Stream h;
+  h.Update(text.data(), at);
+  h.Update(kDigestPlaceholder.data(), kDigestPlaceholder.size());
+  const size_t rest = at + kDigestPlaceholder.size();
+  h.Update(text.data() + rest, text.size() - rest);
+  const std::string got = h.HexDigest();
+  if (want != got) {
+    return DataLoss(std::string(source) + ": manifest checksum mismatch (recorded " + want +
+                    ", content " + got + "): the manifest was edited or corrupted");
+  }
+  return Status::Ok();
+}
+
+uint64_t SaturatingAdd(uint64_t a, uint64_t b) {
+  uint64_t sum = 0;
+  return __builtin_add_overflow(a, b, &sum) ? std::numeric_limits<uint64_t>::max() : sum;
+}
+
+}  // namespace
+
 Result<Manifest> ParseManifest(std::string_view text, std::string_view source) {
   CKPT_ASSIGN_OR_RETURN(json j, ParseJson(text, source));
-  // Format 1.1 and later minors of this major: the checksum over the bytes, before the schema
-  // checks, so an edited or corrupted manifest is reported as such. (A newer major, or 1.0,
-  // is ManifestFromJson's: refused, or verified under 1.0's rule.)
-  int major = -1, minor = -1;
-  const bool sealed_by_bytes =
-      j.is_object() && j.contains("manifest_xxh3") && j.contains("format_version") &&
-      j["format_version"].is_string() &&
-      std::sscanf(j["format_version"].get_ref<const std::string&>().c_str(), "%d.%d", &major,
-                  &minor) == 2 &&
-      major == kFormatMajor && minor >= 1;
-  if (sealed_by_bytes) {
-    const size_t at = FindManifestDigest(text);
-    if (at == std::string_view::npos) {
-      return DataLoss(std::string(source) +
-                      ": manifest_xxh3 is not a 16-character string member of the top object");
-    }
-    std::string sealed(text);
-    const std::string want = sealed.substr(at, kDigestPlaceholder.size());
-    sealed.replace(at, kDigestPlaceholder.size(), kDigestPlaceholder);
-    const std::string got = DigestHex(Xxh3(sealed.data(), sealed.size()));
-    if (want != got) {
-      return DataLoss(std::string(source) + ": manifest checksum mismatch (recorded " + want +
-                      ", content " + got + "): the manifest was edited or corrupted");
-    }
-  }
+  bool sealed = false;
+  CKPT_RETURN_IF_ERROR(VerifyByteSeal(j, text, source, &sealed), "");
   return ManifestFromJson(j, source);
+}
+
+ManifestSummary SummarizeManifest(const Manifest& m) {
+  ManifestSummary s;
+  s.tag = m.tag;
+  s.global_step = m.counters.global_step;
+  s.created_unix = m.created_unix;
+  s.dp_world_size = m.topology.dp_world_size;
+  s.sets_latest = m.sets_latest;
+  for (const auto& f : m.files) s.bytes = SaturatingAdd(s.bytes, f.bytes);
+  return s;
+}
+
+Result<ManifestSummary> ParseManifestSummary(std::string_view text, std::string_view source) {
+  // Only these members are built; "params" (most of a large manifest) and the files' dataset
+  // records are parsed as JSON and dropped.
+  static const std::set<std::string, std::less<>> kKept = {
+      "format",       "format_version", "manifest_xxh3", "kind",  "tag",
+      "created_unix", "counters",       "topology",      "files", "sets_latest"};
+  CKPT_ASSIGN_OR_RETURN(json j,
+                        ParseJsonKeeping(text, source, [](int depth, const std::string& key) {
+                          if (depth == 1) return kKept.count(key) > 0;
+                          if (depth == 2) return true;  // the members of counters and topology
+                          return key == "bytes";        // of each files[] entry
+                        }));
+  bool sealed = false;
+  CKPT_RETURN_IF_ERROR(VerifyByteSeal(j, text, source, &sealed), "");
+  const auto whole = [&]() -> Result<ManifestSummary> {
+    CKPT_ASSIGN_OR_RETURN(Manifest m, ParseManifest(text, source), "");
+    return SummarizeManifest(m);
+  };
+  // 1.0 is sealed over the compact dump of the whole object; an unsealed or foreign document
+  // gets ParseManifest's verdict.
+  if (!sealed) return whole();
+  try {
+    if (Str(j, "format", "manifest") != kFormatName) return whole();
+    ManifestSummary s;
+    s.tag = Str(j, "tag", "manifest");
+    s.created_unix = Int(j, "created_unix", "manifest");
+    s.global_step = Int(Field(j, "counters", "manifest"), "global_step", "counters");
+    s.dp_world_size = Int32(Field(j, "topology", "manifest"), "dp_world_size", "topology");
+    if (j.contains("sets_latest")) s.sets_latest = Bool(j, "sets_latest", "manifest");
+    const std::string kind = Str(j, "kind", "manifest");
+    const json& files = Field(j, "files", "manifest");
+    if (!files.is_array() || s.dp_world_size < 1 || (kind != "sharded" && kind != "universal") ||
+        (kind == "sharded" && files.size() != static_cast<size_t>(s.dp_world_size)))
+      return whole();
+    for (const auto& f : files) {
+      const int64_t b = Int(f, "bytes", "files[]");
+      if (b < 0) return whole();
+      s.bytes = SaturatingAdd(s.bytes, static_cast<uint64_t>(b));
+    }
+    return s;
+  } catch (const SchemaError&) {
+    return whole();
+  } catch (const json::exception&) {
+    return whole();
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

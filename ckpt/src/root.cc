@@ -42,9 +42,20 @@ Status RefuseLinkedTag(Env* env, const std::string& dir) {
 // The largest `latest` file readers look at: a tag name (< 256) and two short lines.
 constexpr size_t kMaxLatestBytes = 512;
 
+// Reads tag_dir's manifest into *text (its memory kept for the next call): never through a
+// link, never past kMaxManifestBytes (ReadCheckpointFileInto).
+Status ReadManifestText(const std::string& tag_dir, Env* env, std::string* text) {
+  const std::string mpath = tag_dir + "/" + std::string(kManifestFile);
+  Status read = ReadCheckpointFileInto(env, mpath, kMaxManifestBytes, text);
+  if (read.code() == StatusCode::kNotFound)
+    return NotFound(mpath + " is missing (not a committed checkpoint)");
+  return read;
+}
+
 // Committed tags (readable or not) and temporaries of `root`, tags oldest global_step first.
 Status ListTags(const std::string& root, Env* env, RootListing* out) {
   CKPT_ASSIGN_OR_RETURN(std::vector<DirEntry> entries, env->ListDir(root), "");
+  std::string text;  // each manifest in turn
   for (const auto& e : entries) {
     if (!e.is_dir) continue;
     const std::string path = root + "/" + e.name;
@@ -63,17 +74,21 @@ Status ListTags(const std::string& root, Env* env, RootListing* out) {
       out->tags.push_back(std::move(info));
       continue;
     }
-    auto m = ReadTagManifest(path, env);
+    // Summaries, not whole manifests: this runs on every open of a root (ReadLatest), once
+    // per tag, and a large model's manifest takes far longer to parse in full.
+    Status read = ReadManifestText(path, env, &text);
+    Result<ManifestSummary> m =
+        read.ok() ? ParseManifestSummary(text, mpath) : Result<ManifestSummary>(std::move(read));
     if (m.ok() && m->tag != e.name) {
       // A tag directory copied or renamed by hand: never taken for the tag it claims to be.
       info.error = mpath + ": the manifest names tag '" + Excerpt(m->tag) +
                    "', not its directory's name";
     } else if (m.ok()) {
-      info.global_step = m->counters.global_step;
-      info.ranks = m->topology.dp_world_size;
+      info.global_step = m->global_step;
+      info.ranks = m->dp_world_size;
       info.created_unix = m->created_unix;
       info.sets_latest = m->sets_latest;
-      for (const auto& f : m->files) info.bytes += f.bytes;
+      info.bytes = m->bytes;
     } else {
       info.error = m.status().message();
     }
@@ -203,15 +218,9 @@ Result<std::string> ReadLatest(const std::string& root, Env* env, bool* inferred
 
 Result<Manifest> ReadTagManifest(const std::string& tag_dir, Env* env) {
   if (!env) env = Env::Default();
-  const std::string mpath = tag_dir + "/" + std::string(kManifestFile);
-  // Never through a link, never past kMaxManifestBytes (ReadCheckpointFileToString).
-  auto text = ReadCheckpointFileToString(env, mpath, kMaxManifestBytes);
-  if (!text.ok()) {
-    if (text.status().code() == StatusCode::kNotFound)
-      return NotFound(mpath + " is missing (not a committed checkpoint)");
-    return text.status();
-  }
-  return ParseManifest(*text, mpath);
+  std::string text;
+  CKPT_RETURN_IF_ERROR(ReadManifestText(tag_dir, env, &text), "");
+  return ParseManifest(text, tag_dir + "/" + std::string(kManifestFile));
 }
 
 Result<std::string> ResolveTagDir(const std::string& path, const std::string& tag, Env* env) {
@@ -406,6 +415,8 @@ Result<RollbackReport> RollbackLatest(const std::string& root, const std::string
     if (t.tag == tag) target = &t;
   if (!target) return NotFound(root + " has no committed tag '" + Excerpt(tag) + "'");
   if (!target->error.empty()) return DataLoss(target->error);
+  // The listing checked a summary of its manifest; the tag rolled back to is read whole.
+  CKPT_RETURN_IF_ERROR(ReadTagManifest(target->path, env).status(), "rollback");
   RollbackReport report;
   report.tag = tag;
   std::vector<const TagInfo*> newer;

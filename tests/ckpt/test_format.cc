@@ -423,3 +423,142 @@ TEST_CASE("synthetic checkpoints hold partition-independent values", "[io]") {
     CHECK(*ra->ReadParamFull(p.name) == *rb->ReadParamFull(p.name));
   }
 }
+
+namespace {
+
+// `j` as a manifest file's text, sealed as any writer seals one (format 1.1 rule): a valid
+// seal on content ParseManifest may or may not accept.
+std::string SealedText(nlohmann::json j) {
+  j["manifest_xxh3"] = std::string(kDigestPlaceholder);
+  std::string text = j.dump(1) + "\n";
+  const size_t at = FindManifestDigest(text);
+  REQUIRE(at != std::string::npos);
+  const std::string digest = DigestHex(Xxh3(text.data(), text.size()));
+  text.replace(at, digest.size(), digest);
+  return text;
+}
+
+void CheckSameSummary(const ManifestSummary& a, const ManifestSummary& b) {
+  CHECK(a.tag == b.tag);
+  CHECK(a.global_step == b.global_step);
+  CHECK(a.created_unix == b.created_unix);
+  CHECK(a.dp_world_size == b.dp_world_size);
+  CHECK(a.bytes == b.bytes);
+  CHECK(a.sets_latest == b.sets_latest);
+}
+
+}  // namespace
+
+// ListRoot and ReadLatest (every open of a root) summarize each tag's manifest instead of
+// parsing it whole: same answers, same refusals of corrupt or malformed manifests.
+TEST_CASE("a manifest summary agrees with the whole parse", "[io]") {
+  ScratchDir d;
+  Manifest m7 = SmallModel("global_step7", 3, 3);
+  m7.counters.global_step = 7;
+  REQUIRE(SaveWithThreads(d.str(), m7).ok());
+  Manifest m8 = SmallModel("global_step8", 2, 1);
+  m8.counters.global_step = 8;
+  SaveOptions no_latest;
+  no_latest.update_latest = false;
+  REQUIRE(SaveWithThreads(d.str(), m8, no_latest).ok());
+
+  for (const std::string tag : {"global_step7", "global_step8"}) {
+    INFO(tag);
+    const std::string text = Slurp(d / (tag + "/manifest.json"));
+    auto s = ParseManifestSummary(text, "m.json");
+    auto whole = ParseManifest(text, "m.json");
+    REQUIRE(s.ok());
+    REQUIRE(whole.ok());
+    CheckSameSummary(*s, SummarizeManifest(*whole));
+    uint64_t on_disk = 0;  // independently: the rank files' sizes
+    for (const auto& f : whole->files) on_disk += fs::file_size(d / (tag + "/" + f.path));
+    CHECK(s->bytes == on_disk);
+    CHECK(s->sets_latest == (tag == "global_step7"));
+  }
+
+  const std::string text = Slurp(d / "global_step7/manifest.json");
+  const nlohmann::json j = nlohmann::json::parse(text);
+  // Refused exactly as the whole parse refuses: same message.
+  auto same_refusal = [](const std::string& bad, const std::string& needle) {
+    auto s = ParseManifestSummary(bad, "m.json");
+    auto whole = ParseManifest(bad, "m.json");
+    REQUIRE_FALSE(whole.ok());
+    REQUIRE_FALSE(s.ok());
+    CHECK(s.status().code() == whole.status().code());
+    CHECK(s.status().message() == whole.status().message());
+    CHECK_THAT(s.status().message(), Catch::Contains(needle));
+  };
+  SECTION("a changed byte in the parameter table: the seal") {
+    std::string bad = text;
+    const size_t at = bad.find("\"numel\": ");
+    REQUIRE(at != std::string::npos);
+    bad[at + 9] = bad[at + 9] == '9' ? '8' : '9';
+    same_refusal(bad, "manifest checksum mismatch");
+  }
+  SECTION("summarized fields missing, mistyped or inconsistent") {
+    nlohmann::json e = j;
+    e["counters"]["global_step"] = "7";
+    same_refusal(SealedText(e), "counters.global_step is not an integer");
+    e = j;
+    e.erase("tag");
+    same_refusal(SealedText(e), "missing field 'tag'");
+    e = j;
+    e["files"].erase(e["files"].size() - 1);
+    same_refusal(SealedText(e), "2 rank files listed for dp_world_size 3");
+    e = j;
+    e["files"][1]["bytes"] = -1;
+    same_refusal(SealedText(e), "bytes is negative");
+    e = j;
+    e["format"] = "torch";
+    same_refusal(SealedText(e), "not a ckpt manifest");
+    e = j;
+    e.erase("manifest_xxh3");  // 1.2 and later: required
+    same_refusal(e.dump(1), "no manifest_xxh3");
+  }
+  SECTION("nesting too deep inside a member the summary drops") {
+    nlohmann::json e = j;
+    nlohmann::json deep = nlohmann::json::array();
+    for (int i = 0; i < 200; ++i) deep = nlohmann::json::array({deep});
+    e["params"][0]["extra"] = deep;
+    same_refusal(SealedText(e), "nested deeper than");
+    std::string broken = text;
+    broken.insert(broken.find("\"params\": [") + 11, "{");
+    same_refusal(broken, "not valid JSON");
+  }
+  SECTION("format 1.0 (sealed over its compact dump) goes through the whole parse") {
+    const std::string seed = std::string(CKPT_SOURCE_DIR) + "/tests/data/seed001/ckpt";
+    const std::string old = Slurp(seed + "/global_step5/manifest.json");
+    REQUIRE(old.find("\"format_version\": \"1.0\"") != std::string::npos);
+    auto s = ParseManifestSummary(old, "m.json");
+    auto whole = ParseManifest(old, "m.json");
+    REQUIRE(s.ok());
+    REQUIRE(whole.ok());
+    CheckSameSummary(*s, SummarizeManifest(*whole));
+    std::string edited = old;  // (this 1.0 file has no manifest_xxh3: the field's type fails)
+    edited.replace(edited.find("\"global_step\": 5"), 16, "\"global_step\": \"5\"");
+    same_refusal(edited, "counters.global_step is not an integer");
+  }
+  SECTION("a sealed manifest whose parameter table is invalid: listed, refused when opened") {
+    // What the summary does not check: a writer's own bug, sealed. The listing shows the tag;
+    // opening it, or rolling back to it, says what is wrong, and nothing is changed.
+    nlohmann::json e = j;
+    e["params"][0]["numel"] = e["params"][0]["numel"].get<int64_t>() + 1;
+    Spit(d / "global_step7/manifest.json", SealedText(e));
+    REQUIRE(ParseManifestSummary(SealedText(e), "m.json").ok());
+    auto listing = ListRoot(d.str());
+    REQUIRE(listing.ok());
+    REQUIRE(listing->tags.size() == 2);
+    CHECK(listing->tags[0].tag == "global_step7");
+    CHECK(listing->tags[0].error.empty());
+    CHECK(listing->latest == "global_step7");  // global_step8 did not set latest
+    auto r = CheckpointReader::Open(d.str());
+    REQUIRE_FALSE(r.ok());
+    CHECK_THAT(r.status().message(),
+               Catch::Contains("global_step7/manifest.json") && Catch::Contains("numel"));
+    auto rb = RollbackLatest(d.str(), "global_step7");
+    REQUIRE_FALSE(rb.ok());
+    CHECK_THAT(rb.status().message(), Catch::Contains("numel"));
+    CHECK(fs::exists(d / "global_step8/manifest.json"));
+    CHECK(*ReadLatest(d.str()) == "global_step7");
+  }
+}

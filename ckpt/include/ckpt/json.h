@@ -3,6 +3,8 @@
 // destruction recurse per level, so a 100000-deep array in a manifest overflowed the stack.
 #pragma once
 
+#include <functional>
+#include <string>
 #include <string_view>
 
 #include <nlohmann/json.hpp>
@@ -20,5 +22,14 @@ inline constexpr int kMaxJsonDepth = 128;
 // parsing, before any recursive walk). Thread-safe.
 Result<nlohmann::json> ParseJson(std::string_view text, std::string_view source,
                                  int max_depth = kMaxJsonDepth);
+
+// Whether a member is kept: `depth` is that of the object holding `key` (1: the top object).
+using JsonKeyFilter = std::function<bool(int depth, const std::string& key)>;
+
+// ParseJson that stores only the members `keep` accepts (with everything inside them): the
+// whole text is still checked as JSON and for depth, but a dropped member's value is never
+// built. For reading a few fields of a large document.
+Result<nlohmann::json> ParseJsonKeeping(std::string_view text, std::string_view source,
+                                        const JsonKeyFilter& keep, int max_depth = kMaxJsonDepth);
 
 }  // namespace ckpt

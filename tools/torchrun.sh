@@ -4,7 +4,8 @@
 # environment torch.distributed's env:// initialisation reads. Debian 12's
 # `python3 -m torch.distributed.run` fails under Python 3.11 in its elastic agent; this is the
 # loopback part of it. Exits with the first non-zero status of a rank (then stops the others),
-# 0 when every rank succeeded. INT or TERM stops the ranks, and their status is the exit status. PYTHONPATH gains build/python (the ckpt package) when present.
+# 0 when every rank succeeded. INT or TERM stops the ranks; the exit status is then 128 + the signal
+# (or a rank's earlier failure). PYTHONPATH gains build/python (the ckpt package) when present.
 set -u
 if [ $# -lt 2 ]; then
   echo "usage: tools/torchrun.sh N SCRIPT [ARGS...]" >&2
@@ -21,8 +22,14 @@ if [ -d "$here/build/python/ckpt" ]; then
 fi
 port="${MASTER_PORT:-$("$python" "$here/tools/free_port.py")}"
 status=0
-live=()  # the ranks not yet waited for
-trap '[ "${#live[@]}" -eq 0 ] || kill "${live[@]}" 2>/dev/null' INT TERM
+signalled=0  # 128 + the signal that stopped the launcher
+live=()      # the ranks not yet waited for
+stop() {
+  signalled=$((128 + $1))
+  [ "${#live[@]}" -eq 0 ] || kill "${live[@]}" 2>/dev/null
+}
+trap 'stop 2' INT
+trap 'stop 15' TERM
 for ((r = 0; r < n; r++)); do
   RANK=$r LOCAL_RANK=$r WORLD_SIZE=$n LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 \
     MASTER_PORT=$port "$python" "$@" &
@@ -41,7 +48,7 @@ finish() {
 }
 while [ "${#live[@]}" -gt 0 ]; do
   unset done_pid
-  wait -n -p done_pid "${live[@]}"
+  wait -n -p done_pid "${live[@]}" 2>/dev/null
   rc=$?
   if [ -n "${done_pid-}" ]; then
     finish "$done_pid" "$rc"
@@ -49,16 +56,22 @@ while [ "${#live[@]}" -gt 0 ]; do
   fi
   # No pid: a signal (INT, TERM: the trap has stopped the ranks) ended the wait, or bash 5.2's
   # wait -n answered 127 because a rank ended and left the job table between two waits (about 1
-  # run in 1000 with two ranks that end together). Bash keeps an ended rank's status, which
-  # `wait PID` returns; a rank that is gone from the process table has ended.
+  # run in 1000 with two ranks that end together). A rank gone from the process table has
+  # ended; `wait PID` gives its status where bash kept it (it did in that race), and after a
+  # signal a rank whose status bash dropped counts as stopped by it.
   found=0
   for p in "${live[@]}"; do
     if ! kill -0 "$p" 2>/dev/null; then
-      wait "$p"
-      finish "$p" $?
+      wait "$p" 2>/dev/null
+      rc=$?
+      [ "$rc" -eq 127 ] && [ "$signalled" -ne 0 ] && rc=$signalled
+      [ "$rc" -eq 127 ] && echo "torchrun.sh: the exit status of rank pid $p was lost" >&2
+      finish "$p" "$rc"
       found=1
     fi
   done
   [ "$found" -eq 1 ] || sleep 0.05
 done
+# Stopped by a signal: never a success.
+[ "$status" -eq 0 ] && status=$signalled
 exit "$status"

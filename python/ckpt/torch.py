@@ -406,6 +406,30 @@ def _restore_rng(reader, rank, files):
         random.setstate((s["version"], tuple(s["state"]), s["gauss_next"]))
 
 
+def _open_agreed(root, tag, verify_checksums, rank, world):
+    """Every rank opens the same tag: rank 0 resolves ROOT (`latest`, unless `tag` names one)
+    and sends the tag directory to the others. Each rank resolving `latest` on its own could
+    load different steps when a save commits into ROOT meanwhile (a training job writing where
+    an evaluation job reads). When rank 0 cannot open it, every rank raises."""
+    if world == 1:
+        return ckpt.Reader(root, tag or "", verify_checksums)
+    reader, failure = None, None
+    if rank == 0:
+        try:
+            reader = ckpt.Reader(root, tag or "", verify_checksums)
+        except Exception as e:  # noqa: BLE001 - re-raised below, after the others are told
+            failure = e
+    agreed = _collective(None).broadcast(
+        {"dir": reader.dir} if reader is not None else {"error": str(failure)})
+    if rank == 0:
+        if failure is not None:
+            raise failure
+        return reader
+    if "error" in agreed:
+        raise ckpt.Error(f"rank 0 could not open {root}: {agreed['error']}")
+    return ckpt.Reader(agreed["dir"], "", verify_checksums)
+
+
 def load(root, model, optimizer, *, tag=None, scheduler=None, restore_rng=True,
          verify_checksums=True):
     """Restores model, optimizer (and scheduler, RNG) from ROOT's latest tag or `tag`; every rank
@@ -413,7 +437,7 @@ def load(root, model, optimizer, *, tag=None, scheduler=None, restore_rng=True,
     layout or parameter table. Returns a LoadInfo."""
     rank, world = _world()
     layout = _Layout(model, optimizer)
-    reader = ckpt.Reader(root, tag or "", verify_checksums)
+    reader = _open_agreed(root, tag, verify_checksums, rank, world)
     m = reader.manifest
     _check_topology(m, layout, world, reader.dir)
     table = _table_json(model)

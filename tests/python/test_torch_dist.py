@@ -41,6 +41,15 @@ class TorchDistributed(unittest.TestCase):
         self.assertEqual(util.tree_digest(root), before)
         return root
 
+    def test_every_rank_loads_the_tag_rank_0_resolved(self):
+        root, out = util.tempdir(self), util.tempdir(self)
+        script = os.path.join(os.path.dirname(__file__), "load_agreed.py")
+        util.run([util.TORCHRUN, "2", script, root, out], timeout=300)
+        loaded = [json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(2)]
+        # Rank 1 called load after global_step2 became the latest; it loads what rank 0 did.
+        self.assertEqual(loaded, [{"tag": "global_step1", "step": 1}] * 2)
+        self.assertEqual(ckpt.ls(root)["latest"], "global_step2")
+
     def test_ddp_adamw_replicated(self):
         root = self.run_layout(0)
         info = ckpt.inspect(root)

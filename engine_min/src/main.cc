@@ -141,35 +141,39 @@ ckpt::Status ClearRootForNewRun(const CommandLine& cl, ckpt::Env* env) {
 }
 
 // Every rank opens the same tag: rank 0 resolves the path (`latest`, unless --resume-tag names
-// a tag) and sends the tag directory to the others. Each rank resolving `latest` on its own
-// could resume different steps when a save commits into the root meanwhile (another job
-// writing where this one resumes). When rank 0 cannot open it, every rank fails with its code.
+// a tag) and sends the tag's name to the others, which open it under their own --ckpt-dir
+// (another node may mount it elsewhere). Each rank resolving `latest` on its own could resume
+// different steps when a save commits into the root meanwhile (another job writing where this
+// one resumes). When rank 0 cannot open it, every rank fails with its code.
 ckpt::Result<ckpt::CheckpointReader> OpenAgreedCheckpoint(const CommandLine& cl, MpiComm& mpi) {
   if (mpi.world_size() == 1) return ckpt::CheckpointReader::Open(cl.ckpt_dir, cl.resume_tag);
   std::optional<ckpt::Result<ckpt::CheckpointReader>> mine;
-  std::string dir;
+  std::string tag;
   int32_t code = 0;
   if (mpi.rank() == 0) {
     mine.emplace(ckpt::CheckpointReader::Open(cl.ckpt_dir, cl.resume_tag));
     if (mine->ok()) {
-      dir = (*mine)->dir();
+      tag = (*mine)->tag();
     } else {
       code = static_cast<int32_t>(mine->status().code());
     }
   }
-  uint64_t len = dir.size();
+  uint64_t len = tag.size();
   CKPT_RETURN_IF_ERROR(mpi.Broadcast(&code, sizeof code, 0), "agree on the tag to resume");
   CKPT_RETURN_IF_ERROR(mpi.Broadcast(&len, sizeof len, 0), "agree on the tag to resume");
   if (len > 4096)
-    return ckpt::Internal("rank 0 sent a tag path of " + std::to_string(len) + " bytes");
-  dir.resize(len);
+    return ckpt::Internal("rank 0 sent a tag name of " + std::to_string(len) + " bytes");
+  tag.resize(len);
   if (len > 0)
-    CKPT_RETURN_IF_ERROR(mpi.Broadcast(dir.data(), len, 0), "agree on the tag to resume");
+    CKPT_RETURN_IF_ERROR(mpi.Broadcast(tag.data(), len, 0), "agree on the tag to resume");
   if (mpi.rank() == 0) return std::move(*mine);
   if (code != 0)
     return ckpt::Status(static_cast<ckpt::StatusCode>(code),
                         "rank 0 could not open " + cl.ckpt_dir + " (rank 0's error says why)");
-  return ckpt::CheckpointReader::Open(dir, "");
+  // --ckpt-dir may be the tag directory itself.
+  const bool is_tag_dir =
+      ckpt::Env::Default()->Exists(cl.ckpt_dir + "/" + std::string(ckpt::kManifestFile));
+  return ckpt::CheckpointReader::Open(cl.ckpt_dir, is_tag_dir ? "" : tag);
 }
 
 // Resume: every rank opens the checkpoint read-only (the manifest is small) and checks its

@@ -408,9 +408,10 @@ def _restore_rng(reader, rank, files):
 
 def _open_agreed(root, tag, verify_checksums, rank, world):
     """Every rank opens the same tag: rank 0 resolves ROOT (`latest`, unless `tag` names one)
-    and sends the tag directory to the others. Each rank resolving `latest` on its own could
-    load different steps when a save commits into ROOT meanwhile (a training job writing where
-    an evaluation job reads). When rank 0 cannot open it, every rank raises."""
+    and sends the tag's name to the others, which open it under their own ROOT (another node
+    may mount it elsewhere). Each rank resolving `latest` on its own could load different steps
+    when a save commits into ROOT meanwhile (a training job writing where an evaluation job
+    reads). When rank 0 cannot open it, every rank raises."""
     if world == 1:
         return ckpt.Reader(root, tag or "", verify_checksums)
     reader, failure = None, None
@@ -420,14 +421,16 @@ def _open_agreed(root, tag, verify_checksums, rank, world):
         except Exception as e:  # noqa: BLE001 - re-raised below, after the others are told
             failure = e
     agreed = _collective(None).broadcast(
-        {"dir": reader.dir} if reader is not None else {"error": str(failure)})
+        {"tag": reader.tag} if reader is not None else {"error": str(failure)})
     if rank == 0:
         if failure is not None:
             raise failure
         return reader
     if "error" in agreed:
         raise ckpt.Error(f"rank 0 could not open {root}: {agreed['error']}")
-    return ckpt.Reader(agreed["dir"], "", verify_checksums)
+    import os
+    is_tag_dir = os.path.isfile(os.path.join(root, "manifest.json"))
+    return ckpt.Reader(root, "" if is_tag_dir else agreed["tag"], verify_checksums)
 
 
 def load(root, model, optimizer, *, tag=None, scheduler=None, restore_rng=True,

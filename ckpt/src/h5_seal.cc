@@ -12,9 +12,10 @@ namespace {
 
 constexpr size_t kPiece = 1u << 20;
 
-// XXH3 of the bytes of [0, size) outside `extents` (sorted, disjoint, inside the file).
-Result<std::string> HashOutside(const RandomAccessFile& file, uint64_t size,
-                                const Extents& extents, const std::string& label) {
+// XXH3 of the bytes of [0, size) outside `extents` (sorted, disjoint, inside the file), read
+// through `read`.
+Result<std::string> HashOutside(const ReadAtFn& read, uint64_t size, const Extents& extents,
+                                const std::string& label) {
   Xxh3Stream h;
   std::vector<uint8_t> buf;
   uint64_t pos = 0;
@@ -22,7 +23,7 @@ Result<std::string> HashOutside(const RandomAccessFile& file, uint64_t size,
     while (pos < end) {
       const size_t n = static_cast<size_t>(std::min<uint64_t>(end - pos, kPiece));
       buf.resize(n);
-      CKPT_RETURN_IF_ERROR(file.Read(pos, n, buf.data()));
+      CKPT_RETURN_IF_ERROR(read(pos, n, buf.data()));
       h.Update(buf.data(), n);
       pos += n;
     }
@@ -36,6 +37,12 @@ Result<std::string> HashOutside(const RandomAccessFile& file, uint64_t size,
   }
   CKPT_RETURN_IF_ERROR(hash_to(size));
   return h.HexDigest();
+}
+
+Result<std::string> HashOutside(const RandomAccessFile& file, uint64_t size,
+                                const Extents& extents, const std::string& label) {
+  return HashOutside([&](uint64_t offset, size_t n, void* out) { return file.Read(offset, n, out); },
+                     size, extents, label);
 }
 
 struct ExtentWalk {
@@ -112,27 +119,36 @@ herr_t DenyExternalLink(const char*, const char*, const char*, const char*, unsi
 
 }  // namespace
 
+Result<Extents> DataExtents(hid_t file, const std::string& label) {
+  ExtentWalk walk;
+  if (H5Ovisit2(file, H5_INDEX_NAME, H5_ITER_INC, CollectExtents, &walk, H5O_INFO_BASIC) < 0)
+    return IOError(label + ": " + (walk.error.empty() ? ErrorText() : walk.error));
+  std::sort(walk.extents.begin(), walk.extents.end());
+  Extents merged;
+  for (const auto& [offset, size] : walk.extents) {
+    if (!merged.empty() && offset <= merged.back().first + merged.back().second) {
+      auto& last = merged.back();
+      last.second = std::max(last.first + last.second, offset + size) - last.first;
+    } else {
+      merged.emplace_back(offset, size);
+    }
+  }
+  return merged;
+}
+
+Result<std::string> MetadataDigest(const ReadAtFn& read, uint64_t bytes, const Extents& extents,
+                                   const std::string& label) {
+  return HashOutside(read, bytes, extents, label);
+}
+
 Status SealFile(Env* env, const std::string& path, uint64_t bytes, Extents* extents,
                 std::string* xxh3) {
   Init();
-  ExtentWalk walk;
   {
     Handle file = File(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
     if (!file.valid()) return IOError("seal " + path + ": " + ErrorText());
-    if (H5Ovisit2(file.get(), H5_INDEX_NAME, H5_ITER_INC, CollectExtents, &walk, H5O_INFO_BASIC) <
-        0)
-      return IOError("seal " + path + ": " + (walk.error.empty() ? ErrorText() : walk.error));
+    CKPT_ASSIGN_OR_RETURN(*extents, DataExtents(file.get(), path), "seal");
     CKPT_RETURN_IF_ERROR(file.Close("close " + path), "seal");
-  }
-  std::sort(walk.extents.begin(), walk.extents.end());
-  extents->clear();
-  for (const auto& [offset, size] : walk.extents) {
-    if (!extents->empty() && offset <= extents->back().first + extents->back().second) {
-      auto& last = extents->back();
-      last.second = std::max(last.first + last.second, offset + size) - last.first;
-    } else {
-      extents->emplace_back(offset, size);
-    }
   }
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file, env->NewRandomAccessFile(path),
                         "seal");

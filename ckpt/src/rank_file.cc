@@ -501,7 +501,8 @@ constexpr hsize_t kDataAlignment = 4096;
 // Phase 1: the HDF5 structure (attributes, every dataset, compressed chunks); the file is
 // closed when it returns, with its uncompressed regions allocated but not yet written. With
 // `data_file`, the file is also opened through options.env as soon as HDF5 has created it: the
-// compressed chunks start their writeback through it, and phase 2 writes through it.
+// compressed chunks start their writeback through it, and phase 2 writes through it. With
+// `extents`, the file's raw-data regions for its seal, taken before it is closed.
 Result<std::vector<DirectSegment>> WriteStructure(const std::string& path,
                                                   const RankFileHeader& header,
                                                   const std::vector<DatasetSpec>& datasets,
@@ -509,7 +510,8 @@ Result<std::vector<DirectSegment>> WriteStructure(const std::string& path,
                                                   bool need_data,
                                                   std::vector<DatasetRecord>* records,
                                                   ChunkDigests* hashed,
-                                                  std::unique_ptr<RandomWriteFile>* data_file) {
+                                                  std::unique_ptr<RandomWriteFile>* data_file,
+                                                  h5::Extents* extents) {
   h5::Init();
   int threads = options.compress_threads;
   if (threads <= 0) {
@@ -563,6 +565,9 @@ Result<std::vector<DirectSegment>> WriteStructure(const std::string& path,
                          where);
     records->push_back(std::move(rec));
   }
+  if (extents) {
+    CKPT_ASSIGN_OR_RETURN(*extents, h5::DataExtents(file.get(), path), "seal");
+  }
   CKPT_RETURN_IF_ERROR(file.Close("close " + path), "");
   return direct;
 }
@@ -590,7 +595,8 @@ Result<RankFileWritten> WriteRankFile(const std::string& path, const RankFileHea
   std::unique_ptr<RandomWriteFile> file;
   CKPT_ASSIGN_OR_RETURN(std::vector<DirectSegment> direct,
                         WriteStructure(path, header, datasets, options, H5P_DEFAULT,
-                                       /*need_data=*/true, &out.datasets, &hashed, &file),
+                                       /*need_data=*/true, &out.datasets, &hashed, &file,
+                                       &out.data_extents),
                         "");
   // Phase 2: the uncompressed bytes, outside HDF5 (and its global lock), in file order. Each
   // 1 MiB piece is hashed into its dataset's digest and, with file_checksum, into the file's
@@ -600,7 +606,6 @@ Result<RankFileWritten> WriteRankFile(const std::string& path, const RankFileHea
   // between the regions (HDF5 metadata, compressed chunks) are read back for the file digest.
   std::sort(direct.begin(), direct.end(),
             [](const DirectSegment& a, const DirectSegment& b) { return a.offset < b.offset; });
-  Env* env = options.env ? options.env : Env::Default();
   CKPT_ASSIGN_OR_RETURN(uint64_t size, file->Size());
   for (const auto& seg : direct) size = std::max(size, seg.offset + seg.bytes);
   // Reserve the whole file first: a full disk fails here, before any data is written, with
@@ -662,6 +667,14 @@ Result<RankFileWritten> WriteRankFile(const std::string& path, const RankFileHea
     pos = seg.offset + seg.bytes;
   }
   CKPT_RETURN_IF_ERROR(hash_gap(pos, size), "");
+  // The seal: every byte outside the data extents (the HDF5 metadata, final since phase 1
+  // closed the file), read back through the open file. The extents came from phase 1, so no
+  // second H5Fopen of the file waits for the library's lock behind the other ranks' files.
+  CKPT_ASSIGN_OR_RETURN(
+      out.metadata_xxh3,
+      h5::MetadataDigest([&](uint64_t offset, size_t n, void* p) { return file->Read(offset, n, p); },
+                         size, out.data_extents, path),
+      "seal");
   CKPT_RETURN_IF_ERROR(file->Close());
   for (size_t i = 0; i < out.datasets.size(); ++i) {
     DatasetRecord& rec = out.datasets[i];
@@ -684,7 +697,6 @@ Result<RankFileWritten> WriteRankFile(const std::string& path, const RankFileHea
   }
   if (file_digest) out.file_xxh3 = file_digest->HexDigest();
   out.bytes = size;
-  CKPT_RETURN_IF_ERROR(h5::SealFile(env, path, size, &out.data_extents, &out.metadata_xxh3));
   return out;
 }
 
@@ -697,7 +709,7 @@ Status WriteRankFileStructure(const std::string& path, const RankFileHeader& hea
   ChunkDigests unused;
   CKPT_ASSIGN_OR_RETURN(std::vector<DirectSegment> direct,
                         WriteStructure(path, header, datasets, options, static_cast<hid_t>(fapl),
-                                       /*need_data=*/false, &records, &unused, nullptr),
+                                       /*need_data=*/false, &records, &unused, nullptr, nullptr),
                         "");
   (void)direct;
   return Status::Ok();

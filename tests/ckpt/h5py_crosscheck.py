@@ -1,5 +1,6 @@
 """Reads a ckpt tag with h5py following docs/format.md alone and compares every dataset with
-the bytes ckpt's reader returned (files in EXPECT_DIR named <rank>__<dataset, '/'->'@'>).
+the bytes ckpt's reader returned (files in EXPECT_DIR named <rank>__<dataset, '/'->'@'>), and
+every file's metadata seal (data_extents, metadata_xxh3) with h5py's own view of its storage.
 
 Compressed chunks are read twice: through HDF5's filter pipeline (the ckpt_h5zstd plugin on
 HDF5_PLUGIN_PATH) and independently with h5py's read_direct_chunk + python zstandard, undoing
@@ -53,6 +54,35 @@ def xxh3_hex(data):
     return "%016x" % lib.XXH3_64bits(data, len(data))
 
 
+def data_extents(h):
+    """The file's raw-data regions as docs/format.md defines the seal's: every contiguous
+    dataset's storage and every stored chunk, sorted, adjacent or overlapping ones merged."""
+    found = []
+
+    def visit(_name, obj):
+        if not isinstance(obj, h5py.Dataset):
+            return
+        if obj.chunks is None:
+            offset, size = obj.id.get_offset(), obj.id.get_storage_size()
+            if offset is not None and size > 0:
+                found.append((offset, size))
+        else:
+            for i in range(obj.id.get_num_chunks()):
+                info = obj.id.get_chunk_info(i)
+                if info.byte_offset is not None and info.size > 0:
+                    found.append((info.byte_offset, info.size))
+
+    h.visititems(visit)
+    merged = []
+    for offset, size in sorted(found):
+        if merged and offset <= merged[-1][0] + merged[-1][1]:
+            last = merged[-1]
+            merged[-1] = [last[0], max(last[0] + last[1], offset + size) - last[0]]
+        else:
+            merged.append([offset, size])
+    return merged
+
+
 def main(tag_dir, expect_dir):
     manifest = json.load(open(os.path.join(tag_dir, "manifest.json")))
     assert manifest["format"] == "ckpt", manifest["format"]
@@ -60,8 +90,21 @@ def main(tag_dir, expect_dir):
     checked = 0
     pieced = manifest["format_version"] < "1.3"
     for f in manifest["files"]:
-        h = h5py.File(os.path.join(tag_dir, f["path"]), "r")
+        path = os.path.join(tag_dir, f["path"])
+        h = h5py.File(path, "r")
         assert h.attrs["rank"] == f["rank"]
+        # The metadata seal: the extents the writer recorded are the file's raw data, and the
+        # digest covers every other byte.
+        extents = data_extents(h)
+        assert extents and extents == f["data_extents"], (f["path"], extents, f["data_extents"])
+        raw = open(path, "rb").read()
+        assert len(raw) == f["bytes"]
+        outside, pos = bytearray(), 0
+        for offset, size in extents:
+            outside += raw[pos:offset]
+            pos = offset + size
+        outside += raw[pos:]
+        assert xxh3_hex(bytes(outside)) == f["metadata_xxh3"], "metadata seal: " + f["path"]
         for d in f["datasets"]:
             ds = h[d["name"]]
             assert list(ds.shape) == d["shape"], (d["name"], ds.shape, d["shape"])
@@ -93,7 +136,7 @@ def main(tag_dir, expect_dir):
             full[r["begin"]:r["end"]] = files[r["rank"]]["master"][r["shard_offset"]:r["shard_offset"] + n]
         assert np.isfinite(full).all()
     assert pieced, "a 1.3 manifest records piece digests"
-    print("h5py cross-check: %d datasets identical" % checked)
+    print("h5py cross-check: %d datasets identical, %d seals" % (checked, len(manifest["files"])))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@
 #include <hdf5.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -114,8 +115,19 @@ using Extents = std::vector<std::pair<uint64_t, uint64_t>>;  // {offset, bytes},
 // The seal of an HDF5 file this process just wrote (trusted): its raw-data regions
 // (contiguous dataset storage and stored chunks), sorted and merged where adjacent, and the
 // XXH3-64 hex digest of every other byte of its `bytes` bytes, in file order (read via env).
+// SealFile reopens the closed file for the first; a writer that still has it open takes them
+// with DataExtents and, once every byte is written, MetadataDigest (WriteRankFile: no second
+// H5Fopen under the library's lock at the end of a save).
 Status SealFile(Env* env, const std::string& path, uint64_t bytes, Extents* extents,
                 std::string* xxh3);
+// The raw-data regions of the open file `file` (every dataset's, as SealFile records them);
+// `label` names it in errors. Raw data never moves once allocated, so they hold after close.
+Result<Extents> DataExtents(hid_t file, const std::string& label);
+// Reads exactly n bytes at offset into out.
+using ReadAtFn = std::function<Status(uint64_t offset, size_t n, void* out)>;
+// The seal's digest: XXH3-64 hex of the bytes of [0, bytes) outside `extents`, in file order.
+Result<std::string> MetadataDigest(const ReadAtFn& read, uint64_t bytes, const Extents& extents,
+                                   const std::string& label);
 
 // Opens the HDF5 file at `path` read-only for reading untrusted content, `label` naming it in
 // errors. `file` is the same file, already opened through Env::NewCheckpointFile (which refused

@@ -5,8 +5,8 @@
 #
 # The ckpt and safetensors sources are compiled directly with clang++-14 and
 # -fsanitize=fuzzer-no-link,address,undefined; the main CMake build (g++) does not know about
-# this. HDF5, zstd and xxhash are the system libraries (not instrumented). Objects are rebuilt
-# when their source is newer; --clean rebuilds everything (after header changes).
+# this. HDF5, zstd, xxhash and simdjson are the system libraries (not instrumented). Objects are
+# rebuilt when their source is newer; --clean rebuilds everything (after header changes).
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 out="$repo/build-fuzz"
@@ -38,7 +38,7 @@ flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined
        -isystem "$hdf5_inc")
 zip_defs=(-DCKPT_LIBZIP_SONAME="\"${zip_soname:-$(basename "$zip_file")}\""
           -DCKPT_LIBZIP_PATH="\"$zip_file\"")
-libs=(-L"$hdf5_lib" -Wl,-rpath,"$hdf5_lib" -lhdf5 -lzstd -lxxhash -ldl -lpthread)
+libs=(-L"$hdf5_lib" -Wl,-rpath,"$hdf5_lib" -lhdf5 -lzstd -lxxhash -lsimdjson -ldl -lpthread)
 
 sources=("$repo"/ckpt/src/*.cc "$repo"/safetensors/src/*.cc)
 objects=()

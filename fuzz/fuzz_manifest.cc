@@ -3,11 +3,14 @@
 //  - a manifest that parses must survive ManifestToJson -> ParseManifest;
 //  - the summary (what listing a root reads) of a manifest that parses succeeds and equals the
 //    summary of the parsed manifest; where the whole parse fails, the summary may succeed only
-//    on what it does not check (the parameter table, the datasets), never on a bad seal.
+//    on what it does not check (the parameter table, the datasets), never on a bad seal;
+//  - a manifest that parses, by simdjson's fast path or not, is the manifest nlohmann's DOM
+//    alone (the full parse, ManifestFromJson) builds from the same text.
 // Most mutations of a sealed manifest break its seal, which both parsers refuse first; so each
 // input that has a top-level manifest_xxh3 is also run re-sealed, as a writer would seal it,
 // and reaches the schema checks. The counts ("fuzz_manifest: N inputs, R re-sealed, P parsed
-// whole, S summarized") go to stderr; tools/fuzz.sh requires parsed inputs.
+// whole, F by the fast path, S summarized") go to stderr; tools/fuzz.sh requires inputs parsed
+// by the fast path.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -15,16 +18,19 @@
 #include <string_view>
 
 #include "ckpt/hash.h"
+#include "ckpt/json.h"
 #include "ckpt/manifest.h"
 
 namespace {
 
 struct Counts {
-  unsigned long long inputs = 0, resealed = 0, parsed = 0, summarized = 0;
+  unsigned long long inputs = 0, resealed = 0, parsed = 0, fast = 0, summarized = 0;
 } counts;
 
 void CheckOne(std::string_view text) {
+  const uint64_t fast_before = ckpt::GetManifestParseStats().fast;
   auto m = ckpt::ParseManifest(text, "fuzz/manifest.json");
+  const bool fast = ckpt::GetManifestParseStats().fast != fast_before;
   auto s = ckpt::ParseManifestSummary(text, "fuzz/manifest.json");
   if (s.ok()) ++counts.summarized;
   if (!m.ok()) {
@@ -37,6 +43,14 @@ void CheckOne(std::string_view text) {
     return;
   }
   ++counts.parsed;
+  if (fast) ++counts.fast;
+  auto j = ckpt::ParseJson(text, "fuzz/manifest.json");
+  if (!j.ok()) __builtin_trap();
+  auto full = ckpt::ManifestFromJson(*j, "fuzz/manifest.json");
+  if (!full.ok() || full->version_major != m->version_major ||
+      full->version_minor != m->version_minor ||
+      ckpt::ManifestToJson(*full).dump() != ckpt::ManifestToJson(*m).dump())
+    __builtin_trap();  // the fast path read a manifest otherwise than the full parse
   if (!s.ok()) __builtin_trap();  // the summary accepts every manifest the parser accepts
   const ckpt::ManifestSummary want = ckpt::SummarizeManifest(*m);
   if (s->tag != want.tag || s->global_step != want.global_step ||
@@ -66,8 +80,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   if ((counts.inputs & (counts.inputs - 1)) == 0)
     std::fprintf(stderr,
-                 "fuzz_manifest: %llu inputs, %llu re-sealed, %llu parsed whole, %llu "
-                 "summarized\n",
-                 counts.inputs, counts.resealed, counts.parsed, counts.summarized);
+                 "fuzz_manifest: %llu inputs, %llu re-sealed, %llu parsed whole, %llu by the "
+                 "fast path, %llu summarized\n",
+                 counts.inputs, counts.resealed, counts.parsed, counts.fast, counts.summarized);
   return 0;
 }

@@ -73,8 +73,9 @@ for t in $targets; do
     case "$t" in
       rank_file) require_reach '[0-9]* inputs, [0-9]* past the manifest, [0-9]* past the metadata seal' \
                    '.*, \([0-9]*\) past the metadata seal' 'no input reached HDF5' ;;
-      manifest) require_reach '[0-9]* inputs, [0-9]* re-sealed, [0-9]* parsed whole, [0-9]* summarized' \
-                  '.*, \([0-9]*\) parsed whole,.*' 'no input parsed' ;;
+      manifest) require_reach \
+                  '[0-9]* inputs, [0-9]* re-sealed, [0-9]* parsed whole, [0-9]* by the fast path, [0-9]* summarized' \
+                  '.*, \([0-9]*\) by the fast path,.*' 'no input parsed by the fast path' ;;
     esac
   fi
   if [ "$rc" != 0 ]; then

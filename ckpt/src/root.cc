@@ -14,6 +14,7 @@
 
 #include "ckpt/hash.h"
 #include "ckpt/manifest.h"
+#include "manifest_fast.h"
 
 namespace ckpt {
 
@@ -56,6 +57,7 @@ Status ReadManifestText(const std::string& tag_dir, Env* env, std::string* text)
 Status ListTags(const std::string& root, Env* env, RootListing* out) {
   CKPT_ASSIGN_OR_RETURN(std::vector<DirEntry> entries, env->ListDir(root), "");
   std::string text;  // each manifest in turn
+  internal::KeepManifestParser keep;  // and one parser's memory for all of them
   for (const auto& e : entries) {
     if (!e.is_dir) continue;
     const std::string path = root + "/" + e.name;

@@ -12,6 +12,7 @@
 #include "ckpt/hash.h"
 #include "ckpt/json.h"
 #include "ckpt/root.h"
+#include "manifest_fast.h"
 
 namespace ckpt {
 namespace {
@@ -46,10 +47,16 @@ bool IsUniversal(const std::string& path, const std::string& tag, Env* env) {
   auto text = ReadCheckpointFileToString(env, *dir + "/" + std::string(kManifestFile),
                                          kMaxManifestBytes);
   if (!text.ok()) return false;
-  auto parsed = ParseJson(*text, "manifest");
-  if (!parsed.ok()) return false;
-  const nlohmann::json& j = *parsed;
-  return j.is_object() && j.value("kind", std::string()) == "universal";
+  // Only the top-level "kind": by simdjson (manifest_fast.h), or by nlohmann keeping only that
+  // member where simdjson refuses the text. Any other value, or no "kind" string, is not
+  // universal: opening it as a sharded tag names what is wrong.
+  if (std::optional<std::string> kind = internal::ManifestKind(*text)) return *kind == "universal";
+  auto parsed = ParseJsonKeeping(*text, "manifest", [](int depth, const std::string& key) {
+    return depth == 1 && key == "kind";
+  });
+  if (!parsed.ok() || !parsed->is_object()) return false;
+  const auto kind = parsed->find("kind");
+  return kind != parsed->end() && kind->is_string() && *kind == "universal";
 }
 
 // ---- reader -------------------------------------------------------------------------------

@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "ckpt/hash.h"
+#include "ckpt/json.h"
 #include "ckpt/reader.h"
 #include "ckpt/root.h"
 #include "ckpt/synth.h"
@@ -560,5 +561,137 @@ TEST_CASE("a manifest summary agrees with the whole parse", "[io]") {
     CHECK_THAT(rb.status().message(), Catch::Contains("numel"));
     CHECK(fs::exists(d / "global_step8/manifest.json"));
     CHECK(*ReadLatest(d.str()) == "global_step7");
+  }
+}
+
+namespace {
+
+// The same text sealed again as a writer seals it (for edits nlohmann cannot make: duplicate
+// keys, a byte-order mark, a "-0").
+std::string Resealed(std::string text) {
+  const size_t at = FindManifestDigest(text);
+  REQUIRE(at != std::string::npos);
+  text.replace(at, kDigestPlaceholder.size(), kDigestPlaceholder);
+  const std::string digest = DigestHex(Xxh3(text.data(), text.size()));
+  text.replace(at, digest.size(), digest);
+  return text;
+}
+
+// ParseManifest against the full parse alone (nlohmann's DOM, which it falls back to): the same
+// manifest, or the same error. Returns how many of the two parses took the fast path (0 or 1).
+uint64_t SameAsFullParse(const std::string& text) {
+  const ManifestParseStats before = GetManifestParseStats();
+  auto got = ParseManifest(text, "m.json");
+  const uint64_t fast = GetManifestParseStats().fast - before.fast;
+  auto j = ParseJson(text, "m.json");
+  auto want = j.ok() ? ManifestFromJson(*j, "m.json") : Result<Manifest>(j.status());
+  REQUIRE(got.ok() == want.ok());
+  if (!got.ok()) {
+    CHECK(got.status().message() == want.status().message());
+    return fast;
+  }
+  CHECK(got->version_major == want->version_major);
+  CHECK(got->version_minor == want->version_minor);
+  CHECK(ManifestToJson(*got).dump() == ManifestToJson(*want).dump());
+  CHECK(got->client_state == want->client_state);
+  return fast;
+}
+
+}  // namespace
+
+// ParseManifest reads a sealed manifest as ckpt writes it with simdjson, straight into the
+// structs (issue 19: a ZeRO-3 manifest is megabytes); everything else, and every error, goes
+// through nlohmann's DOM. Both give the same Manifest.
+TEST_CASE("the fast manifest parse gives the full parse's manifest and leaves the rest to it",
+          "[io]") {
+  ScratchDir d;
+  int step = 0;
+  for (int zero : {0, 1, 2, 3}) {
+    for (int world : {1, 3}) {
+      Manifest m = SmallModel("global_step" + std::to_string(++step), world, zero);
+      m.counters.global_step = step;
+      m.client_state = nlohmann::json::parse(R"({"lr_history": [0.001, 2.5e-4, -1, 0, 1e300],
+          "big": 18446744073709551615, "neg": -9223372036854775808, "none": null,
+          "unicode": "d\u00e9j\u00e0 \ud83d\ude00", "empty": {}, "deep": [[[{"a": [true, false]}]]]})");
+      SaveOptions o;
+      if (zero == 2) o.compression = Compression::Parse("zstd:1+shuffle").value();
+      REQUIRE(SaveWithThreads(d.str(), m, o).ok());
+      INFO("zero " << zero << " world " << world);
+      CHECK(SameAsFullParse(Slurp(d / (m.tag + "/manifest.json"))) == 1);
+    }
+  }
+  const std::string text = Slurp(d / "global_step8/manifest.json");  // ZeRO-3, 3 ranks
+  const nlohmann::json j = nlohmann::json::parse(text);
+
+  SECTION("what both parsers read alike, the fast path reads") {
+    nlohmann::json e = j;
+    e["params"][0]["unknown"] = {{"x", 1}};
+    e["files"][1]["datasets"][0]["unknown"] = "y";
+    e["optimizer"] = 5;      // not an object: kept as it is
+    e["dtypes"] = nullptr;   // null: {}
+    e.erase("engine_config");
+    CHECK(SameAsFullParse(SealedText(e)) == 1);
+    // Duplicate keys: the last one counts, as nlohmann keeps it.
+    std::string dup = SealedText(j);
+    const size_t numel = dup.find("\"numel\":");
+    REQUIRE(numel != std::string::npos);
+    dup.insert(numel, "\"numel\": \"not this one\",\n");
+    const size_t tag = dup.find("\"tag\":");
+    dup.insert(tag, "\"tag\": 7,\n");
+    dup.insert(dup.find("\"client_state\": {") + 17, "\"lr_history\": 1,");
+    CHECK(SameAsFullParse(Resealed(dup)) == 1);
+    // And the fast path's refusal of a damaged table is the full parse's message.
+    e = j;
+    e["params"][0]["numel"] = e["params"][0]["numel"].get<int64_t>() + 1;
+    CHECK(SameAsFullParse(SealedText(e)) == 1);
+    CHECK_THAT(ParseManifest(SealedText(e), "m.json").status().message(),
+               Catch::Contains("numel"));
+  }
+  SECTION("what only nlohmann reads, or reads differently, goes to the full parse") {
+    std::string bom = "\xef\xbb\xbf" + text;  // a byte-order mark: simdjson refuses it
+    CHECK(SameAsFullParse(Resealed(bom)) == 0);
+    nlohmann::json e = j;
+    e["client_state"]["huge"] = 1e300;
+    std::string bigint = SealedText(e);  // past 64 bits: a float to nlohmann, refused by simdjson
+    bigint.replace(bigint.find("1e+300"), 6, "123456789012345678901234567890");
+    CHECK(SameAsFullParse(Resealed(bigint)) == 0);
+    e = j;
+    e["counters"]["global_step"] = uint64_t{1} << 63;  // nlohmann would wrap it
+    CHECK(SameAsFullParse(SealedText(e)) == 0);
+    // "-0" in data_extents: no unsigned integer to nlohmann, 0 to simdjson.
+    std::string minus0 = SealedText(j);
+    const size_t ex = minus0.find("\"data_extents\": [");
+    REQUIRE(ex != std::string::npos);
+    const size_t first = minus0.find_first_of("0123456789", ex);
+    const size_t end = minus0.find_first_not_of("0123456789", first);
+    minus0.replace(first, end - first, "-0");
+    CHECK(SameAsFullParse(Resealed(minus0)) == 0);
+    CHECK_THAT(ParseManifest(Resealed(minus0), "m.json").status().message(),
+               Catch::Contains("data_extents"));
+    // Deeper than the fast path's 64 levels, within the full parse's 128.
+    e = j;
+    nlohmann::json deep = nlohmann::json::array();
+    for (int i = 0; i < 80; ++i) deep = nlohmann::json::array({deep});
+    e["client_state"]["deep"] = deep;
+    CHECK(SameAsFullParse(SealedText(e)) == 0);
+    // An unsealed 1.1, a damaged seal, a mistyped field: refused by the full parse.
+    e = j;
+    e["format_version"] = "1.1";
+    e.erase("manifest_xxh3");
+    CHECK(SameAsFullParse(e.dump(1)) == 0);
+    std::string damaged = text;
+    damaged[damaged.find("\"numel\": ") + 9] ^= 1;
+    const uint64_t fast = GetManifestParseStats().fast;
+    CHECK_THAT(ParseManifest(damaged, "m.json").status().message(),
+               Catch::Contains("manifest checksum mismatch"));
+    CHECK(GetManifestParseStats().fast == fast);
+    e = j;
+    e["params"][1]["ranges"][0]["begin"] = 1.0;
+    CHECK(SameAsFullParse(SealedText(e)) == 0);
+    CHECK_FALSE(ParseManifest(SealedText(e), "m.json").ok());
+  }
+  SECTION("format 1.0 goes to the full parse") {
+    const std::string seed = std::string(CKPT_SOURCE_DIR) + "/tests/data/seed001/ckpt";
+    CHECK(SameAsFullParse(Slurp(seed + "/global_step5/manifest.json")) == 0);
   }
 }

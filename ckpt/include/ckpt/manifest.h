@@ -182,6 +182,16 @@ Result<FileRecord> FileRecordFromJson(const nlohmann::json& j, std::string_view 
 // Verifies manifest_xxh3 when present: over `text` (format >= 1.1) or, for 1.0, over the
 // compact dump of the parsed object without the field. DataLoss on a mismatch.
 Result<Manifest> ParseManifest(std::string_view text, std::string_view source);
+// How this process's manifest parses went (issue 19), counted by ParseManifest and
+// ParseManifestSummary: `fast` manifests were read by simdjson straight into the structs (a
+// sealed manifest of format 1.1 or later as ckpt writes it, several times faster than a DOM),
+// `full` went through nlohmann's DOM (format 1.0, unsealed, or anything the fast path leaves to
+// it, every error included). The full parse is the reference; both give the same Manifest.
+struct ManifestParseStats {
+  uint64_t fast = 0;
+  uint64_t full = 0;
+};
+ManifestParseStats GetManifestParseStats();
 // What listing a root needs of a tag's manifest (ListRoot, ReadLatest, retention).
 struct ManifestSummary {
   std::string tag;

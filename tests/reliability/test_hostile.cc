@@ -473,4 +473,20 @@ TEST_CASE("manifests: missing checksum, another tag's name, 100000-deep JSON", "
     CHECK(out.find("nested deeper than 128") != std::string::npos);
     CHECK(ParseJson(text, "m").status().code() == StatusCode::kDataLoss);
   }
+  SECTION("a manifest whose kind is not a string: corrupt, named, exit 1") {
+    // Telling a universal checkpoint from a sharded one reads the top-level kind: a number
+    // there was once an uncaught JSON type error ("internal error", exit 2, no file named).
+    for (const std::string& kind : {"5", "[\"universal\"]", "null"}) {
+      Spit(tag + "/manifest.json", "{\"kind\": " + kind + "}");
+      for (const std::string& args :
+           {"check " + tag, "inspect " + tag, "export-fp32 " + tag + " " + dir / "out"}) {
+        const int rc = RunCli(args, &out);
+        INFO(args << "\n" << out);
+        CHECK(rc == 1);
+        CHECK(out.find(tag + "/manifest.json") != std::string::npos);
+        CHECK(out.find("internal error") == std::string::npos);
+      }
+    }
+    CHECK_FALSE(fs::exists(dir / "out"));
+  }
 }

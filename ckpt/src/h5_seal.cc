@@ -39,10 +39,11 @@ Result<std::string> HashOutside(const ReadAtFn& read, uint64_t size, const Exten
   return h.HexDigest();
 }
 
-Result<std::string> HashOutside(const RandomAccessFile& file, uint64_t size,
-                                const Extents& extents, const std::string& label) {
-  return HashOutside([&](uint64_t offset, size_t n, void* out) { return file.Read(offset, n, out); },
-                     size, extents, label);
+Result<std::string> HashOutside(const RandomAccessFile& file, uint64_t size, const Extents& extents,
+                                const std::string& label) {
+  return HashOutside(
+      [&](uint64_t offset, size_t n, void* out) { return file.Read(offset, n, out); }, size,
+      extents, label);
 }
 
 struct ExtentWalk {

@@ -302,7 +302,8 @@ json ObjectOr(const json& j, const char* key) {
 Result<Manifest> CheckParsed(Manifest m, std::string_view source) {
   const std::string src(source);
   if (m.kind == "sharded" && static_cast<int>(m.files.size()) != m.topology.dp_world_size) {
-    return DataLoss(src + ": " + std::to_string(m.files.size()) + " rank files listed for dp_world_size " +
+    return DataLoss(src + ": " + std::to_string(m.files.size()) +
+                    " rank files listed for dp_world_size " +
                     std::to_string(m.topology.dp_world_size));
   }
   Status v = ValidateManifest(m);
@@ -438,7 +439,6 @@ uint64_t SaturatingAdd(uint64_t a, uint64_t b) {
   uint64_t sum = 0;
   return __builtin_add_overflow(a, b, &sum) ? std::numeric_limits<uint64_t>::max() : sum;
 }
-
 
 std::atomic<uint64_t> g_fast_parses{0}, g_full_parses{0};
 

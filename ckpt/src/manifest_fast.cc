@@ -324,20 +324,18 @@ std::optional<Manifest> ParseManifestFast(std::string_view text) {
   array params, files;
   if (!Str(top, "writer", &m.writer) || !Str(top, "kind", &m.kind) || !Str(top, "tag", &m.tag) ||
       !Int(top, "created_unix", &m.created_unix) || !Str(top, "created_utc", &m.created_utc) ||
-      !Obj(top, "counters", &counters) ||
-      !Int(counters, "global_step", &m.counters.global_step) ||
+      !Obj(top, "counters", &counters) || !Int(counters, "global_step", &m.counters.global_step) ||
       !Int(counters, "micro_step", &m.counters.micro_step) ||
       !Int(counters, "skipped_steps", &m.counters.skipped_steps) ||
       !Int(counters, "samples_seen", &m.counters.samples_seen) ||
-      !Int(counters, "tokens_seen", &m.counters.tokens_seen) ||
-      !Obj(top, "topology", &topology) ||
+      !Int(counters, "tokens_seen", &m.counters.tokens_seen) || !Obj(top, "topology", &topology) ||
       !Int32(topology, "dp_world_size", &m.topology.dp_world_size) ||
       !Int32(topology, "tp", &m.topology.tp) || !Int32(topology, "pp", &m.topology.pp) ||
       !Int32(topology, "zero_stage", &m.topology.zero_stage) ||
       !Obj(top, "partition", &partition) || !Str(partition, "scheme", &m.partition.scheme) ||
       !Int(partition, "alignment", &m.partition.alignment) ||
-      !Shape(partition, "shard_numel", &m.partition.shard_numel) ||
-      !Arr(top, "params", &params) || !Arr(top, "files", &files) ||
+      !Shape(partition, "shard_numel", &m.partition.shard_numel) || !Arr(top, "params", &params) ||
+      !Arr(top, "files", &files) ||
       (Has(top, "sets_latest") && !Bool(top, "sets_latest", &m.sets_latest)))
     return std::nullopt;
   m.params.resize(params.size());

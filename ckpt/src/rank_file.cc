@@ -503,15 +503,10 @@ constexpr hsize_t kDataAlignment = 4096;
 // `data_file`, the file is also opened through options.env as soon as HDF5 has created it: the
 // compressed chunks start their writeback through it, and phase 2 writes through it. With
 // `extents`, the file's raw-data regions for its seal, taken before it is closed.
-Result<std::vector<DirectSegment>> WriteStructure(const std::string& path,
-                                                  const RankFileHeader& header,
-                                                  const std::vector<DatasetSpec>& datasets,
-                                                  const SaveOptions& options, hid_t fapl,
-                                                  bool need_data,
-                                                  std::vector<DatasetRecord>* records,
-                                                  ChunkDigests* hashed,
-                                                  std::unique_ptr<RandomWriteFile>* data_file,
-                                                  h5::Extents* extents) {
+Result<std::vector<DirectSegment>> WriteStructure(
+    const std::string& path, const RankFileHeader& header, const std::vector<DatasetSpec>& datasets,
+    const SaveOptions& options, hid_t fapl, bool need_data, std::vector<DatasetRecord>* records,
+    ChunkDigests* hashed, std::unique_ptr<RandomWriteFile>* data_file, h5::Extents* extents) {
   h5::Init();
   int threads = options.compress_threads;
   if (threads <= 0) {
@@ -593,11 +588,11 @@ Result<RankFileWritten> WriteRankFile(const std::string& path, const RankFileHea
   RankFileWritten out;
   ChunkDigests hashed;
   std::unique_ptr<RandomWriteFile> file;
-  CKPT_ASSIGN_OR_RETURN(std::vector<DirectSegment> direct,
-                        WriteStructure(path, header, datasets, options, H5P_DEFAULT,
-                                       /*need_data=*/true, &out.datasets, &hashed, &file,
-                                       &out.data_extents),
-                        "");
+  CKPT_ASSIGN_OR_RETURN(
+      std::vector<DirectSegment> direct,
+      WriteStructure(path, header, datasets, options, H5P_DEFAULT,
+                     /*need_data=*/true, &out.datasets, &hashed, &file, &out.data_extents),
+      "");
   // Phase 2: the uncompressed bytes, outside HDF5 (and its global lock), in file order. Each
   // 1 MiB piece is hashed into its dataset's digest and, with file_checksum, into the file's
   // digest while it is in cache, then written and its writeback started: one pass over the
@@ -670,11 +665,11 @@ Result<RankFileWritten> WriteRankFile(const std::string& path, const RankFileHea
   // The seal: every byte outside the data extents (the HDF5 metadata, final since phase 1
   // closed the file), read back through the open file. The extents came from phase 1, so no
   // second H5Fopen of the file waits for the library's lock behind the other ranks' files.
-  CKPT_ASSIGN_OR_RETURN(
-      out.metadata_xxh3,
-      h5::MetadataDigest([&](uint64_t offset, size_t n, void* p) { return file->Read(offset, n, p); },
-                         size, out.data_extents, path),
-      "seal");
+  CKPT_ASSIGN_OR_RETURN(out.metadata_xxh3,
+                        h5::MetadataDigest([&](uint64_t offset, size_t n,
+                                               void* p) { return file->Read(offset, n, p); },
+                                           size, out.data_extents, path),
+                        "seal");
   CKPT_RETURN_IF_ERROR(file->Close());
   for (size_t i = 0; i < out.datasets.size(); ++i) {
     DatasetRecord& rec = out.datasets[i];

@@ -627,8 +627,8 @@ TEST_CASE("the fast manifest parse gives the full parse's manifest and leaves th
     nlohmann::json e = j;
     e["params"][0]["unknown"] = {{"x", 1}};
     e["files"][1]["datasets"][0]["unknown"] = "y";
-    e["optimizer"] = 5;      // not an object: kept as it is
-    e["dtypes"] = nullptr;   // null: {}
+    e["optimizer"] = 5;     // not an object: kept as it is
+    e["dtypes"] = nullptr;  // null: {}
     e.erase("engine_config");
     CHECK(SameAsFullParse(SealedText(e)) == 1);
     // Duplicate keys: the last one counts, as nlohmann keeps it.
@@ -644,8 +644,7 @@ TEST_CASE("the fast manifest parse gives the full parse's manifest and leaves th
     e = j;
     e["params"][0]["numel"] = e["params"][0]["numel"].get<int64_t>() + 1;
     CHECK(SameAsFullParse(SealedText(e)) == 1);
-    CHECK_THAT(ParseManifest(SealedText(e), "m.json").status().message(),
-               Catch::Contains("numel"));
+    CHECK_THAT(ParseManifest(SealedText(e), "m.json").status().message(), Catch::Contains("numel"));
   }
   SECTION("what only nlohmann reads, or reads differently, goes to the full parse") {
     std::string bom = "\xef\xbb\xbf" + text;  // a byte-order mark: simdjson refuses it

@@ -225,6 +225,21 @@ Result<Manifest> ReadTagManifest(const std::string& tag_dir, Env* env) {
   return ParseManifest(text, tag_dir + "/" + std::string(kManifestFile));
 }
 
+namespace {
+
+bool IsTagDir(const std::string& path, Env* env) {
+  return env->Exists(path + "/" + std::string(kManifestFile));
+}
+
+}  // namespace
+
+Result<std::string> ResolveAgreedTagDir(const std::string& path, const std::string& tag,
+                                        Env* env) {
+  if (!env) env = Env::Default();
+  if (IsTagDir(path, env)) return path;
+  return ResolveTagDir(path, tag, env);
+}
+
 Result<std::string> ResolveTagDir(const std::string& path, const std::string& tag, Env* env) {
   if (!env) env = Env::Default();
   if (!env->Exists(path)) return NotFound(path + ": no such file or directory");
@@ -235,7 +250,7 @@ Result<std::string> ResolveTagDir(const std::string& path, const std::string& ta
     CKPT_RETURN_IF_ERROR(RefuseLinkedTag(env, dir), "");
     return dir;
   }
-  if (env->Exists(path + "/" + std::string(kManifestFile))) return path;
+  if (IsTagDir(path, env)) return path;
   auto latest = ReadLatest(path, env);
   if (latest.ok()) return path + "/" + *latest;
   if (latest.status().code() != StatusCode::kNotFound) return latest.status();

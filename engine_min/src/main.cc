@@ -170,10 +170,8 @@ ckpt::Result<ckpt::CheckpointReader> OpenAgreedCheckpoint(const CommandLine& cl,
   if (code != 0)
     return ckpt::Status(static_cast<ckpt::StatusCode>(code),
                         "rank 0 could not open " + cl.ckpt_dir + " (rank 0's error says why)");
-  // --ckpt-dir may be the tag directory itself.
-  const bool is_tag_dir =
-      ckpt::Env::Default()->Exists(cl.ckpt_dir + "/" + std::string(ckpt::kManifestFile));
-  return ckpt::CheckpointReader::Open(cl.ckpt_dir, is_tag_dir ? "" : tag);
+  CKPT_ASSIGN_OR_RETURN(std::string dir, ckpt::ResolveAgreedTagDir(cl.ckpt_dir, tag), "");
+  return ckpt::CheckpointReader::Open(dir);
 }
 
 // Resume: every rank opens the checkpoint read-only (the manifest is small) and checks its

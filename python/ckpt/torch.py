@@ -428,9 +428,7 @@ def _open_agreed(root, tag, verify_checksums, rank, world):
         return reader
     if "error" in agreed:
         raise ckpt.Error(f"rank 0 could not open {root}: {agreed['error']}")
-    import os
-    is_tag_dir = os.path.isfile(os.path.join(root, "manifest.json"))
-    return ckpt.Reader(root, "" if is_tag_dir else agreed["tag"], verify_checksums)
+    return ckpt.Reader(ckpt._ckpt.agreed_tag_dir(root, agreed["tag"]), "", verify_checksums)
 
 
 def load(root, model, optimizer, *, tag=None, scheduler=None, restore_rng=True,

@@ -538,6 +538,11 @@ py::object Inspect(const std::string& path, const std::string& tag) {
   return ToPython(InspectToJson(ValueOrThrow(std::move(r))));
 }
 
+// The tag directory of `tag`, which rank 0 resolved from `path` (ResolveAgreedTagDir).
+std::string AgreedTagDir(const std::string& path, const std::string& tag) {
+  return ValueOrThrow(ResolveAgreedTagDir(path, tag));
+}
+
 // A checkpoint's problems as a dict (`ckpt check --json`); an unreadable `latest` is a problem,
 // anything else that stops the check is raised.
 py::object Check(const std::string& path, const std::string& tag, bool deep) {
@@ -684,6 +689,7 @@ PYBIND11_MODULE(_ckpt, m) {
   m.def("ls", &Ls, py::arg("root"));
   m.def("inspect", &Inspect, py::arg("path"), py::arg("tag") = "");
   m.def("check", &Check, py::arg("path"), py::arg("tag") = "", py::arg("deep") = false);
+  m.def("agreed_tag_dir", &AgreedTagDir, py::arg("path"), py::arg("tag"));
   m.def("xxh3", &Xxh3Of);
   py::class_<PyXxh3>(m, "Xxh3")
       .def(py::init<>())

@@ -694,3 +694,26 @@ TEST_CASE("the fast manifest parse gives the full parse's manifest and leaves th
     CHECK(SameAsFullParse(Slurp(seed + "/global_step5/manifest.json")) == 0);
   }
 }
+
+// What the ranks of a load open after rank 0 sent them its tag's name (ckpt.torch.load,
+// engine_min train --resume): that tag under their own root, or the tag directory given itself.
+TEST_CASE("the agreed tag directory: a tag under the root, or the tag directory itself", "[io]") {
+  ScratchDir d;
+  for (int step : {1, 2}) {
+    Manifest m = SmallModel("global_step" + std::to_string(step), 1, 0);
+    m.counters.global_step = step;
+    REQUIRE(SaveWithThreads(d.str(), m).ok());
+  }
+  auto under_root = ResolveAgreedTagDir(d.str(), "global_step1");  // not latest: as named
+  REQUIRE(under_root.ok());
+  CHECK(*under_root == d / "global_step1");
+  const std::string tag_dir = d / "global_step2";
+  auto itself = ResolveAgreedTagDir(tag_dir, "global_step2");
+  REQUIRE(itself.ok());
+  CHECK(*itself == tag_dir);
+  CHECK(ResolveAgreedTagDir(d.str(), "global_step3").status().code() == StatusCode::kNotFound);
+  CHECK(ResolveAgreedTagDir(d.str(), "../global_step1").status().code() ==
+        StatusCode::kInvalidArgument);
+  CHECK(ResolveAgreedTagDir(d / "nowhere", "global_step1").status().code() ==
+        StatusCode::kNotFound);
+}

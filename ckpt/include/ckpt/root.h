@@ -57,6 +57,11 @@ std::string LatestFileText(const std::string& tag, int64_t global_step);
 // itself; otherwise a root, at `tag` or at `latest`.
 Result<std::string> ResolveTagDir(const std::string& path, const std::string& tag = "",
                                   Env* env = nullptr);
+// The tag directory of `tag`, which another process resolved from `path` (rank 0 of a load
+// sends its tag's name; another node may mount the root elsewhere): `path` itself when it is a
+// tag directory (opened as itself there too), else `tag` under the root `path`.
+Result<std::string> ResolveAgreedTagDir(const std::string& path, const std::string& tag,
+                                        Env* env = nullptr);
 // The manifest of the tag directory `tag_dir` (any kind: sharded or universal), read through
 // env and parsed (ParseManifest). Every reader opens a manifest here, so the same condition
 // has the same code everywhere: no manifest.json is NotFound ("DIR/manifest.json is missing

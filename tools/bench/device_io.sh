@@ -13,6 +13,9 @@
 #     tl.txt         io_timeline summaries of `check --deep` and `export-fp32` of a 1 GiB
 #                    checkpoint of 4 ranks, three runs each after a cache drop, and raw_io's
 #                    read and copy of the same files for comparison;
+#     start.txt      what starting a program costs after a cache drop (its binary and libraries
+#                    read from the disk): ckpt against raw_io, three times each, and ckpt warm;
+#                    check --deep and export are timed from their start, raw_io is far smaller;
 #     ds.txt         tests/deepspeed/check_deepspeed.py --quick with that machine's Python
 #                    (its torch writes the fixtures), where it has torch, numpy and h5py.
 # Run it as `set -o pipefail; bash tools/bench/device_io.sh --prebuilt DIR 2>&1 | tee $OUT/log`
@@ -97,7 +100,21 @@ for r in 0 1 2 3; do ln "$work/ck/$tag/rank_0000$r.h5" "$work/links/raw_$r.bin";
 } 2>&1 | tee "$OUT/tl.txt"
 rm -rf "$work"
 
-# 3. DeepSpeed fixtures written by this machine's torch.
+# 3. A cold start: the program and the libraries it loads, read from the disk after a drop.
+{
+  TIMEFORMAT=%R
+  for n in 1 2 3; do
+    drop
+    cold=$({ time ckpt --version >/dev/null; } 2>&1)
+    drop
+    raw=$({ time "$DIR/bin/raw_io" variants write >/dev/null; } 2>&1)
+    warm=$({ time ckpt --version >/dev/null; } 2>&1)
+    echo "start after a drop: ckpt ${cold} s, raw_io ${raw} s; ckpt warm ${warm} s"
+  done
+  du -b "$DIR/bin/ckpt" "$DIR/bin/raw_io" "$DIR"/lib/*.so* 2>/dev/null
+} 2>&1 | tee "$OUT/start.txt"
+
+# 4. DeepSpeed fixtures written by this machine's torch.
 if "$py" -c 'import torch, numpy, h5py' 2>/dev/null; then
   timeout 120 "$py" tests/deepspeed/check_deepspeed.py "$DIR/ckpt.sh" /tmp/device_io_ds --quick \
     >"$OUT/ds.txt" 2>&1

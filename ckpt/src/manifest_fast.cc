@@ -301,25 +301,62 @@ std::optional<std::string> ManifestKind(std::string_view text) {
   return kind;
 }
 
+namespace {
+
+// Parses `text` into w and checks what both fast paths need first: a ckpt manifest of this
+// major version, 1.1 or later, sealed (the rule of VerifyByteSeal in manifest.cc) and its seal
+// matching the bytes.
+bool ParseSealed(std::string_view text, Workspace& w, object* top, int* major, int* minor) {
+  element doc;
+  std::string format, version;
+  if (!ParseText(text, w, &doc) || doc.get_object().get(*top) != simdjson::SUCCESS ||
+      !Str(*top, "format", &format) || format != kFormatName ||
+      !Str(*top, "format_version", &version))
+    return false;
+  return std::sscanf(version.c_str(), "%d.%d", major, minor) == 2 && *major == kFormatMajor &&
+         *minor >= 1 && Has(*top, "manifest_xxh3") && VerifyManifestBytes(text, "").ok();
+}
+
+}  // namespace
+
+uint64_t AddSaturating(uint64_t a, uint64_t b) {
+  uint64_t sum = 0;
+  return __builtin_add_overflow(a, b, &sum) ? std::numeric_limits<uint64_t>::max() : sum;
+}
+
+std::optional<ManifestSummary> SummarizeManifestFast(std::string_view text) {
+  std::optional<Workspace> own;
+  Workspace& w = t_kept != nullptr ? *t_kept : own.emplace();
+  object top, counters, topology;
+  array files;
+  int major = 0, minor = 0;
+  ManifestSummary s;
+  std::string kind;
+  if (!ParseSealed(text, w, &top, &major, &minor) || !Str(top, "tag", &s.tag) ||
+      !Int(top, "created_unix", &s.created_unix) || !Obj(top, "counters", &counters) ||
+      !Int(counters, "global_step", &s.global_step) || !Obj(top, "topology", &topology) ||
+      !Int32(topology, "dp_world_size", &s.dp_world_size) ||
+      (Has(top, "sets_latest") && !Bool(top, "sets_latest", &s.sets_latest)) ||
+      !Str(top, "kind", &kind) || !Arr(top, "files", &files) || s.dp_world_size < 1 ||
+      (kind != "sharded" && kind != "universal") ||
+      (kind == "sharded" && files.size() != static_cast<size_t>(s.dp_world_size)))
+    return std::nullopt;
+  for (const element f : files) {
+    object file;
+    uint64_t bytes = 0;
+    if (f.get_object().get(file) != simdjson::SUCCESS || !NonNegative(file, "bytes", &bytes))
+      return std::nullopt;
+    s.bytes = AddSaturating(s.bytes, bytes);
+  }
+  return s;
+}
+
 std::optional<Manifest> ParseManifestFast(std::string_view text) {
   std::optional<Workspace> own;
   Workspace& w = t_kept != nullptr ? *t_kept : own.emplace();
-  element doc;
   object top;
-  if (!ParseText(text, w, &doc) || doc.get_object().get(top) != simdjson::SUCCESS)
-    return std::nullopt;
   Manifest m;
-  std::string version;
-  if (!Str(top, "format", &m.format) || m.format != kFormatName ||
-      !Str(top, "format_version", &version))
-    return std::nullopt;
-  // The rule of VerifyByteSeal in manifest.cc: sealed over the bytes from 1.1 on.
-  int major = 0, minor = 0;
-  if (std::sscanf(version.c_str(), "%d.%d", &major, &minor) != 2 || major != kFormatMajor ||
-      minor < 1 || !Has(top, "manifest_xxh3") || !VerifyManifestBytes(text, "").ok())
-    return std::nullopt;
-  m.version_major = major;
-  m.version_minor = minor;
+  if (!ParseSealed(text, w, &top, &m.version_major, &m.version_minor)) return std::nullopt;
   object counters, topology, partition;
   array params, files;
   if (!Str(top, "writer", &m.writer) || !Str(top, "kind", &m.kind) || !Str(top, "tag", &m.tag) ||

@@ -30,6 +30,14 @@ namespace ckpt::internal {
 // value, compared and written the same).
 std::optional<Manifest> ParseManifestFast(std::string_view text);
 
+// ParseManifestSummary's summary of `text` from the fields it needs alone (the whole text still
+// parsed as JSON, the seal checked), under the same conditions as ParseManifestFast; nullopt for
+// anything else, which the caller's nlohmann path then summarizes or refuses.
+std::optional<ManifestSummary> SummarizeManifestFast(std::string_view text);
+
+// a + b, or the largest uint64_t when that overflows (a summary's total bytes).
+uint64_t AddSaturating(uint64_t a, uint64_t b);
+
 // The string value of the top-level "kind" of a manifest's text ("" when the text is not an
 // object or its "kind" is missing or not a string); nullopt when simdjson refuses the text (the
 // caller asks nlohmann, which reads a byte-order mark and integers past 64 bits).

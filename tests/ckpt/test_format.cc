@@ -466,7 +466,9 @@ TEST_CASE("a manifest summary agrees with the whole parse", "[io]") {
   for (const std::string tag : {"global_step7", "global_step8"}) {
     INFO(tag);
     const std::string text = Slurp(d / (tag + "/manifest.json"));
+    const uint64_t fast = GetManifestParseStats().fast;
     auto s = ParseManifestSummary(text, "m.json");
+    CHECK(GetManifestParseStats().fast == fast + 1);  // read from simdjson's tape
     auto whole = ParseManifest(text, "m.json");
     REQUIRE(s.ok());
     REQUIRE(whole.ok());

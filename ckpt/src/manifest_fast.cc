@@ -305,16 +305,16 @@ namespace {
 
 // Parses `text` into w and checks what both fast paths need first: a ckpt manifest of this
 // major version, 1.1 or later, sealed (the rule of VerifyByteSeal in manifest.cc) and its seal
-// matching the bytes.
+// matching the bytes. The seal first: bytes that do not match it are never parsed here.
 bool ParseSealed(std::string_view text, Workspace& w, object* top, int* major, int* minor) {
   element doc;
   std::string format, version;
-  if (!ParseText(text, w, &doc) || doc.get_object().get(*top) != simdjson::SUCCESS ||
-      !Str(*top, "format", &format) || format != kFormatName ||
-      !Str(*top, "format_version", &version))
+  if (!VerifyManifestBytes(text, "").ok() || !ParseText(text, w, &doc) ||
+      doc.get_object().get(*top) != simdjson::SUCCESS || !Str(*top, "format", &format) ||
+      format != kFormatName || !Str(*top, "format_version", &version))
     return false;
   return std::sscanf(version.c_str(), "%d.%d", major, minor) == 2 && *major == kFormatMajor &&
-         *minor >= 1 && Has(*top, "manifest_xxh3") && VerifyManifestBytes(text, "").ok();
+         *minor >= 1 && Has(*top, "manifest_xxh3");
 }
 
 }  // namespace

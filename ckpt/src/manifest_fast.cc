@@ -281,9 +281,11 @@ bool ParseText(std::string_view text, Workspace& w, element* doc) {
   if (w.parser.capacity() < text.size() || w.parser.max_depth() != kMaxDepth) {
     if (w.parser.allocate(text.size(), kMaxDepth) != simdjson::SUCCESS) return false;
   }
-  // simdjson reads up to SIMDJSON_PADDING bytes past the end.
+  // simdjson reads up to SIMDJSON_PADDING bytes past the end (zeros, not a longer manifest's
+  // bytes left from the last parse).
   w.padded.resize(text.size() + simdjson::SIMDJSON_PADDING);
   std::copy(text.begin(), text.end(), w.padded.begin());
+  std::fill(w.padded.begin() + static_cast<std::ptrdiff_t>(text.size()), w.padded.end(), '\0');
   return w.parser.parse(w.padded.data(), text.size(), /*realloc_if_needed=*/false).get(*doc) ==
          simdjson::SUCCESS;
 }

@@ -80,7 +80,7 @@ json FileRecordToJson(const FileRecord& f) {
   return out;
 }
 
-json ManifestToJson(const Manifest& m) {
+json ManifestHeaderToJson(const Manifest& m) {
   json j;
   j["format"] = m.format;
   // Always this writer's version: the seal below follows its rule, whatever was read.
@@ -104,6 +104,17 @@ json ManifestToJson(const Manifest& m) {
   j["partition"] = {{"scheme", m.partition.scheme},
                     {"alignment", m.partition.alignment},
                     {"shard_numel", m.partition.shard_numel}};
+  j["client_state"] = m.client_state;
+  j["engine_config"] = m.engine_config;
+  if (!m.sets_latest) j["sets_latest"] = false;
+  return j;
+}
+
+namespace {
+
+// The manifest as JSON without its seal.
+json ManifestDom(const Manifest& m) {
+  json j = ManifestHeaderToJson(m);
   json params = json::array();
   for (const auto& p : m.params) {
     json ranges = json::array();
@@ -123,9 +134,13 @@ json ManifestToJson(const Manifest& m) {
   json files = json::array();
   for (const auto& f : m.files) files.push_back(FileRecordToJson(f));
   j["files"] = files;
-  j["client_state"] = m.client_state;
-  j["engine_config"] = m.engine_config;
-  if (!m.sets_latest) j["sets_latest"] = false;
+  return j;
+}
+
+}  // namespace
+
+json ManifestToJson(const Manifest& m) {
+  json j = ManifestDom(m);
   // Self-checksum (format 1.1): XXH3 of the text with this value's 16 characters read as '0',
   // so an edit or a bit flip that still parses is caught.
   j["manifest_xxh3"] = std::string(kDigestPlaceholder);
@@ -134,15 +149,258 @@ json ManifestToJson(const Manifest& m) {
   return j;
 }
 
-std::string SerializeManifest(const Manifest& m, int indent) {
-  json j = ManifestToJson(m);
+namespace {
+
+// JSON text as nlohmann's dump(indent) writes it (indent < 0: compact), written straight from
+// the structs for the parameter table and the file records, which are most of a large
+// manifest: building them as a DOM first took 100-300 ms for 4.5 MB (one std::map per range).
+// Members must be written in nlohmann's order (its objects are std::maps: sorted keys);
+// test_ckpt_format compares the text with ManifestToJson(m).dump(indent).
+class JsonText {
+ public:
+  // Writes one value whose key (at `level`) is already in the text.
+  JsonText(std::string* out, int indent, int level)
+      : out_(*out), indent_(indent), level_(level), after_key_(true), first_{true} {}
+  void BeginObject() { Open('{'); }
+  void EndObject() { Close('}'); }
+  void BeginArray() { Open('['); }
+  void EndArray() { Close(']'); }
+  void Key(std::string_view key) {
+    Next();
+    String(key);
+    out_ += indent_ >= 0 ? ": " : ":";
+    after_key_ = true;
+  }
+  void Int(int64_t v) { Scalar(std::to_string(v)); }
+  void Uint(uint64_t v) { Scalar(std::to_string(v)); }
+  void Bool(bool v) { Scalar(v ? "true" : "false"); }
+  void Null() { Scalar("null"); }
+  void Str(std::string_view s) {
+    Element();
+    String(s);
+  }
+  void Ints(const std::vector<int64_t>& v) {
+    BeginArray();
+    for (int64_t x : v) Int(x);
+    EndArray();
+  }
+
+ private:
+  // A value: after its key, or as the next element of an array.
+  void Element() {
+    if (after_key_) {
+      after_key_ = false;
+      return;
+    }
+    Next();
+  }
+  void Next() {
+    if (!first_.back()) out_ += ',';
+    first_.back() = false;
+    if (indent_ >= 0) {
+      out_ += '\n';
+      out_.append(static_cast<size_t>(indent_ * level_), ' ');
+    }
+  }
+  void Open(char c) {
+    Element();
+    out_ += c;
+    first_.push_back(true);
+    ++level_;
+  }
+  void Close(char c) {
+    --level_;
+    const bool empty = first_.back();
+    first_.pop_back();
+    if (!empty && indent_ >= 0) {
+      out_ += '\n';
+      out_.append(static_cast<size_t>(indent_ * level_), ' ');
+    }
+    out_ += c;
+  }
+  void Scalar(std::string_view text) {
+    Element();
+    out_ += text;
+  }
+  // Printable ASCII without quotes or backslashes as it is; anything else escaped by nlohmann
+  // (which also refuses invalid UTF-8, as dump() does).
+  void String(std::string_view s) {
+    for (const char c : s) {
+      if (c < 0x20 || c > 0x7e || c == '"' || c == '\\') {
+        out_ += json(std::string(s)).dump();
+        return;
+      }
+    }
+    out_ += '"';
+    out_ += s;
+    out_ += '"';
+  }
+
+  std::string& out_;
+  int indent_;
+  int level_;
+  bool after_key_;
+  std::vector<bool> first_;
+};
+
+void WriteParams(JsonText& w, const std::vector<ParamEntry>& params) {
+  w.BeginArray();
+  for (const auto& p : params) {
+    w.BeginObject();
+    w.Key("dtype");
+    w.Str(DTypeName(p.dtype));
+    w.Key("frozen");
+    w.Bool(p.frozen);
+    w.Key("name");
+    w.Str(p.name);
+    w.Key("numel");
+    w.Int(p.numel);
+    w.Key("ranges");
+    w.BeginArray();
+    for (const auto& r : p.ranges) {
+      w.BeginObject();
+      w.Key("begin");
+      w.Int(r.begin);
+      w.Key("end");
+      w.Int(r.end);
+      w.Key("rank");
+      w.Int(r.rank);
+      w.Key("shard_offset");
+      w.Int(r.shard_offset);
+      w.EndObject();
+    }
+    w.EndArray();
+    w.Key("shape");
+    w.Ints(p.shape);
+    w.Key("tied_to");
+    if (p.tied_to.empty()) {
+      w.Null();
+    } else {
+      w.Str(p.tied_to);
+    }
+    w.EndObject();
+  }
+  w.EndArray();
+}
+
+void WriteFiles(JsonText& w, const std::vector<FileRecord>& files) {
+  w.BeginArray();
+  for (const auto& f : files) {
+    w.BeginObject();
+    w.Key("bytes");
+    w.Uint(f.bytes);
+    w.Key("compression");
+    w.Str(f.compression);
+    const bool sealed = !f.metadata_xxh3.empty();
+    if (sealed) {
+      w.Key("data_extents");
+      w.BeginArray();
+      for (const auto& [offset, bytes] : f.data_extents) {
+        w.BeginArray();
+        w.Uint(offset);
+        w.Uint(bytes);
+        w.EndArray();
+      }
+      w.EndArray();
+    }
+    w.Key("datasets");
+    w.BeginArray();
+    for (const auto& d : f.datasets) {
+      w.BeginObject();
+      if (!d.blob_kind.empty()) {
+        w.Key("blob_kind");
+        w.Str(d.blob_kind);
+      }
+      w.Key("bytes");
+      w.Uint(d.bytes);
+      w.Key("dtype");
+      w.Str(DTypeName(d.dtype));
+      w.Key("kind");
+      w.Str(d.kind);
+      w.Key("name");
+      w.Str(d.name);
+      if (d.has_pieces()) {
+        w.Key("piece_bytes");
+        w.Uint(d.piece_bytes);
+        w.Key("piece_xxh3");
+        w.BeginArray();
+        for (const auto& h : d.piece_xxh3) w.Str(h);
+        w.EndArray();
+      }
+      w.Key("shape");
+      w.Ints(d.shape);
+      w.Key("xxh3");
+      w.Str(d.xxh3);
+      w.EndObject();
+    }
+    w.EndArray();
+    if (sealed) {
+      w.Key("metadata_xxh3");
+      w.Str(f.metadata_xxh3);
+    }
+    w.Key("path");
+    w.Str(f.path);
+    w.Key("rank");
+    w.Int(f.rank);
+    w.Key("xxh3");
+    w.Str(f.xxh3);
+    w.EndObject();
+  }
+  w.EndArray();
+}
+
+// ManifestToJson(m) without its seal, as text: the small members through nlohmann, the
+// parameter table and the file records written directly into their places.
+std::string UnsealedText(const Manifest& m, int indent) {
+  json j = ManifestHeaderToJson(m);
   j["manifest_xxh3"] = std::string(kDigestPlaceholder);
-  std::string text = j.dump(indent) + "\n";
+  // Placeholders nothing else in the text can hold: control characters are escaped in JSON.
+  const std::string params_mark = R"(\u0001params)", files_mark = R"(\u0001files)";
+  j["params"] = std::string(1, '\x01') + "params";
+  j["files"] = std::string(1, '\x01') + "files";
+  const std::string base = j.dump(indent);
+  const size_t pa = base.find('"' + params_mark + '"');
+  const size_t fa = base.find('"' + files_mark + '"');
+  if (pa == std::string::npos || fa == std::string::npos ||
+      base.find(params_mark, pa + params_mark.size()) != std::string::npos ||
+      base.find(files_mark, fa + files_mark.size()) != std::string::npos ||
+      base.find(params_mark) != pa + 1 ||
+      base.find(files_mark) != fa + 1) {  // a client string holds one too
+    json whole = ManifestDom(m);
+    whole["manifest_xxh3"] = std::string(kDigestPlaceholder);
+    return whole.dump(indent);
+  }
+  std::string params, files;
+  JsonText pw(&params, indent, 1), fw(&files, indent, 1);
+  WriteParams(pw, m.params);
+  WriteFiles(fw, m.files);
+  std::string text;
+  text.reserve(base.size() + params.size() + files.size());
+  // "files" sorts before "params".
+  text.append(base, 0, fa);
+  text += files;
+  const size_t after_files = fa + files_mark.size() + 2;
+  text.append(base, after_files, pa - after_files);
+  text += params;
+  text.append(base, pa + params_mark.size() + 2, std::string::npos);
+  return text;
+}
+
+// The text with its manifest_xxh3 placeholder replaced by the XXH3 of the text.
+std::string Sealed(std::string text) {
   const size_t at = FindManifestDigest(text);
   const std::string digest = DigestHex(Xxh3(text.data(), text.size()));
   text.replace(at, digest.size(), digest);
   return text;
 }
+
+}  // namespace
+
+std::string SerializeManifest(const Manifest& m, int indent) {
+  return Sealed(UnsealedText(m, indent) + "\n");
+}
+
+std::string ManifestJsonText(const Manifest& m) { return Sealed(UnsealedText(m, -1)); }
 
 size_t FindManifestDigest(std::string_view text) {
   // A small scan of the JSON structure: strings (with escapes) and nesting depth, so only a

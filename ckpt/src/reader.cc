@@ -448,7 +448,7 @@ nlohmann::json InspectToJson(const Manifest& m, const std::string& dir) {
   }
   uint64_t bytes = 0;
   for (const auto& f : m.files) bytes += f.bytes;
-  json full = ManifestToJson(m);
+  const json full = ManifestHeaderToJson(m);
   return {{"tag", m.tag},
           {"dir", dir},
           {"kind", m.kind},

@@ -476,8 +476,8 @@ TEST_CASE("manifests: missing checksum, another tag's name, 100000-deep JSON", "
   SECTION("a manifest whose kind is not a string: corrupt, named, exit 1") {
     // Telling a universal checkpoint from a sharded one reads the top-level kind: a number
     // there was once an uncaught JSON type error ("internal error", exit 2, no file named).
-    for (const std::string& kind : {"5", "[\"universal\"]", "null"}) {
-      Spit(tag + "/manifest.json", "{\"kind\": " + kind + "}");
+    for (const char* kind : {"5", "[\"universal\"]", "null"}) {
+      Spit(tag + "/manifest.json", std::string("{\"kind\": ") + kind + "}");
       for (const std::string& args :
            {"check " + tag, "inspect " + tag, "export-fp32 " + tag + " " + dir / "out"}) {
         const int rc = RunCli(args, &out);

@@ -170,6 +170,12 @@ nlohmann::json ManifestToJson(const Manifest& m);
 // The manifest file's text: dump(indent) + "\n", sealed (manifest_xxh3 = XXH3-64 of these bytes
 // with the digest's 16 characters read as '0').
 std::string SerializeManifest(const Manifest& m, int indent = 1);
+// ManifestToJson's members other than "params", "files" and "manifest_xxh3" (the small ones,
+// for reports such as InspectToJson).
+nlohmann::json ManifestHeaderToJson(const Manifest& m);
+// ManifestToJson(m).dump(), written without building the DOM (the parameter table and file
+// records go straight from the structs to text): the compact, sealed JSON of the manifest.
+std::string ManifestJsonText(const Manifest& m);
 // Where the 16 characters of the top-level "manifest_xxh3" string value start in a manifest's
 // text; std::string::npos when there is no such member or its value is not a 16-character
 // string. Members of nested objects with that name are not it.

@@ -5,7 +5,8 @@
 //    summary of the parsed manifest; where the whole parse fails, the summary may succeed only
 //    on what it does not check (the parameter table, the datasets), never on a bad seal;
 //  - a manifest that parses, by simdjson's fast path or not, is the manifest nlohmann's DOM
-//    alone (the full parse, ManifestFromJson) builds from the same text.
+//    alone (the full parse, ManifestFromJson) builds from the same text;
+//  - ManifestJsonText (written without a DOM) is byte for byte ManifestToJson(m).dump().
 // Most mutations of a sealed manifest break its seal, which both parsers refuse first; so each
 // input that has a top-level manifest_xxh3 is also run re-sealed, as a writer would seal it,
 // and reaches the schema checks. The counts ("fuzz_manifest: N inputs, R re-sealed, P parsed
@@ -59,6 +60,7 @@ void CheckOne(std::string_view text) {
       s->bytes != want.bytes || s->sets_latest != want.sets_latest)
     __builtin_trap();
   const std::string again = ckpt::ManifestToJson(*m).dump();
+  if (ckpt::ManifestJsonText(*m) != again) __builtin_trap();  // the writer without the DOM
   auto m2 = ckpt::ParseManifest(again, "fuzz/manifest.json (re-serialized)");
   if (!m2.ok()) __builtin_trap();  // a valid manifest must re-serialize to a valid one
   if (m2->params.size() != m->params.size() || m2->files.size() != m->files.size())

@@ -429,14 +429,21 @@ namespace {
 
 // `j` as a manifest file's text, sealed as any writer seals one (format 1.1 rule): a valid
 // seal on content ParseManifest may or may not accept.
-std::string SealedText(nlohmann::json j) {
-  j["manifest_xxh3"] = std::string(kDigestPlaceholder);
-  std::string text = j.dump(1) + "\n";
+// `text` sealed as a writer seals it: its manifest_xxh3 replaced by the XXH3 of the text with
+// those 16 characters read as '0' (also for edits nlohmann cannot make: duplicate keys, a
+// byte-order mark, a "-0").
+std::string Resealed(std::string text) {
   const size_t at = FindManifestDigest(text);
   REQUIRE(at != std::string::npos);
+  text.replace(at, kDigestPlaceholder.size(), kDigestPlaceholder);
   const std::string digest = DigestHex(Xxh3(text.data(), text.size()));
   text.replace(at, digest.size(), digest);
   return text;
+}
+
+std::string SealedText(nlohmann::json j) {
+  j["manifest_xxh3"] = std::string(kDigestPlaceholder);
+  return Resealed(j.dump(1) + "\n");
 }
 
 void CheckSameSummary(const ManifestSummary& a, const ManifestSummary& b) {
@@ -567,17 +574,6 @@ TEST_CASE("a manifest summary agrees with the whole parse", "[io]") {
 }
 
 namespace {
-
-// The same text sealed again as a writer seals it (for edits nlohmann cannot make: duplicate
-// keys, a byte-order mark, a "-0").
-std::string Resealed(std::string text) {
-  const size_t at = FindManifestDigest(text);
-  REQUIRE(at != std::string::npos);
-  text.replace(at, kDigestPlaceholder.size(), kDigestPlaceholder);
-  const std::string digest = DigestHex(Xxh3(text.data(), text.size()));
-  text.replace(at, digest.size(), digest);
-  return text;
-}
 
 // ParseManifest against the full parse alone (nlohmann's DOM, which it falls back to): the same
 // manifest, or the same error. Returns how many of the two parses took the fast path (0 or 1).
@@ -724,13 +720,7 @@ namespace {
 
 // How SerializeManifest wrote a manifest until 2026-12-05: nlohmann's DOM, dumped and sealed.
 std::string SerializedByDom(const Manifest& m, int indent) {
-  nlohmann::json j = ManifestToJson(m);
-  j["manifest_xxh3"] = std::string(kDigestPlaceholder);
-  std::string text = j.dump(indent) + "\n";
-  const size_t at = FindManifestDigest(text);
-  const std::string digest = DigestHex(Xxh3(text.data(), text.size()));
-  text.replace(at, digest.size(), digest);
-  return text;
+  return Resealed(ManifestToJson(m).dump(indent) + "\n");
 }
 
 }  // namespace

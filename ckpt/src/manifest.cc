@@ -184,6 +184,32 @@ class JsonText {
     for (int64_t x : v) Int(x);
     EndArray();
   }
+  // A key and its value. Integers keep their signedness: a signed field is written as
+  // nlohmann writes an int64_t, an unsigned one as it writes a uint64_t.
+  void Member(std::string_view key, int64_t v) {
+    Key(key);
+    Int(v);
+  }
+  void Member(std::string_view key, int v) {
+    Key(key);
+    Int(v);
+  }
+  void Member(std::string_view key, uint64_t v) {
+    Key(key);
+    Uint(v);
+  }
+  void Member(std::string_view key, bool v) {
+    Key(key);
+    Bool(v);
+  }
+  void Member(std::string_view key, std::string_view v) {
+    Key(key);
+    Str(v);
+  }
+  void Member(std::string_view key, const std::vector<int64_t>& v) {
+    Key(key);
+    Ints(v);
+  }
 
  private:
   // A value: after its key, or as the next element of an array.
@@ -247,31 +273,22 @@ void WriteParams(JsonText& w, const std::vector<ParamEntry>& params) {
   w.BeginArray();
   for (const auto& p : params) {
     w.BeginObject();
-    w.Key("dtype");
-    w.Str(DTypeName(p.dtype));
-    w.Key("frozen");
-    w.Bool(p.frozen);
-    w.Key("name");
-    w.Str(p.name);
-    w.Key("numel");
-    w.Int(p.numel);
+    w.Member("dtype", DTypeName(p.dtype));
+    w.Member("frozen", p.frozen);
+    w.Member("name", p.name);
+    w.Member("numel", p.numel);
     w.Key("ranges");
     w.BeginArray();
     for (const auto& r : p.ranges) {
       w.BeginObject();
-      w.Key("begin");
-      w.Int(r.begin);
-      w.Key("end");
-      w.Int(r.end);
-      w.Key("rank");
-      w.Int(r.rank);
-      w.Key("shard_offset");
-      w.Int(r.shard_offset);
+      w.Member("begin", r.begin);
+      w.Member("end", r.end);
+      w.Member("rank", r.rank);
+      w.Member("shard_offset", r.shard_offset);
       w.EndObject();
     }
     w.EndArray();
-    w.Key("shape");
-    w.Ints(p.shape);
+    w.Member("shape", p.shape);
     w.Key("tied_to");
     if (p.tied_to.empty()) {
       w.Null();
@@ -287,10 +304,8 @@ void WriteFiles(JsonText& w, const std::vector<FileRecord>& files) {
   w.BeginArray();
   for (const auto& f : files) {
     w.BeginObject();
-    w.Key("bytes");
-    w.Uint(f.bytes);
-    w.Key("compression");
-    w.Str(f.compression);
+    w.Member("bytes", f.bytes);
+    w.Member("compression", f.compression);
     const bool sealed = !f.metadata_xxh3.empty();
     if (sealed) {
       w.Key("data_extents");
@@ -308,42 +323,30 @@ void WriteFiles(JsonText& w, const std::vector<FileRecord>& files) {
     for (const auto& d : f.datasets) {
       w.BeginObject();
       if (!d.blob_kind.empty()) {
-        w.Key("blob_kind");
-        w.Str(d.blob_kind);
+        w.Member("blob_kind", d.blob_kind);
       }
-      w.Key("bytes");
-      w.Uint(d.bytes);
-      w.Key("dtype");
-      w.Str(DTypeName(d.dtype));
-      w.Key("kind");
-      w.Str(d.kind);
-      w.Key("name");
-      w.Str(d.name);
+      w.Member("bytes", d.bytes);
+      w.Member("dtype", DTypeName(d.dtype));
+      w.Member("kind", d.kind);
+      w.Member("name", d.name);
       if (d.has_pieces()) {
-        w.Key("piece_bytes");
-        w.Uint(d.piece_bytes);
+        w.Member("piece_bytes", d.piece_bytes);
         w.Key("piece_xxh3");
         w.BeginArray();
         for (const auto& h : d.piece_xxh3) w.Str(h);
         w.EndArray();
       }
-      w.Key("shape");
-      w.Ints(d.shape);
-      w.Key("xxh3");
-      w.Str(d.xxh3);
+      w.Member("shape", d.shape);
+      w.Member("xxh3", d.xxh3);
       w.EndObject();
     }
     w.EndArray();
     if (sealed) {
-      w.Key("metadata_xxh3");
-      w.Str(f.metadata_xxh3);
+      w.Member("metadata_xxh3", f.metadata_xxh3);
     }
-    w.Key("path");
-    w.Str(f.path);
-    w.Key("rank");
-    w.Int(f.rank);
-    w.Key("xxh3");
-    w.Str(f.xxh3);
+    w.Member("path", f.path);
+    w.Member("rank", f.rank);
+    w.Member("xxh3", f.xxh3);
     w.EndObject();
   }
   w.EndArray();

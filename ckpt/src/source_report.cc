@@ -79,13 +79,13 @@ std::vector<Problem> CheckUniversal(const std::string& dir, bool deep, Env* env,
 // DeepSpeed records no checksums of its own, so the check is the layout (DeepSpeedReader::Open),
 // every zip record's CRC-32 and every tensor read through the parameter table.
 Result<std::vector<Problem>> CheckDeepSpeed(const std::string& path, const std::string& tag,
-                                            Env* env) {
+                                            Env* env, bool progress) {
   auto reader = DeepSpeedReader::Open(path, tag, env);
   if (!reader.ok()) {
     if (reader.status().code() != StatusCode::kDataLoss) return reader.status();
     return std::vector<Problem>{{"", "", reader.status().message()}};
   }
-  return reader->Check();
+  return reader->Check(progress);
 }
 
 }  // namespace
@@ -176,7 +176,7 @@ Result<SourceCheck> CheckSource(const std::string& path, const std::string& tag,
   if (std::string ds = DeepSpeedTagDir(path, tag, env); !ds.empty()) {
     c.kind = SourceKind::kDeepSpeed;
     c.dir = ds;
-    CKPT_ASSIGN_OR_RETURN(c.problems, CheckDeepSpeed(path, tag, env), "");
+    CKPT_ASSIGN_OR_RETURN(c.problems, CheckDeepSpeed(path, tag, env, progress), "");
     return c;
   }
   auto dir = ResolveTagDir(path, tag, env);

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -33,6 +34,7 @@ class TorchFile {
   ~TorchFile();
 
   const std::string& path() const;
+  uint64_t file_size() const;  // when it was opened
   const PickleDoc& doc() const;
   const PyValue& root() const { return doc().root(); }
   const TorchTensorRef& tensor(const PyValue& v) const;  // v.kind must be kTensor
@@ -50,9 +52,14 @@ class TorchFile {
   // at this offset's position within a 4 KiB block so that ReadElements of 4 MiB or more goes
   // straight into it with O_DIRECT (StateSource::ReadShift).
   std::optional<uint64_t> ElementFileOffset(const TorchTensorRef& t, int64_t first);
-  // Reads every record to its end, so libzip checks each CRC-32. DataLoss on a mismatch.
-  Status VerifyRecords();
+  // Reads every record to its end and checks its CRC-32: a record stored uncompressed of 64 KiB
+  // or more (a tensor's storage) from where it lies in the file (RandomAccessFile::Scan), the
+  // CRC computed here; any other through libzip, which checks it. DataLoss naming the file and
+  // the record on a mismatch. `on_bytes` (may be empty) gets the bytes read as they are read.
+  Status VerifyRecords(const std::function<void(uint64_t)>& on_bytes = {});
   uint64_t bytes_read() const;
+  // Of the bytes VerifyRecords read, those read from where they lie (not through libzip).
+  uint64_t scanned_bytes() const;
 
  private:
   struct Impl;

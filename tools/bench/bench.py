@@ -438,36 +438,40 @@ def main():
     record("load_unverified", j["logical_bytes"], [r["seconds"] for r in j["reps"]], rss, raw_r_gibs)
     # check --deep, paired with a cold read of the same files (hard links named as raw_io
     # reads them) by the best read variant, just before each repetition.
+    def paired_check(name, args, files, note):
+        link_dir = os.path.join(work, "check_floor")
+        os.makedirs(link_dir)
+        for i, f in enumerate(files):
+            os.link(f, os.path.join(link_dir, "raw_%d.bin" % i))
+        check_bytes = sum(os.path.getsize(f) for f in files)
+        c_secs, c_floor, rc = [], [], 0
+        for rep in range(a.reps):
+            def floor():
+                c_floor.append(raw_pass("read", link_dir, len(files),
+                                        ph["raw_read"]["variant"])[0])
+                time.sleep(3)
+            if not floor_after(rep):
+                floor()
+            drop_caches_keep_program(ckpt)
+            _, _, secs, rss, rc = R.run([ckpt, "check"] + args, check=False)
+            c_secs.append(secs)
+            if floor_after(rep):
+                time.sleep(3)
+                floor()
+        shutil.rmtree(link_dir)
+        record(name, check_bytes, c_secs, rss, raw_r_gibs,
+               {"exit": rc, "note": note,
+                "paired": {"ratio": stats([f / s for f, s in zip(c_floor, c_secs)]),
+                           "raw_gib_per_s": stats([check_bytes / GiB / f for f in c_floor]),
+                           "note": "a cold read of the same files by the best read variant, "
+                                   "three seconds before (even repetitions) or after (odd ones) "
+                                   "each repetition"}})
+
     tag_dir = os.path.join(ck_root, save_tag(ck_root))
     rank_files = sorted(f for f in os.listdir(tag_dir) if f.endswith(".h5"))
-    link_dir = os.path.join(work, "check_floor")
-    os.makedirs(link_dir)
-    for i, f in enumerate(rank_files):
-        os.link(os.path.join(tag_dir, f), os.path.join(link_dir, "raw_%d.bin" % i))
-    check_bytes = sum(os.path.getsize(os.path.join(tag_dir, f)) for f in rank_files)
-    c_secs, c_floor, rc = [], [], 0
-    for rep in range(a.reps):
-        def floor():
-            c_floor.append(raw_pass("read", link_dir, len(rank_files),
-                                    ph["raw_read"]["variant"])[0])
-            time.sleep(3)
-        if not floor_after(rep):
-            floor()
-        drop_caches_keep_program(ckpt)
-        _, _, secs, rss, rc = R.run([ckpt, "check", "--deep", ck_root], check=False)
-        c_secs.append(secs)
-        if floor_after(rep):
-            time.sleep(3)
-            floor()
-    shutil.rmtree(link_dir)
-    record("check_deep", check_bytes, c_secs, rss, raw_r_gibs,
-           {"exit": rc, "note": "one pass over each file (file and dataset XXH3 from the same "
-                                "bytes), the files in parallel; bytes are the files' bytes",
-            "paired": {"ratio": stats([f / s for f, s in zip(c_floor, c_secs)]),
-                       "raw_gib_per_s": stats([check_bytes / GiB / f for f in c_floor]),
-                       "note": "a cold read of the same files by the best read variant, "
-                               "three seconds before (even repetitions) or after (odd ones) "
-                               "each repetition"}})
+    paired_check("check_deep", ["--deep", ck_root], [os.path.join(tag_dir, f) for f in rank_files],
+                 "one pass over each file (file and dataset XXH3 from the same bytes), the files "
+                 "in parallel; bytes are the files' bytes")
 
     # --- save variants: what each SaveOptions knob costs ---------------------------------
     if "variants" not in skip:
@@ -681,6 +685,12 @@ def main():
         export_fp32(ds_root, "deepspeed_export_fp32", {"checkpoint_bytes": ds_bytes},
                     sorted(os.path.join(dp, f) for dp, _, fs in os.walk(ds_root) for f in fs
                            if f.endswith("optim_states.pt")))
+        # ckpt check of it: every zip record's CRC-32, paired with a cold read of all its files.
+        paired_check("deepspeed_check", [ds_root],
+                     sorted(os.path.join(dp, f) for dp, _, fs in os.walk(ds_root) for f in fs
+                            if f.endswith(".pt")),
+                     "every zip record read and its CRC-32 checked, the files in parallel, then "
+                     "every range of the parameter table resolved; bytes are the files' bytes")
         shutil.rmtree(ds_root, ignore_errors=True)
 
     # --- reshard N -> N/2 ----------------------------------------------------------------
@@ -954,7 +964,11 @@ def main():
                       ("load_verified", "load (verified) >= 0.9x raw read"),
                       ("save_procs", "save, one process per rank >= 0.9x raw write"),
                       ("load_verified_procs", "load, one process per rank >= 0.9x raw read"),
-                      ("check_deep", "check --deep >= 0.9x cold read of the files")]:
+                      ("check_deep", "check --deep >= 0.9x cold read of the files"),
+                      ("deepspeed_check", "check of a DeepSpeed checkpoint >= 0.9x cold read of "
+                                          "its files")]:
+        if key not in ph:
+            continue
         target(name + " (paired, median of reps)", ph[key]["paired"]["ratio"]["median"], ">=",
                0.9, paired=ph[key]["paired"], null=ph[key].get("null"))
     if "export_fp32" in ph:
@@ -1042,7 +1056,7 @@ def print_table(res):
     order += [k for k in ph if k.startswith("save_zstd")]
     order += ["load_verified", "load_verified_procs", "load_unverified"]
     order += [k for k in ph if k.startswith("load_zstd")]
-    order += ["check_deep", "torch_save", "torch_load"]
+    order += ["check_deep", "deepspeed_check", "torch_save", "torch_load"]
     order = list(dict.fromkeys(order))  # save_zstd1 is also a variant
     for name in order:
         if name in ph:
@@ -1050,7 +1064,7 @@ def print_table(res):
             label = name + (" [%.3f:1]" % d["compression_ratio"] if "compression_ratio" in d else "")
             row(label, d["bytes"], d["seconds"], d["gib_per_s"], d.get("ratio"), d["maxrss_kib"])
     for name in ["save", "save_heap_state", "save_no_file_checksum", "save_zstd1", "load_verified",
-                 "check_deep"]:
+                 "check_deep", "deepspeed_check"]:
         if "paired" in ph.get(name, {}):
             p = ph[name]["paired"]
             print("  %s vs the paired raw passes of the same bytes: best floor %s GiB/s, ratio %s"
@@ -1226,7 +1240,7 @@ def markdown(res):
     order += [k for k in ph if k.startswith("save_zstd")]
     order += ["load_verified", "load_verified_procs", "load_unverified"]
     order += [k for k in ph if k.startswith("load_zstd")]
-    order += ["check_deep", "torch_save", "torch_load"]
+    order += ["check_deep", "deepspeed_check", "torch_save", "torch_load"]
     order = list(dict.fromkeys(order))  # save_zstd1 is also a variant
     for name in order:
         if name in ph:
@@ -1251,7 +1265,7 @@ def markdown(res):
         L.append("| torch.save / torch.load | %s | | | | |" % ph["torch"]["status"])
     L.append("")
     for name in ["save", "save_procs", "save_heap_state", "save_no_file_checksum", "save_zstd1",
-                 "load_verified", "load_verified_procs", "check_deep"]:
+                 "load_verified", "load_verified_procs", "check_deep", "deepspeed_check"]:
         if "paired" in ph.get(name, {}):
             p = ph[name]["paired"]
             L.append("`%s` against the paired raw %ss of the same bytes (%s, three seconds "

@@ -82,9 +82,11 @@ class DeepSpeedReader {
   std::optional<uint64_t> PartitionFileOffset(int r, std::string_view state, int64_t offset);
   // A frozen parameter's (or buffer's) bytes in its stored dtype (manifest dtype and shape).
   Result<std::vector<uint8_t>> ReadFrozenBytes(std::string_view param);
-  // Reads every record of every file to its end (libzip checks each CRC-32) and reports what
-  // fails; structural problems already stopped Open. Empty = healthy.
-  Result<std::vector<Problem>> Check();
+  // Reads every record of every file to its end and checks its CRC-32 (the files in parallel;
+  // with `progress`, a bar on a TTY), then resolves every range of the parameter table in
+  // every state, and reports what fails; structural problems already stopped Open. Empty =
+  // healthy.
+  Result<std::vector<Problem>> Check(bool progress = false);
   uint64_t bytes_read() const;
 
  private:

@@ -999,8 +999,10 @@ Result<std::vector<Problem>> DeepSpeedReader::Check(bool progress) {
   // the CRCs spread over the cores; a TorchFile is used by one thread at a time). Problems are
   // reported in file order: the optimizer files, then the model files.
   std::vector<std::pair<TorchFile*, const std::string*>> files;
-  for (size_t r = 0; r < I.optim.size(); ++r) files.emplace_back(&I.optim[r], &I.info.optim_files[r]);
-  for (size_t k = 0; k < I.model.size(); ++k) files.emplace_back(&I.model[k], &I.info.model_files[k]);
+  for (size_t r = 0; r < I.optim.size(); ++r)
+    files.emplace_back(&I.optim[r], &I.info.optim_files[r]);
+  for (size_t k = 0; k < I.model.size(); ++k)
+    files.emplace_back(&I.model[k], &I.info.model_files[k]);
   uint64_t total = 0;
   for (const auto& [f, name] : files) total += f->file_size();
   Progress bar("check", total, progress);

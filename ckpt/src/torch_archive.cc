@@ -441,7 +441,8 @@ Status TorchFile::VerifyRecords(const std::function<void(uint64_t)>& on_bytes) {
     Zip().stat_init(&st);
     std::optional<uint64_t> at;
     if (Zip().stat_index(I.zip.get(), idx, 0, &st) == 0 && (st.valid & ZIP_STAT_CRC) &&
-        (st.valid & ZIP_STAT_SIZE) && st.size >= kMinScanBytes)
+        (st.valid & ZIP_STAT_SIZE) && (st.valid & ZIP_STAT_COMP_SIZE) && st.comp_size == st.size &&
+        st.size >= kMinScanBytes)
       at = I.DataFileOffset(idx);  // stored records only
     if (at) {
       uLong crc = crc32_z(0L, Z_NULL, 0);
@@ -454,7 +455,8 @@ Status TorchFile::VerifyRecords(const std::function<void(uint64_t)>& on_bytes) {
                            "record " + record);
       if (static_cast<uint32_t>(crc) != st.crc) {
         char text[96];
-        std::snprintf(text, sizeof text, ": CRC error (the archive records %08x, the bytes give %08x)",
+        std::snprintf(text, sizeof text,
+                      ": CRC error (the archive records %08x, the bytes give %08x)",
                       static_cast<unsigned>(st.crc), static_cast<unsigned>(crc));
         return DataLoss(I.path + ": record " + record + text);
       }

@@ -38,7 +38,7 @@ flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined
        -isystem "$hdf5_inc")
 zip_defs=(-DCKPT_LIBZIP_SONAME="\"${zip_soname:-$(basename "$zip_file")}\""
           -DCKPT_LIBZIP_PATH="\"$zip_file\"")
-libs=(-L"$hdf5_lib" -Wl,-rpath,"$hdf5_lib" -lhdf5 -lzstd -lxxhash -lsimdjson -lz -ldl -lpthread)
+libs=(-L"$hdf5_lib" -Wl,-rpath,"$hdf5_lib" -lhdf5 -lzstd -lxxhash -lsimdjson -ldeflate -ldl -lpthread)
 
 sources=("$repo"/ckpt/src/*.cc "$repo"/safetensors/src/*.cc)
 objects=()

@@ -78,7 +78,7 @@ if [ -n "$cudart" ] && [ "$(nm build-bench/lib/libckpt.a 2>/dev/null | grep -c '
 fi
 # libckpt.a opens libzip with dlopen on first use (ckpt/src/torch_archive.cc): not linked.
 helper "$BIN/ckpt_io" tools/bench/ckpt_io.cc -Ickpt/include build-bench/lib/libckpt.a \
-  $HDF5_LIBS -lzstd -lxxhash -lsimdjson -lz -ldl -lpthread $CUDA_LIBS
+  $HDF5_LIBS -lzstd -lxxhash -lsimdjson -ldeflate -ldl -lpthread $CUDA_LIBS
 
 if [ "$mode" = prepare ]; then
   mkdir -p "$DIR/bin"

@@ -5,7 +5,7 @@ CKPT_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CKPT_PACKAGES=(
   cmake ninja-build g++ pkg-config
   libhdf5-dev libzstd-dev nlohmann-json3-dev catch2 libcli11-dev libxxhash-dev libzip-dev
-  libsimdjson-dev zlib1g-dev
+  libsimdjson-dev libdeflate-dev
   libopenmpi-dev openmpi-bin jq
   python3 python3-h5py python3-hdf5plugin python3-numpy python3-torch python3-zstandard
   python3-dev pybind11-dev python3-pybind11

@@ -1,7 +1,7 @@
 #include "torch_archive.h"
 
+#include <libdeflate.h>
 #include <zip.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -434,9 +434,10 @@ Status TorchFile::VerifyRecords(const std::function<void(uint64_t)>& on_bytes) {
     I.source->read_error = Status::Ok();
     // A record stored as it is (every storage torch.save writes) is read from where it lies:
     // past the page cache with the reads ahead of the CRC (RandomAccessFile::Scan), its CRC-32
-    // computed by zlib as the bytes arrive and compared with the archive's. Through libzip each
-    // 16 MiB was read, then copied, then CRC'd, one after the other on one thread: `ckpt check`
-    // of a DeepSpeed checkpoint ran at 0.27 of a cold read (issue 19, docs/performance.md).
+    // computed by libdeflate as the bytes arrive and compared with the archive's. Through
+    // libzip each 16 MiB was read, then copied, then CRC'd by zlib, one after the other on one
+    // thread: `ckpt check` of a DeepSpeed checkpoint ran at 0.27 of a cold read (issue 19,
+    // docs/performance.md).
     zip_stat_t st;
     Zip().stat_init(&st);
     std::optional<uint64_t> at;
@@ -445,15 +446,15 @@ Status TorchFile::VerifyRecords(const std::function<void(uint64_t)>& on_bytes) {
         st.size >= kMinScanBytes)
       at = I.DataFileOffset(idx);  // stored records only
     if (at) {
-      uLong crc = crc32_z(0L, Z_NULL, 0);
+      uint32_t crc = 0;
       CKPT_RETURN_IF_ERROR(I.source->file->Scan(*at, st.size,
                                                 [&](uint64_t, const uint8_t* p, size_t n) {
-                                                  crc = crc32_z(crc, p, n);
+                                                  crc = libdeflate_crc32(crc, p, n);
                                                   if (on_bytes) on_bytes(n);
                                                   return Status::Ok();
                                                 }),
                            "record " + record);
-      if (static_cast<uint32_t>(crc) != st.crc) {
+      if (crc != st.crc) {
         char text[96];
         std::snprintf(text, sizeof text,
                       ": CRC error (the archive records %08x, the bytes give %08x)",

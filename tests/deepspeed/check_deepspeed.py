@@ -79,8 +79,10 @@ def exported(dirname):
     return meta, tensors
 
 
-def make(work, zero, world, dtype, optimizer="zero", hostile=None):
+def make(work, zero, world, dtype, optimizer="zero", hostile=None, blocks=0):
     name = f"z{zero}w{world}{dtype}{'-' + optimizer if optimizer != 'zero' else ''}"
+    if blocks:
+        name += f"-b{blocks}"
     if hostile:
         name += "-" + hostile
     root = os.path.join(work, name)
@@ -88,7 +90,7 @@ def make(work, zero, world, dtype, optimizer="zero", hostile=None):
     args = argparse.Namespace(out=root, zero=zero, world=world, dtype=dtype, optimizer=optimizer,
                               tag="global_step7", steps=7, hidden=24, vocab=37, seed=zero * 10 + world,
                               truth=os.path.join(work, name + ".truth.pt"), hostile=hostile,
-                              blocks=0, block_width=512)
+                              blocks=blocks, block_width=512)
     gen.write(args)
     if hostile:
         gen.hostile(args)
@@ -280,15 +282,18 @@ def check_hostile(ckpt, work, kind, zero=2, world=2, dtype="bf16"):
     print(f"ok hostile {kind}: refused ({text.strip().splitlines()[-1][:160]})")
 
 
-def check_mutations(ckpt, work, count=100, seed=20261203):
+def check_mutations(ckpt, work, count=100, seed=20261203, blocks=0):
     """Damaged copies of a small checkpoint's .pt files (bits flipped anywhere or in the zip's
     central directory, bytes cut off or taken out): `check` and `export-fp32` exit 0 or 1,
     never crash, print no raw byte of the file, and write nothing on a refusal. Both outcomes
     must occur (flips inside tensor data pass: DeepSpeed records no checksums but the zip's
-    CRC-32, which `check` reads), so the mutations reach past the archive's parsing."""
+    CRC-32, which `check` reads), so the mutations reach past the archive's parsing. With
+    `blocks`, the checkpoint gets that many 512 x 512 blocks: storages of a MiB and more, which
+    `check` reads from where they lie and CRCs itself (records under 64 KiB go through libzip),
+    and a flip in one must be reported with that path's message."""
     import random
     rng = random.Random(seed)
-    root, _ = make(work, 2, 1, "fp32")
+    root, _ = make(work, 2, 1, "fp32", blocks=blocks)
     tag = os.path.join(root, "global_step7")
     files = sorted(f for f in os.listdir(tag) if f.endswith(".pt"))
     pristine = {f: open(os.path.join(tag, f), "rb").read() for f in files}
@@ -321,11 +326,15 @@ def check_mutations(ckpt, work, count=100, seed=20261203):
             if p.returncode == 1 and os.path.exists(out):
                 fail(f"mutated {name} ({kind}): ckpt {cmd[0]} failed but wrote {out}")
             seen[(cmd[0], p.returncode)] = seen.get((cmd[0], p.returncode), 0) + 1
-    for need in (("check", 1), ("export-fp32", 0), ("export-fp32", 1)):
+            if cmd[0] == "check" and "the bytes give" in text:
+                seen["crc by ckpt"] = seen.get("crc by ckpt", 0) + 1
+    for need in (("check", 1), ("export-fp32", 0), ("export-fp32", 1)) + (
+            ("crc by ckpt",) if blocks else ()):
         if not seen.get(need):
-            fail(f"mutations never gave ckpt {need[0]} exit {need[1]}: {seen}")
+            fail(f"mutations never gave {need}: {seen}")
     shutil.rmtree(out, ignore_errors=True)
-    print(f"ok mutations: {count} damaged copies, outcomes {sorted(seen.items())}")
+    print(f"ok mutations: {count} damaged copies{f' of {blocks} large blocks' if blocks else ''}, "
+          f"outcomes {sorted(seen.items(), key=str)}")
 
 
 def main():
@@ -347,6 +356,7 @@ def main():
                  "missing_model", "bad_name", "pickle_crc"):
         check_hostile(a.ckpt, a.work, kind)
     check_mutations(a.ckpt, a.work)
+    check_mutations(a.ckpt, a.work, count=40, seed=20261205, blocks=2)
     print("check_deepspeed: all ok")
 
 

@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <type_traits>
 
 #include "ckpt/hash.h"
 #include "ckpt/json.h"
@@ -184,31 +185,22 @@ class JsonText {
     for (int64_t x : v) Int(x);
     EndArray();
   }
-  // A key and its value. Integers keep their signedness: a signed field is written as
-  // nlohmann writes an int64_t, an unsigned one as it writes a uint64_t.
-  void Member(std::string_view key, int64_t v) {
+  // A key and its value: a signed integer as nlohmann writes an int64_t, an unsigned one as
+  // it writes a uint64_t, a boolean, a shape, or a string.
+  template <typename T>
+  void Member(std::string_view key, const T& v) {
     Key(key);
-    Int(v);
-  }
-  void Member(std::string_view key, int v) {
-    Key(key);
-    Int(v);
-  }
-  void Member(std::string_view key, uint64_t v) {
-    Key(key);
-    Uint(v);
-  }
-  void Member(std::string_view key, bool v) {
-    Key(key);
-    Bool(v);
-  }
-  void Member(std::string_view key, std::string_view v) {
-    Key(key);
-    Str(v);
-  }
-  void Member(std::string_view key, const std::vector<int64_t>& v) {
-    Key(key);
-    Ints(v);
+    if constexpr (std::is_same_v<T, bool>) {
+      Bool(v);
+    } else if constexpr (std::is_integral_v<T> && std::is_signed_v<T>) {
+      Int(v);
+    } else if constexpr (std::is_integral_v<T>) {
+      Uint(v);
+    } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+      Ints(v);
+    } else {
+      Str(v);
+    }
   }
 
  private:

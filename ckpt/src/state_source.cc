@@ -488,7 +488,9 @@ class UniversalSource final : public StateSource {
 // ---- DeepSpeed ------------------------------------------------------------------------------
 
 // DeepSpeed stores no checksums: reads are as good as the zip records (Verify has nothing to
-// compare; CheckSource reads every record to its end so libzip checks each CRC-32).
+// compare; CheckSource reads every record to its end and checks its CRC-32:
+// TorchFile::VerifyRecords). Reads of parameter ranges check no CRC: a record's CRC covers
+// the whole record.
 class DeepSpeedSource final : public StateSource {
  public:
   explicit DeepSpeedSource(DeepSpeedReader reader) : reader_(std::move(reader)) {

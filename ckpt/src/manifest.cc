@@ -354,13 +354,17 @@ std::string UnsealedText(const Manifest& m, int indent) {
   j["params"] = std::string(1, '\x01') + "params";
   j["files"] = std::string(1, '\x01') + "files";
   const std::string base = j.dump(indent);
-  const size_t pa = base.find('"' + params_mark + '"');
-  const size_t fa = base.find('"' + files_mark + '"');
-  if (pa == std::string::npos || fa == std::string::npos ||
-      base.find(params_mark, pa + params_mark.size()) != std::string::npos ||
-      base.find(files_mark, fa + files_mark.size()) != std::string::npos ||
-      base.find(params_mark) != pa + 1 ||
-      base.find(files_mark) != fa + 1) {  // a client string holds one too
+  // Where the string value "<mark>" stands, when the mark is nowhere else in the text (a
+  // client string could hold one too); npos otherwise.
+  auto value_at = [&](const std::string& mark) {
+    const size_t at = base.find('"' + mark + '"');
+    return at != std::string::npos && base.find(mark) == at + 1 &&
+                   base.find(mark, at + 1 + mark.size()) == std::string::npos
+               ? at
+               : std::string::npos;
+  };
+  const size_t pa = value_at(params_mark), fa = value_at(files_mark);
+  if (pa == std::string::npos || fa == std::string::npos) {
     json whole = ManifestDom(m);
     whole["manifest_xxh3"] = std::string(kDigestPlaceholder);
     return whole.dump(indent);

@@ -14,7 +14,6 @@
 #include "ckpt/deepspeed.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cctype>
 #include <cstdint>
 #include <cstring>
@@ -24,7 +23,7 @@
 #include <string_view>
 
 #include "ckpt/progress.h"
-#include "ckpt/rank_threads.h"
+#include "ckpt/run_ahead.h"
 #include "ckpt/shape.h"
 #include "torch_archive.h"
 
@@ -189,28 +188,23 @@ std::string DeepSpeedTagDir(const std::string& path, const std::string& tag, Env
 
 namespace {
 
-// Opens dir/<name> for every name, on threads of their own (up to 16), each file's result in
-// `names` order: an open reads the archive's directory and every record's local header
-// (libzip's ZIP_CHECKCONS) and parses the pickle, a few hundred small reads of a cold file that
-// one thread paid file after file (issue 19).
+// Opens dir/<name> for every name, on threads of their own (up to 16), each file's result by
+// its name: an open reads the archive's directory and every record's local header (libzip's
+// ZIP_CHECKCONS) and parses the pickle, a few hundred small reads of a cold file that one
+// thread paid file after file (issue 19).
 std::map<std::string, Result<TorchFile>> OpenTorchFiles(const std::string& dir,
                                                         const std::vector<std::string>& names,
                                                         Env* env) {
-  std::vector<std::optional<Result<TorchFile>>> opened(names.size());
-  std::atomic<size_t> next{0};
-  const int workers = static_cast<int>(std::min<size_t>(names.size(), 16));
-  const std::vector<Status> ran = RunOnThreads(workers, [&](int) {
-    for (size_t i; (i = next++) < names.size();)
-      opened[i].emplace(TorchFile::Open(dir + "/" + names[i], env));
+  std::vector<std::optional<TorchFile>> files(names.size());
+  const std::vector<Status> opened = ForEachOnThreads(names.size(), 16, [&](size_t i) {
+    CKPT_ASSIGN_OR_RETURN(TorchFile f, TorchFile::Open(dir + "/" + names[i], env), "");
+    files[i].emplace(std::move(f));
     return Status::Ok();
   });
-  // Files no thread reached (none could be started) get the reason.
-  Status lost = Internal(dir + ": not opened");
-  for (const Status& s : ran)
-    if (!s.ok()) lost = s;
   std::map<std::string, Result<TorchFile>> out;
   for (size_t i = 0; i < names.size(); ++i)
-    out.emplace(names[i], opened[i] ? std::move(*opened[i]) : Result<TorchFile>(lost));
+    out.emplace(names[i], opened[i].ok() ? Result<TorchFile>(std::move(*files[i]))
+                                         : Result<TorchFile>(opened[i]));
   return out;
 }
 
@@ -1006,16 +1000,10 @@ Result<std::vector<Problem>> DeepSpeedReader::Check(bool progress) {
   uint64_t total = 0;
   for (const auto& [f, name] : files) total += f->file_size();
   Progress bar("check", total, progress);
-  std::vector<Status> verified(files.size(), Status::Ok());
-  std::atomic<size_t> next{0};
-  const int workers = static_cast<int>(std::min<size_t>(files.size(), 16));
-  std::vector<Status> ran = RunOnThreads(workers, [&](int) {
-    for (size_t i; (i = next++) < files.size();)
-      verified[i] = files[i].first->VerifyRecords([&](uint64_t n) { bar.Add(n); });
-    return Status::Ok();
+  const std::vector<Status> verified = ForEachOnThreads(files.size(), 16, [&](size_t i) {
+    return files[i].first->VerifyRecords([&](uint64_t n) { bar.Add(n); });
   });
   bar.Finish();
-  for (const Status& s : ran) CKPT_RETURN_IF_ERROR(s, I.dir);
   std::vector<Problem> problems;
   for (size_t i = 0; i < files.size(); ++i)
     if (!verified[i].ok()) problems.push_back({*files[i].second, "", verified[i].message()});

@@ -3,6 +3,7 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstdlib>
 #include <exception>
@@ -152,6 +153,22 @@ void Helpers::Join() {
 }
 
 void KeepHelpersReady(int n) { Workers::Get().Ready(n); }
+
+std::vector<Status> ForEachOnThreads(size_t n, int threads,
+                                     const std::function<Status(size_t i)>& body) {
+  std::vector<Status> results(n, Status::Ok());
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next++) < n;)
+      results[i] = OutOfMemoryAsStatus("item " + std::to_string(i), [&] { return body(i); });
+  };
+  Helpers helpers;
+  for (size_t t = 1; t < std::min<size_t>(n, static_cast<size_t>(std::max(threads, 1))); ++t)
+    if (!helpers.Start(work)) break;
+  work();
+  helpers.Join();
+  return results;
+}
 
 Status RunAhead(uint64_t n, int slots, const std::function<Status(uint64_t i, int slot)>& produce,
                 const std::function<Status(uint64_t i, int slot)>& consume, int producers) {

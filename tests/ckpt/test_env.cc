@@ -686,6 +686,41 @@ TEST_CASE("RunAhead keeps its threads for the next runs; a child of fork() start
   CHECK(WEXITSTATUS(status) == 0);
 }
 
+TEST_CASE("ForEachOnThreads runs every item once, on several threads, each with its status",
+          "[unit]") {
+  for (const int threads : {1, 4, 64}) {
+    INFO("threads " << threads);
+    std::mutex mu;
+    std::set<long> tids;
+    std::vector<std::atomic<int>> runs(40);
+    const std::vector<Status> st = ForEachOnThreads(runs.size(), threads, [&](size_t i) -> Status {
+      ++runs[i];
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        tids.insert(static_cast<long>(syscall(SYS_gettid)));
+      }
+      usleep(1000);  // long enough for the helpers to take items too
+      if (i == 7) return ckpt::DataLoss("item 7 failed");
+      if (i == 9) throw std::bad_alloc();
+      return Status::Ok();
+    });
+    REQUIRE(st.size() == runs.size());
+    for (size_t i = 0; i < runs.size(); ++i) CHECK(runs[i] == 1);
+    CHECK(st[7].code() == ckpt::StatusCode::kDataLoss);
+    CHECK(st[9].code() == ckpt::StatusCode::kResourceExhausted);
+    size_t ok = 0;
+    for (const Status& s : st) ok += s.ok();
+    CHECK(ok == runs.size() - 2);
+    // One thread asked: all on the calling thread (which also takes whatever is left when no
+    // helper starts). More: helpers take items too (they may take them all before the calling
+    // thread starts on its share).
+    if (threads == 1) CHECK(tids == std::set<long>{static_cast<long>(syscall(SYS_gettid))});
+    if (threads > 1) CHECK(tids.size() > 1);
+    CHECK(tids.size() <= std::min<size_t>(static_cast<size_t>(threads), runs.size()));
+  }
+  CHECK(ForEachOnThreads(0, 4, [](size_t) { return ckpt::Internal("never"); }).empty());
+}
+
 // The threads this process has now (its /proc/self/task entries).
 static size_t CountThreads() {
   size_t n = 0;

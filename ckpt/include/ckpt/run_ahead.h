@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <vector>
 
 #include "ckpt/status.h"
 
@@ -55,6 +56,13 @@ class Helpers {
   int running_ = 0;  // tasks started and not yet returned (under mu_)
   int started_ = 0;  // tasks started (the calling thread's count)
 };
+
+// Runs body(i) for every i in [0, n) on up to `threads` threads, the calling one among them,
+// each taking the next i as it finishes one: a helper thread that cannot be started leaves
+// its share to the others, so every i runs. A failed allocation inside body(i) becomes its
+// status (ResourceExhausted). Returns each i's status.
+std::vector<Status> ForEachOnThreads(size_t n, int threads,
+                                     const std::function<Status(size_t i)>& body);
 
 // Makes sure at least n (at most 16) kept helper threads are idle, each past its first
 // allocation, before it returns: a transfer calls it before it touches its fresh buffers, so

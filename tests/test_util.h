@@ -81,6 +81,18 @@ inline size_t FlipByteAfter(const std::string& path, const std::string& needle, 
   return Slurp(path) == content ? count : 0;
 }
 
+// XORs `mask` into the byte at `offset` of the file, in place; false when that failed.
+inline bool XorByteAt(const std::string& path, uint64_t offset, uint8_t mask) {
+  std::fstream io(path, std::ios::binary | std::ios::in | std::ios::out);
+  io.seekg(static_cast<std::streamoff>(offset));
+  char c = 0;
+  io.read(&c, 1);
+  c = static_cast<char>(c ^ static_cast<char>(mask));
+  io.seekp(static_cast<std::streamoff>(offset));
+  io.write(&c, 1);
+  return io.good();
+}
+
 // Directory of the built binaries (build/bin).
 inline std::string BinDir() {
   if (const char* d = std::getenv("CKPT_BIN_DIR")) return d;

@@ -17,7 +17,9 @@
 #include <cctype>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string_view>
@@ -249,6 +251,77 @@ struct DeepSpeedReader::Impl {
   std::map<std::string, FrozenSource> frozen;
   std::vector<float> zeros;
 
+  // Stream verification (StreamVerify): a running CRC-32 per storage record read.
+  struct CrcStream {
+    uint64_t cursor = 0;  // the record's bytes [0, cursor) are in `crc`
+    uint32_t crc = 0;
+    bool broken = false;  // read out of order or not as its bytes: VerifyStates reads it whole
+  };
+  // A read whose CRC HashReadBytes computes (defer).
+  struct PendingCrc {
+    CrcStream* stream;  // a node of `streams`: never moves
+    const void* bytes;
+    size_t n;
+  };
+  bool stream_verify = false;
+  bool defer = false;
+  bool verify_first_read = false;  // VerifyOnFirstRead
+  // (rank, storage key) of the records read whole and checked (verify_first_read).
+  std::set<std::pair<int, std::string>> verified;
+  // (rank, storage key) of the records read with stream_verify.
+  std::map<std::pair<int, std::string>, CrcStream> streams;
+  std::mutex queue_mu;             // guards pending
+  std::mutex hash_mu;              // held while a thread computes pending CRCs or a gap's
+  std::deque<PendingCrc> pending;  // in read order
+
+  // Under hash_mu: the pending reads' CRCs, in order.
+  void CrcPendingLocked() {
+    std::deque<PendingCrc> todo;
+    {
+      std::lock_guard<std::mutex> lock(queue_mu);
+      todo.swap(pending);
+    }
+    for (const auto& p : todo) p.stream->crc = ZipCrc32(p.stream->crc, p.bytes, p.n);
+  }
+
+  // Rank r's record of t read up to byte `target` into s (the gap before a read, or the tail).
+  Status CrcUpTo(int r, const TorchTensorRef& t, CrcStream& s, uint64_t target) {
+    if (s.cursor >= target) return Status::Ok();
+    // The reads before the gap go first, and no other thread computes meanwhile.
+    std::unique_lock<std::mutex> hashing(hash_mu, std::defer_lock);
+    if (defer) {
+      hashing.lock();
+      CrcPendingLocked();
+    }
+    CKPT_RETURN_IF_ERROR(optim[static_cast<size_t>(r)].CrcStorageBytes(t, s.cursor, target, &s.crc),
+                         "");
+    s.cursor = target;
+    return Status::Ok();
+  }
+
+  // Elements [first, first + count) of t, just read into `bytes` from rank r's file, join the
+  // record's stream when they continue it.
+  Status StreamRead(int r, const TorchTensorRef& t, int64_t first, int64_t count,
+                    const void* bytes) {
+    CrcStream& s = streams[{r, t.key}];
+    if (s.broken) return Status::Ok();
+    const uint64_t at = static_cast<uint64_t>(t.offset + first) * t.itemsize;
+    const size_t n = static_cast<size_t>(count) * t.itemsize;
+    if (t.dtype != DType::kF32 || !t.contiguous() || at < s.cursor) {
+      s.broken = true;  // `bytes` are not the record's, or came before
+      return Status::Ok();
+    }
+    CKPT_RETURN_IF_ERROR(CrcUpTo(r, t, s, at), "");
+    if (defer) {
+      std::lock_guard<std::mutex> lock(queue_mu);
+      pending.push_back({&s, bytes, n});
+    } else {
+      s.crc = ZipCrc32(s.crc, bytes, n);
+    }
+    s.cursor = at + n;
+    return Status::Ok();
+  }
+
   const ParamEntry* Owner(std::string_view name) const {
     const ParamEntry* p = manifest.FindParam(name);
     if (p && !p->tied_to.empty()) p = manifest.FindParam(p->tied_to);
@@ -273,8 +346,16 @@ struct DeepSpeedReader::Impl {
         return DataLoss(info.optim_files[static_cast<size_t>(r)] + ": " + std::string(state) +
                         " partition holds " + std::to_string(t->numel()) +
                         " elements, a parameter needs element " + std::to_string(first + (hi - lo) - 1));
+      if (verify_first_read && verified.insert({r, t->key}).second) {
+        const Status whole = optim[static_cast<size_t>(r)].VerifyStorage(*t);
+        if (!whole.ok()) {
+          verified.erase({r, t->key});
+          return whole;
+        }
+      }
       CKPT_RETURN_IF_ERROR(optim[static_cast<size_t>(r)].ReadFloats(*t, first, hi - lo, dst),
                            "");
+      if (stream_verify) CKPT_RETURN_IF_ERROR(StreamRead(r, *t, first, hi - lo, dst), "");
     }
     return Status::Ok();
   }
@@ -977,13 +1058,57 @@ Result<std::vector<uint8_t>> DeepSpeedReader::ReadFrozenBytes(std::string_view p
     if (have >= p->numel) break;
     const int64_t n = std::min(t->numel(), p->numel - have);
     if (t->itemsize != es) return DataLoss(I.model[static_cast<size_t>(fi)].path() + ": dtype of '" + p->name + "' changed");
-    CKPT_RETURN_IF_ERROR(I.model[static_cast<size_t>(fi)].ReadElements(
+    CKPT_RETURN_IF_ERROR(I.model[static_cast<size_t>(fi)].ReadElementsChecked(
                              *t, 0, n, out.data() + static_cast<size_t>(have) * es),
                          "frozen parameter '" + p->name + "'");
     have += n;
   }
   if (have != p->numel) return DataLoss(I.dir + ": frozen parameter '" + p->name + "' is short");
   return out;
+}
+
+void DeepSpeedReader::StreamVerify(bool defer) {
+  impl_->stream_verify = true;
+  impl_->defer = defer;
+}
+
+void DeepSpeedReader::VerifyOnFirstRead() { impl_->verify_first_read = true; }
+
+void DeepSpeedReader::HashReadBytes() {
+  Impl& I = *impl_;
+  if (!I.defer) return;
+  std::lock_guard<std::mutex> hashing(I.hash_mu);
+  I.CrcPendingLocked();
+}
+
+Status DeepSpeedReader::VerifyStates(const std::vector<std::string>& states, int part, int parts) {
+  Impl& I = *impl_;
+  HashReadBytes();
+  std::set<std::pair<int, std::string>> seen;  // a storage two tensors share is checked once
+  int index = 0;
+  for (int r = 0; r < static_cast<int>(I.groups.size()); ++r) {
+    TorchFile& f = I.optim[static_cast<size_t>(r)];
+    for (const auto& state : states) {
+      for (const auto& g : I.groups[static_cast<size_t>(r)]) {
+        const TorchTensorRef* t = state == kMaster     ? g.master
+                                  : state == kExpAvg   ? g.exp_avg
+                                  : state == kExpAvgSq ? g.exp_avg_sq
+                                                       : nullptr;
+        if (!t || !seen.insert({r, t->key}).second) continue;
+        if (index++ % parts != part) continue;
+        auto it = I.streams.find({r, t->key});
+        if (it == I.streams.end() || it->second.broken) {
+          CKPT_RETURN_IF_ERROR(f.VerifyStorage(*t), "");
+          continue;
+        }
+        CKPT_ASSIGN_OR_RETURN(const TorchFile::StorageRecord rec, f.Storage(*t), "");
+        CKPT_RETURN_IF_ERROR(I.CrcUpTo(r, *t, it->second, rec.size), "");
+        CKPT_RETURN_IF_ERROR(f.CompareStorageCrc(*t, it->second.crc), "");
+      }
+    }
+  }
+  I.streams.clear();
+  return Status::Ok();
 }
 
 Result<std::vector<Problem>> DeepSpeedReader::Check(bool progress) {

@@ -487,14 +487,20 @@ class UniversalSource final : public StateSource {
 
 // ---- DeepSpeed ------------------------------------------------------------------------------
 
-// DeepSpeed stores no checksums: reads are as good as the zip records (Verify has nothing to
-// compare; CheckSource reads every record to its end and checks its CRC-32:
-// TorchFile::VerifyRecords). Reads of parameter ranges check no CRC: a record's CRC covers
-// the whole record.
+// DeepSpeed stores no checksums of its own: what is checked is the zip records' CRC-32, which
+// covers a whole record. With stream_verify, reads of a record front to back are CRC'd as they
+// pass and Verify reads each one's tail and compares (DeepSpeedReader::StreamVerify); with
+// verify_reads, a record is read whole and checked the first time a read reaches it; otherwise
+// Verify reads every record of the states whole. Frozen tensors are checked as they are read.
 class DeepSpeedSource final : public StateSource {
  public:
-  explicit DeepSpeedSource(DeepSpeedReader reader) : reader_(std::move(reader)) {
+  DeepSpeedSource(DeepSpeedReader reader, bool verify, bool defer, bool verify_reads)
+      : reader_(std::move(reader)) {
     if (!reader_.info().lr_scheduler.is_null()) scheduler_ = reader_.info().lr_scheduler.dump();
+    if (verify)
+      reader_.StreamVerify(defer);
+    else if (verify_reads)
+      reader_.VerifyOnFirstRead();
   }
 
   SourceKind kind() const override { return SourceKind::kDeepSpeed; }
@@ -544,7 +550,10 @@ class DeepSpeedSource final : public StateSource {
     return {"module (the " + reader_.info().model_dtype +
             " model weights; the fp32 masters are read instead)"};
   }
-  Status Verify(const std::vector<std::string>&, int, int) override { return Status::Ok(); }
+  void HashReadBytes() override { reader_.HashReadBytes(); }
+  Status Verify(const std::vector<std::string>& states, int part, int parts) override {
+    return reader_.VerifyStates(states, part, parts);
+  }
 
  private:
   DeepSpeedReader reader_;
@@ -660,7 +669,9 @@ Result<std::unique_ptr<StateSource>> OpenStateSource(const std::string& path,
   Env* env = options.env ? options.env : Env::Default();
   if (!DeepSpeedTagDir(path, options.tag, env).empty()) {
     CKPT_ASSIGN_OR_RETURN(DeepSpeedReader r, DeepSpeedReader::Open(path, options.tag, env), "");
-    return std::unique_ptr<StateSource>(new DeepSpeedSource(std::move(r)));
+    return std::unique_ptr<StateSource>(new DeepSpeedSource(
+        std::move(r), options.stream_verify, options.stream_verify && options.defer_stream_hashes,
+        options.verify_reads));
   }
   CKPT_ASSIGN_OR_RETURN(std::string dir, ResolveTagDir(path, options.tag, env), "");
   if (IsUniversal(dir, "", env)) {

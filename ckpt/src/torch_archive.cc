@@ -186,6 +186,15 @@ struct ZipFileSource {
 
 std::string ZipErrorText(zip_error_t* e) { return Zip().error_strerror(e); }
 
+// A record whose bytes do not give the CRC-32 the archive records for it.
+Status CrcError(const std::string& path, const std::string& record, uint32_t recorded,
+                uint32_t computed) {
+  char text[96];
+  std::snprintf(text, sizeof text, ": CRC error (the archive records %08x, the bytes give %08x)",
+                static_cast<unsigned>(recorded), static_cast<unsigned>(computed));
+  return DataLoss(path + ": record " + record + text);
+}
+
 }  // namespace
 
 struct TorchFile::Impl {
@@ -283,6 +292,55 @@ struct TorchFile::Impl {
     if (Zip().stat_index(zip.get(), idx, 0, &st) != 0 || !(st.valid & ZIP_STAT_SIZE))
       return DataLoss(path + ": cannot stat a record: " + Zip().strerror(zip.get()));
     return static_cast<uint64_t>(st.size);
+  }
+
+  // Reads record `name` (index idx) to its end and checks its CRC-32 (TorchFile::VerifyRecords);
+  // `buf` holds the libzip path's reads (allocated on first use).
+  Status VerifyRecord(const std::string& name, zip_uint64_t idx, AlignedBuffer& buf,
+                      const std::function<void(uint64_t)>& on_bytes) {
+    const std::string record = Excerpt(prefix + name, 200);
+    source->read_error = Status::Ok();
+    // A record stored as it is (every storage torch.save writes) is read from where it lies:
+    // past the page cache with the reads ahead of the CRC (RandomAccessFile::Scan), its CRC-32
+    // computed by libdeflate as the bytes arrive and compared with the archive's. Through
+    // libzip each 16 MiB was read, then copied, then CRC'd by zlib, one after the other on one
+    // thread: `ckpt check` of a DeepSpeed checkpoint ran at 0.27 of a cold read (issue 19,
+    // docs/performance.md).
+    zip_stat_t st;
+    Zip().stat_init(&st);
+    std::optional<uint64_t> at;
+    if (Zip().stat_index(zip.get(), idx, 0, &st) == 0 && (st.valid & ZIP_STAT_CRC) &&
+        (st.valid & ZIP_STAT_SIZE) && (st.valid & ZIP_STAT_COMP_SIZE) && st.comp_size == st.size &&
+        st.size >= kMinScanBytes)
+      at = DataFileOffset(idx);  // stored records only
+    if (at) {
+      uint32_t crc = 0;
+      CKPT_RETURN_IF_ERROR(source->file->Scan(*at, st.size,
+                                              [&](uint64_t, const uint8_t* p, size_t n) {
+                                                crc = ZipCrc32(crc, p, n);
+                                                if (on_bytes) on_bytes(n);
+                                                return Status::Ok();
+                                              }),
+                           "record " + record);
+      if (crc != st.crc) return CrcError(path, record, static_cast<uint32_t>(st.crc), crc);
+      bytes_read += st.size;
+      scanned_bytes += st.size;
+      return Status::Ok();
+    }
+    // Anything else to its end through libzip, which compares the CRC-32 there. Reads of 16
+    // MiB, so a storage's bytes leave the disk past the page cache (ZipFileSource), into I/O
+    // memory that is not zero-filled first (ckpt/aligned_buffer.h).
+    if (buf.size() == 0) buf = AlignedBuffer(16u << 20);
+    std::unique_ptr<zip_file_t, ZipFileCloser> f(Zip().fopen_index(zip.get(), idx, 0));
+    if (!f) return Failed("record " + Excerpt(name, 200) + ": ", Zip().strerror(zip.get()));
+    while (true) {
+      const zip_int64_t got = Zip().fread(f.get(), buf.data(), buf.size());
+      if (got < 0) return Failed("record " + record + ": ", Zip().file_strerror(f.get()));
+      if (got == 0) break;
+      bytes_read += static_cast<uint64_t>(got);
+      if (on_bytes) on_bytes(static_cast<uint64_t>(got));
+    }
+    return Status::Ok();
   }
 };
 
@@ -427,59 +485,75 @@ Status TorchFile::ReadFloats(const TorchTensorRef& t, int64_t first, int64_t cou
 }
 
 Status TorchFile::VerifyRecords(const std::function<void(uint64_t)>& on_bytes) {
-  Impl& I = *impl_;
   AlignedBuffer buf;  // the libzip path's reads, allocated on first use
-  for (const auto& [name, idx] : I.records) {
-    const std::string record = Excerpt(I.prefix + name, 200);
-    I.source->read_error = Status::Ok();
-    // A record stored as it is (every storage torch.save writes) is read from where it lies:
-    // past the page cache with the reads ahead of the CRC (RandomAccessFile::Scan), its CRC-32
-    // computed by libdeflate as the bytes arrive and compared with the archive's. Through
-    // libzip each 16 MiB was read, then copied, then CRC'd by zlib, one after the other on one
-    // thread: `ckpt check` of a DeepSpeed checkpoint ran at 0.27 of a cold read (issue 19,
-    // docs/performance.md).
-    zip_stat_t st;
-    Zip().stat_init(&st);
-    std::optional<uint64_t> at;
-    if (Zip().stat_index(I.zip.get(), idx, 0, &st) == 0 && (st.valid & ZIP_STAT_CRC) &&
-        (st.valid & ZIP_STAT_SIZE) && (st.valid & ZIP_STAT_COMP_SIZE) && st.comp_size == st.size &&
-        st.size >= kMinScanBytes)
-      at = I.DataFileOffset(idx);  // stored records only
-    if (at) {
-      uint32_t crc = 0;
-      CKPT_RETURN_IF_ERROR(I.source->file->Scan(*at, st.size,
-                                                [&](uint64_t, const uint8_t* p, size_t n) {
-                                                  crc = libdeflate_crc32(crc, p, n);
-                                                  if (on_bytes) on_bytes(n);
-                                                  return Status::Ok();
-                                                }),
-                           "record " + record);
-      if (crc != st.crc) {
-        char text[96];
-        std::snprintf(text, sizeof text,
-                      ": CRC error (the archive records %08x, the bytes give %08x)",
-                      static_cast<unsigned>(st.crc), static_cast<unsigned>(crc));
-        return DataLoss(I.path + ": record " + record + text);
-      }
-      I.bytes_read += st.size;
-      I.scanned_bytes += st.size;
-      continue;
-    }
-    // Anything else to its end through libzip, which compares the CRC-32 there. Reads of 16
-    // MiB, so a storage's bytes leave the disk past the page cache (ZipFileSource), into I/O
-    // memory that is not zero-filled first (ckpt/aligned_buffer.h).
-    if (buf.size() == 0) buf = AlignedBuffer(16u << 20);
-    std::unique_ptr<zip_file_t, ZipFileCloser> f(Zip().fopen_index(I.zip.get(), idx, 0));
-    if (!f) return I.Failed("record " + Excerpt(name, 200) + ": ", Zip().strerror(I.zip.get()));
-    while (true) {
-      const zip_int64_t got = Zip().fread(f.get(), buf.data(), buf.size());
-      if (got < 0) return I.Failed("record " + record + ": ", Zip().file_strerror(f.get()));
-      if (got == 0) break;
-      I.bytes_read += static_cast<uint64_t>(got);
-      if (on_bytes) on_bytes(static_cast<uint64_t>(got));
-    }
+  for (const auto& [name, idx] : impl_->records)
+    CKPT_RETURN_IF_ERROR(impl_->VerifyRecord(name, idx, buf, on_bytes), "");
+  return Status::Ok();
+}
+
+Result<TorchFile::StorageRecord> TorchFile::Storage(const TorchTensorRef& t) {
+  CKPT_ASSIGN_OR_RETURN(zip_uint64_t idx, impl_->Index("data/" + t.key), "");
+  zip_stat_t st;
+  Zip().stat_init(&st);
+  if (Zip().stat_index(impl_->zip.get(), idx, 0, &st) != 0 || !(st.valid & ZIP_STAT_SIZE) ||
+      !(st.valid & ZIP_STAT_CRC))
+    return DataLoss(impl_->path + ": cannot stat record " +
+                    Excerpt(impl_->prefix + "data/" + t.key, 200) + ": " +
+                    Zip().strerror(impl_->zip.get()));
+  return StorageRecord{static_cast<uint64_t>(st.size), static_cast<uint32_t>(st.crc)};
+}
+
+Status TorchFile::CrcStorageBytes(const TorchTensorRef& t, uint64_t from, uint64_t to,
+                                  uint32_t* crc) {
+  CKPT_ASSIGN_OR_RETURN(zip_uint64_t idx, impl_->Index("data/" + t.key), "");
+  CKPT_ASSIGN_OR_RETURN(uint64_t size, impl_->Size(idx), "");
+  if (from > to || to > size)
+    return InvalidArgument(impl_->path + ": byte range outside record " +
+                           Excerpt(impl_->prefix + "data/" + t.key, 200));
+  constexpr uint64_t kChunk = 4u << 20;
+  std::vector<uint8_t> buf(static_cast<size_t>(std::min(kChunk, to - from)));
+  for (uint64_t at = from; at < to;) {
+    const uint64_t n = std::min(kChunk, to - at);
+    CKPT_RETURN_IF_ERROR(impl_->ReadAt(idx, at, n, buf.data()), "");
+    *crc = ZipCrc32(*crc, buf.data(), static_cast<size_t>(n));
+    at += n;
   }
   return Status::Ok();
+}
+
+Status TorchFile::CompareStorageCrc(const TorchTensorRef& t, uint32_t crc) {
+  CKPT_ASSIGN_OR_RETURN(const StorageRecord rec, Storage(t), "");
+  if (crc == rec.crc) return Status::Ok();
+  return CrcError(impl_->path, Excerpt(impl_->prefix + "data/" + t.key, 200), rec.crc, crc);
+}
+
+Status TorchFile::VerifyStorage(const TorchTensorRef& t) {
+  CKPT_ASSIGN_OR_RETURN(zip_uint64_t idx, impl_->Index("data/" + t.key), "");
+  AlignedBuffer buf;
+  return impl_->VerifyRecord("data/" + t.key, idx, buf, {});
+}
+
+Status TorchFile::ReadElementsChecked(const TorchTensorRef& t, int64_t first, int64_t count,
+                                      void* out) {
+  if (!t.contiguous()) {
+    CKPT_RETURN_IF_ERROR(VerifyStorage(t), "");
+    return ReadElements(t, first, count, out);
+  }
+  if (first < 0 || count < 0 || first + count > t.numel())
+    return InvalidArgument(impl_->path + ": element range outside tensor");
+  CKPT_ASSIGN_OR_RETURN(const StorageRecord rec, Storage(t), "");
+  const uint64_t at = static_cast<uint64_t>(t.offset + first) * t.itemsize;
+  const uint64_t n = static_cast<uint64_t>(count) * t.itemsize;
+  uint32_t crc = 0;
+  CKPT_RETURN_IF_ERROR(CrcStorageBytes(t, 0, at, &crc), "");
+  CKPT_RETURN_IF_ERROR(ReadElements(t, first, count, out), "");
+  crc = ZipCrc32(crc, out, static_cast<size_t>(n));
+  CKPT_RETURN_IF_ERROR(CrcStorageBytes(t, at + n, rec.size, &crc), "");
+  return CompareStorageCrc(t, crc);
+}
+
+uint32_t ZipCrc32(uint32_t crc, const void* bytes, size_t n) {
+  return static_cast<uint32_t>(libdeflate_crc32(crc, bytes, n));
 }
 
 uint64_t TorchFile::scanned_bytes() const { return impl_->scanned_bytes; }

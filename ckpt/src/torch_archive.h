@@ -57,6 +57,23 @@ class TorchFile {
   // CRC computed here; any other through libzip, which checks it. DataLoss naming the file and
   // the record on a mismatch. `on_bytes` (may be empty) gets the bytes read as they are read.
   Status VerifyRecords(const std::function<void(uint64_t)>& on_bytes = {});
+  // Tensor t's storage record: its size and the CRC-32 the archive records for its bytes.
+  struct StorageRecord {
+    uint64_t size = 0;
+    uint32_t crc = 0;
+  };
+  Result<StorageRecord> Storage(const TorchTensorRef& t);
+  // Reads bytes [from, to) of tensor t's storage record and continues `*crc` over them (a
+  // stream's gap or tail: DeepSpeedReader's stream verification).
+  Status CrcStorageBytes(const TorchTensorRef& t, uint64_t from, uint64_t to, uint32_t* crc);
+  // DataLoss naming the file and the record ("CRC error (the archive records X, the bytes give
+  // Y)") when `crc`, computed over the whole of t's storage record, is not the archive's.
+  Status CompareStorageCrc(const TorchTensorRef& t, uint32_t crc);
+  // VerifyRecords for t's storage record alone.
+  Status VerifyStorage(const TorchTensorRef& t);
+  // ReadElements, and the CRC-32 of t's whole storage record checked: a contiguous view's
+  // elements are read once and CRC'd where they land, the rest of the record read around them.
+  Status ReadElementsChecked(const TorchTensorRef& t, int64_t first, int64_t count, void* out);
   uint64_t bytes_read() const;
   // Of the bytes VerifyRecords read, those read from where they lie (not through libzip).
   uint64_t scanned_bytes() const;
@@ -66,5 +83,8 @@ class TorchFile {
   explicit TorchFile(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// The zip format's CRC-32 (libdeflate's) of `n` more bytes after `crc` (0 to begin).
+uint32_t ZipCrc32(uint32_t crc, const void* bytes, size_t n);
 
 }  // namespace ckpt

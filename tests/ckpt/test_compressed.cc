@@ -32,6 +32,7 @@ using ckpt::testing::SaveWithThreads;
 using ckpt::testing::ScratchDir;
 using ckpt::testing::SmallModel;
 using ckpt::testing::WrappedFileEnv;
+using ckpt::testing::XorByteAt;
 
 namespace {
 
@@ -80,17 +81,6 @@ std::vector<uint8_t> ReadThroughHdf5(const std::string& file, const std::string&
   H5Fclose(f);
   REQUIRE(rc >= 0);
   return out;
-}
-
-void FlipByte(const std::string& path, uint64_t offset) {
-  std::fstream io(path, std::ios::binary | std::ios::in | std::ios::out);
-  io.seekg(static_cast<std::streamoff>(offset));
-  char c = 0;
-  io.read(&c, 1);
-  c = static_cast<char>(c ^ 0x5a);
-  io.seekp(static_cast<std::streamoff>(offset));
-  io.write(&c, 1);
-  REQUIRE(io.good());
 }
 
 std::string SaveOne(const std::string& root, const std::string& compression,
@@ -210,7 +200,7 @@ TEST_CASE("a damaged compressed chunk is DataLoss naming the file, the dataset a
     ScratchDir work;
     std::filesystem::copy(dir.str(), work.str(), std::filesystem::copy_options::recursive);
     const std::string wtag = work.str() + "/z";
-    FlipByte(wtag + "/rank_00000.h5", at);
+    REQUIRE(XorByteAt(wtag + "/rank_00000.h5", at, 0x5a));
     const bool magic = at == chunk.addr + 1;
     for (bool verify : {true, false}) {
       OpenOptions oo;
@@ -294,7 +284,7 @@ TEST_CASE("check --deep reads an uncompressed file's bytes with its HDF5 state f
   REQUIRE(r.ok());
   const FileRecord& rec = r->manifest().files.at(0);
   REQUIRE(!rec.data_extents.empty());
-  FlipByte(tag + "/" + rec.path, rec.data_extents[0].first + 100);
+  REQUIRE(XorByteAt(tag + "/" + rec.path, rec.data_extents[0].first + 100, 0x5a));
   problems = CheckCheckpoint(tag, /*deep=*/true);
   REQUIRE(problems.ok());
   CHECK_FALSE(problems->empty());

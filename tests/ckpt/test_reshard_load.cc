@@ -21,6 +21,7 @@
 
 using namespace ckpt;
 using ckpt::testing::ScratchDir;
+using ckpt::testing::XorByteAt;
 
 namespace {
 
@@ -53,16 +54,6 @@ uint64_t DataOffset(const std::string& file, const std::string& dataset) {
   H5Fclose(f);
   REQUIRE(addr != HADDR_UNDEF);
   return static_cast<uint64_t>(addr);
-}
-
-void FlipByte(const std::string& path, uint64_t offset) {
-  std::fstream io(path, std::ios::binary | std::ios::in | std::ios::out);
-  io.seekg(static_cast<std::streamoff>(offset));
-  char c = 0;
-  io.read(&c, 1);
-  c = static_cast<char>(c ^ 0x40);
-  io.seekp(static_cast<std::streamoff>(offset));
-  io.write(&c, 1);
 }
 
 // Drops the piece digests from every dataset record (what a 1.2 writer recorded).
@@ -238,7 +229,8 @@ TEST_CASE("a flipped byte is caught by a slice read touching its piece, not by o
     REQUIRE(clean->ReadSlice(1, "master", 0, rec->shape[0], want.data()).ok());
     if (std::string(compression) == "none") {
       // Damage piece 2 of rank 1's master.
-      FlipByte(tag + "/rank_00001.h5", DataOffset(tag + "/rank_00001.h5", "master") + 2 * kPiece + 5);
+      REQUIRE(XorByteAt(tag + "/rank_00001.h5",
+                        DataOffset(tag + "/rank_00001.h5", "master") + 2 * kPiece + 5, 0x40));
     } else {
       // A flipped byte inside a zstd frame may fail the chunk's decompression before any
       // piece is hashed: damage the recorded digest of piece 2 instead, which the same check
@@ -299,7 +291,8 @@ TEST_CASE("LoadResharded names damage in a piece a new rank reads, and only that
   const DatasetRecord* rec = clean->manifest().FindDataset(3, "exp_avg");
   REQUIRE(rec != nullptr);
   const uint64_t at = rec->bytes / 2;
-  FlipByte(tag + "/rank_00003.h5", DataOffset(tag + "/rank_00003.h5", "exp_avg") + at);
+  REQUIRE(
+      XorByteAt(tag + "/rank_00003.h5", DataOffset(tag + "/rank_00003.h5", "exp_avg") + at, 0x40));
   auto target = PlanReshard(clean->manifest(), 2, 1);
   REQUIRE(target.ok());
   CHECK(LoadResharded(tag, *target, 0).ok());

@@ -287,7 +287,9 @@ def check_mutations(ckpt, work, count=100, seed=20261203, blocks=0):
     central directory, bytes cut off or taken out): `check` and `export-fp32` exit 0 or 1,
     never crash, print no raw byte of the file, and write nothing on a refusal. Both outcomes
     must occur (flips inside tensor data pass: DeepSpeed records no checksums but the zip's
-    CRC-32, which `check` reads), so the mutations reach past the archive's parsing. With
+    CRC-32, which `check` reads), so the mutations reach past the archive's parsing. An export
+    that succeeds wrote exactly the undamaged checkpoint's export: damage in what it reads (the
+    fp32 masters, frozen tensors) is refused by their records' CRC-32. With
     `blocks`, the checkpoint gets that many 512 x 512 blocks: storages of a MiB and more, which
     `check` reads from where they lie and CRCs itself (records under 64 KiB go through libzip),
     and a flip in one must be reported with that path's message."""
@@ -297,6 +299,10 @@ def check_mutations(ckpt, work, count=100, seed=20261203, blocks=0):
     tag = os.path.join(root, "global_step7")
     files = sorted(f for f in os.listdir(tag) if f.endswith(".pt"))
     pristine = {f: open(os.path.join(tag, f), "rb").read() for f in files}
+    truth_out = root + ".mut.truth"
+    shutil.rmtree(truth_out, ignore_errors=True)
+    run([ckpt, "export-fp32", root, truth_out])
+    truth = {f: open(os.path.join(truth_out, f), "rb").read() for f in os.listdir(truth_out)}
     seen = {}
     out = root + ".mut.out"
     for _ in range(count):
@@ -325,14 +331,20 @@ def check_mutations(ckpt, work, count=100, seed=20261203, blocks=0):
                 fail(f"mutated {name} ({kind}): ckpt {cmd[0]} exited {p.returncode}\n{text[-500:]}")
             if p.returncode == 1 and os.path.exists(out):
                 fail(f"mutated {name} ({kind}): ckpt {cmd[0]} failed but wrote {out}")
+            if cmd[0] == "export-fp32" and p.returncode == 0:
+                got = {f: open(os.path.join(out, f), "rb").read() for f in os.listdir(out)}
+                if got != truth:
+                    fail(f"mutated {name} ({kind}): export-fp32 exited 0 with other bytes than "
+                         f"the undamaged checkpoint's export")
             seen[(cmd[0], p.returncode)] = seen.get((cmd[0], p.returncode), 0) + 1
-            if cmd[0] == "check" and "the bytes give" in text:
-                seen["crc by ckpt"] = seen.get("crc by ckpt", 0) + 1
-    for need in (("check", 1), ("export-fp32", 0), ("export-fp32", 1)) + (
-            ("crc by ckpt",) if blocks else ()):
+            if "the bytes give" in text:
+                seen[f"crc by {cmd[0]}"] = seen.get(f"crc by {cmd[0]}", 0) + 1
+    for need in (("check", 1), ("export-fp32", 0), ("export-fp32", 1), "crc by export-fp32") + (
+            ("crc by check",) if blocks else ()):
         if not seen.get(need):
             fail(f"mutations never gave {need}: {seen}")
     shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(truth_out, ignore_errors=True)
     print(f"ok mutations: {count} damaged copies{f' of {blocks} large blocks' if blocks else ''}, "
           f"outcomes {sorted(seen.items(), key=str)}")
 

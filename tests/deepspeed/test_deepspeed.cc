@@ -2,6 +2,7 @@
 // 1/2/3 x world 1/2/3 x fp32/bf16 (+ BF16_Optimizer) against torch's recomputation through
 // export-fp32, import-deepspeed, inspect, check, to-universal, reshard and next-update; hostile
 // inputs refused. (docs/deepspeed.md's examples run in the docs suite, tests/docs.)
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <filesystem>
@@ -22,6 +23,7 @@
 namespace {
 
 using ckpt::testing::Mapped;
+using ckpt::testing::XorByteAt;
 
 // Records the large reads of the files it opens; with `fail` set, every read fails.
 class ReadWatchEnv final : public ckpt::testing::WrappedFileEnv {
@@ -292,15 +294,7 @@ TEST_CASE("check CRCs every storage from where it lies, the files in parallel, a
     at = *where;
     optim = r->dir() + "/" + r->info().optim_files[1];
   }
-  {
-    std::fstream f(optim, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(static_cast<std::streamoff>(at));
-    char c = 0;
-    f.read(&c, 1);
-    c ^= 0x10;
-    f.seekp(static_cast<std::streamoff>(at));
-    f.write(&c, 1);
-  }
+  REQUIRE(XorByteAt(optim, at, 0x10));
   auto r = ckpt::DeepSpeedReader::Open(ds, "", &env);
   REQUIRE(r.ok());  // the layout is intact: only the bytes changed
   auto problems = r->Check();
@@ -319,4 +313,127 @@ TEST_CASE("check CRCs every storage from where it lies, the files in parallel, a
   REQUIRE(failed.ok());
   REQUIRE_FALSE(failed->empty());
   CHECK(failed->front().what.find("injected read failure") != std::string::npos);
+}
+
+TEST_CASE("a DeepSpeed source CRCs the records it reads as they pass and refuses a flip", "[io]") {
+  ckpt::testing::ScratchDir dir("dsstream");
+  const std::string ds = dir / "ds";
+  REQUIRE(MakeDeepSpeed(ds, "--zero 2 --world 2 --dtype fp32 --blocks 2 --block-width 1024"));
+  ReadWatchEnv env;
+  auto open = [&](bool stream, bool defer) {
+    ckpt::SourceOptions so;
+    so.env = &env;
+    so.stream_verify = stream;
+    so.defer_stream_hashes = defer;
+    auto src = ckpt::OpenStateSource(ds, so);
+    REQUIRE(src.ok());
+    REQUIRE((*src)->kind() == ckpt::SourceKind::kDeepSpeed);
+    return std::move(*src);
+  };
+  std::vector<std::pair<std::string, int64_t>> trainable;  // name, elements
+  int64_t elements = 0;
+  {
+    auto src = open(false, false);
+    for (const auto& p : src->manifest().params) {
+      if (p.frozen || !p.tied_to.empty()) continue;
+      trainable.emplace_back(p.name, p.numel);
+      elements += p.numel;
+    }
+  }
+  REQUIRE(elements > (int64_t{1} << 21));
+  // Every master in table order (export-fp32's order: each rank's partition front to back),
+  // then Verify, streaming; or in reverse order, each record then read whole by Verify.
+  auto read_all = [&](ckpt::StateSource& src, bool reverse) {
+    auto order = trainable;
+    if (reverse) std::reverse(order.begin(), order.end());
+    for (const auto& [name, numel] : order) {
+      std::vector<float> v(static_cast<size_t>(numel));
+      const ckpt::Status read = src.ReadParamRange(name, ckpt::kMaster, 0, numel, v.data());
+      INFO(read.message());
+      REQUIRE(read.ok());
+      src.HashReadBytes();  // before `v` goes (SourceOptions::defer_stream_hashes)
+    }
+    return src.FinishVerification({std::string(ckpt::kMaster)});
+  };
+  for (bool defer : {false, true}) {
+    INFO("defer " << defer);
+    env.scanned = 0;
+    auto src = open(true, defer);
+    CHECK(read_all(*src, false).ok());
+    // Each byte read once: the reads themselves, the few bytes between and after them, no
+    // record read again whole.
+    CHECK(env.scanned == 0);
+    CHECK(src->bytes_read() < static_cast<uint64_t>(elements) * 4 * 11 / 10);
+    auto reversed = open(true, defer);
+    CHECK(read_all(*reversed, true).ok());
+    CHECK(env.scanned > 0);
+  }
+  // One bit of a master element in the middle of rank 1's partition, and one of an exp_avg
+  // element of rank 0's.
+  std::string optim1, optim0;
+  uint64_t master_at = 0, moment_at = 0;
+  {
+    auto r = ckpt::DeepSpeedReader::Open(ds);
+    REQUIRE(r.ok());
+    const std::optional<uint64_t> m = r->PartitionFileOffset(1, ckpt::kMaster, 300000);
+    const std::optional<uint64_t> e = r->PartitionFileOffset(0, ckpt::kExpAvg, 1000);
+    REQUIRE(m.has_value());
+    REQUIRE(e.has_value());
+    master_at = *m;
+    moment_at = *e;
+    optim1 = r->dir() + "/" + r->info().optim_files[1];
+    optim0 = r->dir() + "/" + r->info().optim_files[0];
+  }
+  REQUIRE(XorByteAt(optim1, master_at, 0x10));
+  for (bool reverse : {false, true}) {
+    for (bool defer : {false, true}) {
+      INFO("reverse " << reverse << ", defer " << defer);
+      auto src = open(true, defer);
+      const ckpt::Status s = read_all(*src, reverse);
+      INFO(s.message());
+      CHECK(s.code() == ckpt::StatusCode::kDataLoss);
+      CHECK(s.message().find(optim1) != std::string::npos);
+      CHECK(s.message().find("the bytes give") != std::string::npos);
+    }
+  }
+  REQUIRE(XorByteAt(optim1, master_at, 0x10));  // mended
+  REQUIRE(XorByteAt(optim0, moment_at, 0x10));
+  {
+    auto src = open(true, true);
+    CHECK(read_all(*src, false).ok());  // the masters are intact
+  }
+  // verify_reads (LoadResharded): the first read from a record checks it whole.
+  {
+    ckpt::SourceOptions so;
+    so.env = &env;
+    so.verify_reads = true;
+    auto src = ckpt::OpenStateSource(ds, so);
+    REQUIRE(src.ok());
+    std::vector<float> v(static_cast<size_t>(trainable.front().second));
+    CHECK((*src)->ReadParamRange(trainable.front().first, ckpt::kMaster, 0, 1, v.data()).ok());
+    CHECK((*src)->ReadParamRange(trainable.front().first, ckpt::kExpAvgSq, 0, 1, v.data()).ok());
+    // Rank 0's exp_avg holds the flip; every parameter has a range on rank 0 or 1.
+    bool refused = false;
+    for (const auto& [name, numel] : trainable) {
+      v.resize(static_cast<size_t>(numel));
+      const ckpt::Status s = (*src)->ReadParamRange(name, ckpt::kExpAvg, 0, numel, v.data());
+      if (s.ok()) continue;
+      INFO(s.message());
+      CHECK(s.message().find(optim0) != std::string::npos);
+      CHECK(s.message().find("CRC error") != std::string::npos);
+      refused = true;
+      break;
+    }
+    CHECK(refused);
+  }
+  // A source opened without either reads every record of the states whole in Verify
+  // (reshard's and next-update's pass before they use the state).
+  auto src = open(false, false);
+  CHECK(src->FinishVerification({std::string(ckpt::kMaster)}).ok());
+  const ckpt::Status s = src->FinishVerification(
+      {std::string(ckpt::kMaster), std::string(ckpt::kExpAvg), std::string(ckpt::kExpAvgSq)});
+  INFO(s.message());
+  CHECK(s.code() == ckpt::StatusCode::kDataLoss);
+  CHECK(s.message().find(optim0) != std::string::npos);
+  CHECK(s.message().find("CRC error") != std::string::npos);
 }

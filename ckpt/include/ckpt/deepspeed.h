@@ -80,8 +80,27 @@ class DeepSpeedReader {
   // group's fp32 tensor is stored contiguous and uncompressed; nullopt otherwise (or for a
   // moment the optimizer has not written yet). For StateSource::ReadShift.
   std::optional<uint64_t> PartitionFileOffset(int r, std::string_view state, int64_t offset);
-  // A frozen parameter's (or buffer's) bytes in its stored dtype (manifest dtype and shape).
+  // A frozen parameter's (or buffer's) bytes in its stored dtype (manifest dtype and shape),
+  // the CRC-32 of each storage record they come from checked (the record read whole).
   Result<std::vector<uint8_t>> ReadFrozenBytes(std::string_view param);
+
+  // Stream verification (StateSource's stream_verify). From this call on, ReadParamRange and
+  // ReadPartition keep a running CRC-32 of each fp32 storage record they read front to back:
+  // a read that starts past the last one's end has the bytes between read and included, one
+  // that starts before it leaves the record to VerifyStates. With `defer`, the CRC of a read's
+  // bytes is left to HashReadBytes() (which another thread may call while this one reads on);
+  // the caller keeps the bytes unchanged where they were read until a HashReadBytes() call that
+  // began after the read returned.
+  void StreamVerify(bool defer);
+  void HashReadBytes();
+  // From this call on, the first read from an optimizer-file record checks the whole record's
+  // CRC-32 first (TorchFile::VerifyStorage; StateSource's verify_reads).
+  void VerifyOnFirstRead();
+  // Checks the CRC-32 of every optimizer-file record holding `states` (share `part` of `parts`,
+  // by index in rank, state, group order): a stream's remaining tail is read and its CRC
+  // compared; a record read out of order or not at all is read whole (TorchFile::VerifyStorage).
+  // DataLoss naming the file and the record on a mismatch. Ends the streams.
+  Status VerifyStates(const std::vector<std::string>& states, int part, int parts);
   // Reads every record of every file to its end and checks its CRC-32 (the files in parallel;
   // with `progress`, a bar on a TTY), then resolves every range of the parameter table in
   // every state, and reports what fails; structural problems already stopped Open. Empty =

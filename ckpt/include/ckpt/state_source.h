@@ -17,8 +17,8 @@
 // all. So each byte is read once and still checked. A source opened without it checks nothing
 // until FinishVerification(), which then streams every dataset once (reshard's and
 // next-update's up-front pass). Whole-dataset reads (ReadFrozenBytes, ReadRankExtra) are always
-// checked. A DeepSpeed checkpoint records no checksums: its reads are as good as the zip
-// records' CRC-32, which Check() reads to the end.
+// checked. A DeepSpeed checkpoint records no checksums of its own: the CRC-32 of the zip
+// records holding the states take the digests' place, in the same way (DeepSpeedReader).
 //
 // Not thread-safe (readers keep open handles); open one source per thread. The exception:
 // HashReadBytes() (SourceOptions::defer_stream_hashes).
@@ -57,7 +57,7 @@ struct SourceOptions {
   std::string tag;             // empty: what `latest` names (or the directory itself)
   Env* env = nullptr;          // nullptr: Env::Default()
   bool stream_verify = false;  // hash ordered reads as they pass (see above)
-  // With stream_verify, a sharded source leaves the hashing of ordered reads to
+  // With stream_verify, a sharded or DeepSpeed source leaves the hashing of ordered reads to
   // HashReadBytes(), which another thread may call while this one reads on, so that the
   // reading thread's cycle is the read alone (export-fp32: the writing thread hashes a piece
   // while the next one is read; docs/performance.md, 2026-12-04 16:00). The caller keeps the
@@ -70,8 +70,9 @@ struct SourceOptions {
   // request at the disk; docs/performance.md, 2026-12-04 15:10).
   bool open_ahead = false;
   // Every ReadParamRange is verified before it returns: a dataset that records piece digests
-  // (format 1.3) by the pieces the range touches, an older one by one whole-dataset pass the
-  // first time it is read (what LoadResharded opens with). Ignored with stream_verify.
+  // (format 1.3) by the pieces the range touches, an older one (and a DeepSpeed zip record) by
+  // one whole pass the first time it is read (what LoadResharded opens with). Ignored with
+  // stream_verify.
   bool verify_reads = false;
   // false: open for the tables only (inspect), without first checking that every rank file
   // exists with its recorded size; data reads still fail on a damaged file.

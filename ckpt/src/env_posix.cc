@@ -50,6 +50,10 @@ class PosixRandomAccessFile final : public RandomAccessFile {
     return PreadExact(fd_.get(), offset, n, out, path_);
   }
   uint64_t size() const override { return size_; }
+  void WillNeed(uint64_t offset, uint64_t n) const override {
+    (void)::posix_fadvise(fd_.get(), static_cast<off_t>(offset), static_cast<off_t>(n),
+                          POSIX_FADV_WILLNEED);
+  }
 
   // Uncached ranges bypass the page cache (internal::DirectReader); the rest reads as the
   // defaults do.

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <set>
 #include <vector>
 
 #include "ckpt/aligned_buffer.h"
@@ -99,6 +100,42 @@ struct ZipFileCloser {
   void operator()(zip_file_t* f) const { Zip().fclose(f); }
 };
 
+// The local-header offsets named by the central-directory entries in `p` (every occurrence of
+// the entry signature with its fixed part inside; a zip64 offset from the entry's extra field).
+// For hints only (ZipFileSource::Hint): an occurrence that is not an entry, inside a record's
+// data, gives an offset whose hint costs a page read, nothing else.
+std::vector<uint64_t> LocalHeaderOffsets(const uint8_t* p, size_t n) {
+  constexpr size_t kEntry = 46;  // a central-directory entry's fixed part
+  constexpr uint32_t kFull32 = 0xFFFFFFFFu;
+  static constexpr char kSignature[4] = {'P', 'K', 1, 2};
+  auto u16 = [&](size_t at) { return static_cast<uint32_t>(p[at] | p[at + 1] << 8); };
+  auto u32 = [&](size_t at) { return u16(at) | u16(at + 2) << 16; };
+  auto u64 = [&](size_t at) { return u32(at) | static_cast<uint64_t>(u32(at + 4)) << 32; };
+  std::vector<uint64_t> out;
+  for (size_t i = 0; i + kEntry <= n; ++i) {
+    const void* hit = ::memmem(p + i, n - i, kSignature, sizeof kSignature);
+    if (!hit) break;
+    i = static_cast<size_t>(static_cast<const uint8_t*>(hit) - p);
+    if (i + kEntry > n) break;
+    const uint32_t comp_size = u32(i + 20), size = u32(i + 24);
+    uint64_t at = u32(i + 42);
+    if (at == kFull32) {  // zip64: the 8-byte values of the fields stored as 0xFFFFFFFF, in order
+      const size_t end = std::min(n, i + kEntry + u16(i + 28) + u16(i + 30));
+      bool found = false;
+      for (size_t e = i + kEntry + u16(i + 28); e + 4 <= end; e += 4 + u16(e + 2)) {
+        if (u16(e) != 1) continue;
+        const size_t f = e + 4 + (size == kFull32 ? 8 : 0) + (comp_size == kFull32 ? 8 : 0);
+        found = f + 8 <= std::min(end, e + 4 + u16(e + 2));
+        if (found) at = u64(f);
+        break;
+      }
+      if (!found) continue;
+    }
+    out.push_back(at);
+  }
+  return out;
+}
+
 // The archive's bytes as libzip reads them: a libzip source over the Env's file (a file inside
 // a checkpoint: NewCheckpointFile refuses a symbolic link, so no file outside the checkpoint is
 // read because one points there). A read of 4 MiB or more (zip_fread passes a tensor's
@@ -106,9 +143,20 @@ struct ZipFileCloser {
 // with O_DIRECT as a rank file's datasets do; smaller ones (the archive's structure, small
 // tensors) through pread. (A window read ahead for runs of small reads, a ZeRO partition read
 // parameter by parameter, was tried and not kept: docs/performance.md, 2026-12-03.)
+//
+// While the archive is opened, libzip reads the central directory and then, for ZIP_CHECKCONS,
+// every record's local header, one small read after the other: a model-states file of 300
+// parameters is 600 reads, each waiting for the disk when the file is not cached (about 40 ms
+// of a 1 GB checkpoint's 70 ms `ckpt inspect` after a cache drop, docs/performance.md). The
+// offsets the central directory names are hinted to the file system (RandomAccessFile::
+// WillNeed) as soon as a read brings them, so the disk reads the headers together.
 struct ZipFileSource {
   static constexpr uint64_t kNowhere = UINT64_MAX;
+  static constexpr uint64_t kHeaderSpan = 512;  // a local header: 30 bytes, name, extra field
+  static constexpr size_t kMaxHints = 1u << 16;
   std::unique_ptr<RandomAccessFile> file;
+  bool hinting = true;        // the archive is being opened
+  std::set<uint64_t> hinted;  // local-header offsets hinted so far
   uint64_t pos = 0;
   uint64_t last_read_at = kNowhere;  // where the last read began (TorchFile::ElementFileOffset)
   int zip_error = ZIP_ER_OK;  // of the last failed command
@@ -117,6 +165,12 @@ struct ZipFileSource {
   zip_int64_t Fail(int code) {
     zip_error = code;
     return -1;
+  }
+  void Hint(const void* data, uint64_t n) {
+    for (uint64_t at : LocalHeaderOffsets(static_cast<const uint8_t*>(data), n)) {
+      if (at >= file->size() || hinted.size() >= kMaxHints || !hinted.insert(at).second) continue;
+      file->WillNeed(at, std::min(kHeaderSpan, file->size() - at));
+    }
   }
   static zip_int64_t Callback(void* user, void* data, zip_uint64_t len, zip_source_cmd_t cmd) {
     auto* s = static_cast<ZipFileSource*>(user);
@@ -138,6 +192,13 @@ struct ZipFileSource {
         if (!st.ok()) {
           s->read_error = std::move(st);
           return s->Fail(ZIP_ER_READ);
+        }
+        if (s->hinting && n < RandomAccessFile::kLargeReadBlock) {
+          Status hinted = OutOfMemoryAsStatus("hint", [&] {
+            s->Hint(data, n);
+            return Status::Ok();
+          });
+          (void)hinted;  // a hint that could not be given changes nothing
         }
         s->pos += n;
         return static_cast<zip_int64_t>(n);
@@ -382,6 +443,8 @@ Result<TorchFile> TorchFile::Open(const std::string& path, Env* env) {
     return DataLoss(path + ": not a readable PyTorch zip archive (" + ZipErrorText(&err) +
                     "; truncated or damaged?)");
   }
+  impl->source->hinting = false;
+  impl->source->hinted.clear();
   const zip_int64_t n = Zip().get_num_entries(impl->zip.get(), 0);
   if (n <= 0) return DataLoss(path + ": empty archive");
   for (zip_int64_t i = 0; i < n; ++i) {

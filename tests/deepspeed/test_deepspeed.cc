@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -34,6 +35,9 @@ class ReadWatchEnv final : public ckpt::testing::WrappedFileEnv {
         }) {}
   std::atomic<uint64_t> large_reads{0}, largest{0}, scanned{0};
   std::atomic<bool> fail{false};
+  std::mutex mu;
+  std::vector<std::pair<uint64_t, uint64_t>> hints;  // WillNeed ranges, in call order
+  std::vector<uint64_t> hinted_reads;                // offsets of Reads inside a hinted range
 
  private:
   class File final : public ckpt::RandomAccessFile {
@@ -42,9 +46,25 @@ class ReadWatchEnv final : public ckpt::testing::WrappedFileEnv {
         : f_(std::move(f)), env_(env) {}
     ckpt::Status Read(uint64_t offset, size_t n, void* out) const override {
       if (env_->fail) return ckpt::IOError("injected read failure");
+      {
+        std::lock_guard<std::mutex> lock(env_->mu);
+        for (const auto& [at, len] : env_->hints) {
+          if (offset >= at && offset + n <= at + len) {
+            env_->hinted_reads.push_back(offset);
+            break;
+          }
+        }
+      }
       return f_->Read(offset, n, out);
     }
     uint64_t size() const override { return f_->size(); }
+    void WillNeed(uint64_t offset, uint64_t n) const override {
+      {
+        std::lock_guard<std::mutex> lock(env_->mu);
+        env_->hints.emplace_back(offset, n);
+      }
+      f_->WillNeed(offset, n);
+    }
     ckpt::Status ReadLarge(uint64_t offset, uint64_t n, void* out,
                            const PartFn& on_filled) const override {
       if (env_->fail) return ckpt::IOError("injected read failure");
@@ -436,4 +456,23 @@ TEST_CASE("a DeepSpeed source CRCs the records it reads as they pass and refuses
   CHECK(s.code() == ckpt::StatusCode::kDataLoss);
   CHECK(s.message().find(optim0) != std::string::npos);
   CHECK(s.message().find("CRC error") != std::string::npos);
+}
+
+TEST_CASE("opening a .pt file hints every record's local header before libzip reads them", "[io]") {
+  // ZeRO-2 bf16 with 48 more small parameters: the model-states file holds one record per
+  // parameter, whose local headers libzip reads one after the other (ZIP_CHECKCONS).
+  ckpt::testing::ScratchDir dir("dshint");
+  const std::string ds = dir / "ds";
+  REQUIRE(MakeDeepSpeed(ds, "--zero 2 --world 1 --dtype bf16 --blocks 48 --block-width 64"));
+  ReadWatchEnv env;
+  auto r = ckpt::DeepSpeedReader::Open(ds, "", &env);
+  REQUIRE(r.ok());
+  size_t stored = 0;  // parameters with a storage record of their own in the model file
+  for (const auto& p : r->manifest().params) stored += p.tied_to.empty();
+  REQUIRE(stored >= 48);
+  std::lock_guard<std::mutex> lock(env.mu);
+  // A hint per record, and each local header read inside one.
+  CHECK(env.hints.size() >= stored);
+  CHECK(env.hinted_reads.size() >= stored);
+  for (const auto& [at, len] : env.hints) CHECK((len > 0 && len <= 512));
 }

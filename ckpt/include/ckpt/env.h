@@ -56,6 +56,10 @@ class RandomAccessFile {
   virtual Status Read(uint64_t offset, size_t n, void* out) const = 0;
   // The file's size when it was opened.
   virtual uint64_t size() const = 0;
+  // A hint that [offset, offset + n) will be read soon: the file system may start reading it
+  // now, alongside other hinted ranges (PosixEnv: posix_fadvise WILLNEED). No effect on what
+  // any read returns; by default nothing.
+  virtual void WillNeed(uint64_t offset, uint64_t n) const {}
 
   // Large sequential reads (a dataset, a slice of one, a whole file), with the errors of Read.
   // ReadLarge fills out and calls on_filled (may be empty) with each consecutive part of out

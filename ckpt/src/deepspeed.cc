@@ -255,7 +255,10 @@ struct DeepSpeedReader::Impl {
   struct CrcStream {
     uint64_t cursor = 0;  // the record's bytes [0, cursor) are in `crc`
     uint32_t crc = 0;
-    bool broken = false;  // read out of order or not as its bytes: VerifyStates reads it whole
+    bool started = false;
+    // Read out of order or not as its bytes, or compressed (a gap would be decompressed from
+    // the record's start): VerifyStates reads it whole.
+    bool broken = false;
   };
   // A read whose CRC HashReadBytes computes (defer).
   struct PendingCrc {
@@ -304,6 +307,12 @@ struct DeepSpeedReader::Impl {
   Status StreamRead(int r, const TorchTensorRef& t, int64_t first, int64_t count,
                     const void* bytes) {
     CrcStream& s = streams[{r, t.key}];
+    if (!s.started) {
+      s.started = true;
+      CKPT_ASSIGN_OR_RETURN(const TorchFile::StorageRecord rec,
+                            optim[static_cast<size_t>(r)].Storage(t), "");
+      s.broken = !rec.stored;
+    }
     if (s.broken) return Status::Ok();
     const uint64_t at = static_cast<uint64_t>(t.offset + first) * t.itemsize;
     const size_t n = static_cast<size_t>(count) * t.itemsize;

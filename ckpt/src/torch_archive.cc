@@ -563,7 +563,9 @@ Result<TorchFile::StorageRecord> TorchFile::Storage(const TorchTensorRef& t) {
     return DataLoss(impl_->path + ": cannot stat record " +
                     Excerpt(impl_->prefix + "data/" + t.key, 200) + ": " +
                     Zip().strerror(impl_->zip.get()));
-  return StorageRecord{static_cast<uint64_t>(st.size), static_cast<uint32_t>(st.crc)};
+  const bool stored = (st.valid & ZIP_STAT_COMP_METHOD) && st.comp_method == ZIP_CM_STORE &&
+                      (st.valid & ZIP_STAT_COMP_SIZE) && st.comp_size == st.size;
+  return StorageRecord{static_cast<uint64_t>(st.size), static_cast<uint32_t>(st.crc), stored};
 }
 
 Status TorchFile::CrcStorageBytes(const TorchTensorRef& t, uint64_t from, uint64_t to,
@@ -598,13 +600,13 @@ Status TorchFile::VerifyStorage(const TorchTensorRef& t) {
 
 Status TorchFile::ReadElementsChecked(const TorchTensorRef& t, int64_t first, int64_t count,
                                       void* out) {
-  if (!t.contiguous()) {
-    CKPT_RETURN_IF_ERROR(VerifyStorage(t), "");
-    return ReadElements(t, first, count, out);
-  }
   if (first < 0 || count < 0 || first + count > t.numel())
     return InvalidArgument(impl_->path + ": element range outside tensor");
   CKPT_ASSIGN_OR_RETURN(const StorageRecord rec, Storage(t), "");
+  if (!t.contiguous() || !rec.stored) {
+    CKPT_RETURN_IF_ERROR(VerifyStorage(t), "");
+    return ReadElements(t, first, count, out);
+  }
   const uint64_t at = static_cast<uint64_t>(t.offset + first) * t.itemsize;
   const uint64_t n = static_cast<uint64_t>(count) * t.itemsize;
   uint32_t crc = 0;

@@ -57,10 +57,13 @@ class TorchFile {
   // CRC computed here; any other through libzip, which checks it. DataLoss naming the file and
   // the record on a mismatch. `on_bytes` (may be empty) gets the bytes read as they are read.
   Status VerifyRecords(const std::function<void(uint64_t)>& on_bytes = {});
-  // Tensor t's storage record: its size and the CRC-32 the archive records for its bytes.
+  // Tensor t's storage record: its size, the CRC-32 the archive records for its bytes, and
+  // whether it is stored as it is (as torch.save writes every storage): only then can a range
+  // inside it be read without decompressing from its start.
   struct StorageRecord {
     uint64_t size = 0;
     uint32_t crc = 0;
+    bool stored = false;
   };
   Result<StorageRecord> Storage(const TorchTensorRef& t);
   // Reads bytes [from, to) of tensor t's storage record and continues `*crc` over them (a
@@ -71,8 +74,9 @@ class TorchFile {
   Status CompareStorageCrc(const TorchTensorRef& t, uint32_t crc);
   // VerifyRecords for t's storage record alone.
   Status VerifyStorage(const TorchTensorRef& t);
-  // ReadElements, and the CRC-32 of t's whole storage record checked: a contiguous view's
-  // elements are read once and CRC'd where they land, the rest of the record read around them.
+  // ReadElements, and the CRC-32 of t's whole storage record checked: a contiguous view of a
+  // stored record has its elements read once and CRC'd where they land, the rest of the record
+  // read around them; any other is checked whole first (VerifyStorage).
   Status ReadElementsChecked(const TorchTensorRef& t, int64_t first, int64_t count, void* out);
   uint64_t bytes_read() const;
   // Of the bytes VerifyRecords read, those read from where they lie (not through libzip).

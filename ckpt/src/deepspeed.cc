@@ -242,6 +242,14 @@ struct DeepSpeedReader::Impl {
     const TorchTensorRef* master = nullptr;
     const TorchTensorRef* exp_avg = nullptr;
     const TorchTensorRef* exp_avg_sq = nullptr;
+    // The tensor of `state` (kMaster, kExpAvg, kExpAvgSq); nullptr for another name, or for a
+    // moment the optimizer has not written yet.
+    const TorchTensorRef* Of(std::string_view state) const {
+      return state == kMaster     ? master
+             : state == kExpAvg   ? exp_avg
+             : state == kExpAvgSq ? exp_avg_sq
+                                  : nullptr;
+    }
   };
   std::vector<std::vector<GroupTensors>> groups;  // [rank][group]
   struct FrozenSource {
@@ -342,9 +350,7 @@ struct DeepSpeedReader::Impl {
     for (const auto& g : groups[static_cast<size_t>(r)]) {
       const int64_t lo = std::max(offset, g.base), hi = std::min(offset + count, g.base + g.length);
       if (lo >= hi) continue;
-      const TorchTensorRef* t = state == kMaster ? g.master
-                                : state == kExpAvg ? g.exp_avg
-                                                   : g.exp_avg_sq;
+      const TorchTensorRef* t = g.Of(state);  // callers checked the state's name
       float* dst = out + (lo - offset);
       const int64_t first = lo - g.base;
       if (!t) {  // the optimizer has not stepped yet: moments are zero
@@ -1044,10 +1050,7 @@ std::optional<uint64_t> DeepSpeedReader::PartitionFileOffset(int r, std::string_
   if (r < 0 || static_cast<size_t>(r) >= I.groups.size()) return std::nullopt;
   for (const auto& g : I.groups[static_cast<size_t>(r)]) {
     if (offset < g.base || offset >= g.base + g.length) continue;
-    const TorchTensorRef* t = state == kMaster     ? g.master
-                              : state == kExpAvg   ? g.exp_avg
-                              : state == kExpAvgSq ? g.exp_avg_sq
-                                                   : nullptr;
+    const TorchTensorRef* t = g.Of(state);
     if (!t || t->dtype != DType::kF32) return std::nullopt;
     return I.optim[static_cast<size_t>(r)].ElementFileOffset(*t, offset - g.base);
   }
@@ -1099,10 +1102,7 @@ Status DeepSpeedReader::VerifyStates(const std::vector<std::string>& states, int
     TorchFile& f = I.optim[static_cast<size_t>(r)];
     for (const auto& state : states) {
       for (const auto& g : I.groups[static_cast<size_t>(r)]) {
-        const TorchTensorRef* t = state == kMaster     ? g.master
-                                  : state == kExpAvg   ? g.exp_avg
-                                  : state == kExpAvgSq ? g.exp_avg_sq
-                                                       : nullptr;
+        const TorchTensorRef* t = g.Of(state);
         if (!t || !seen.insert({r, t->key}).second) continue;
         if (index++ % parts != part) continue;
         auto it = I.streams.find({r, t->key});

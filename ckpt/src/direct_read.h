@@ -72,9 +72,10 @@ class DirectReader {
   // straight into the caller's memory, several requests in flight (no bounce buffer: no copy;
   // and in 4 KiB pages O_DIRECT into a reused buffer ran 3.5x slower than into fresh memory,
   // an effect of request size that huge pages cure: AllocateIoMemory, docs/performance.md
-  // 2026-12-02 05:40), the unaligned head and tail with pread. `on_filled`
-  // (may be empty) gets each consecutive part once it holds the file's bytes. *fell_back as
-  // for Scan: nothing was handed out.
+  // 2026-12-02 05:40); the unaligned head and tail in the same requests as the first and last
+  // blocks, their 4 KiB blocks read into scratch and copied out. `on_filled` (may be empty)
+  // gets each consecutive part once it holds the file's bytes. *fell_back as for Scan:
+  // nothing was handed out.
   Status ReadInto(uint64_t offset, uint64_t n, uint8_t* out,
                   const RandomAccessFile::PartFn& on_filled, bool* fell_back) const;
 

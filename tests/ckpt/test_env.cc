@@ -3,6 +3,7 @@
 // misuse dies in every build.
 #include <fcntl.h>
 #include <hdf5.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -441,6 +442,30 @@ std::string PatternBytes(size_t n, uint64_t seed) {
   return s;
 }
 
+// Whether the page holding byte `at` of `path` is in the page cache (mincore of a mapping that
+// touches nothing).
+bool PageCached(const std::string& path, uint64_t at) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  REQUIRE(fd.valid());
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  void* m =
+      ::mmap(nullptr, page, PROT_READ, MAP_SHARED, fd.get(), static_cast<off_t>(at & ~(page - 1)));
+  REQUIRE(m != MAP_FAILED);
+  unsigned char v = 0;
+  const int r = ::mincore(m, page, &v);
+  ::munmap(m, page);
+  REQUIRE(r == 0);
+  return (v & 1) != 0;
+}
+
+// Writes `path`'s dirty pages and drops its pages from the page cache.
+void DropFromPageCache(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  REQUIRE(fd.valid());
+  REQUIRE(::fdatasync(fd.get()) == 0);
+  REQUIRE(::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED) == 0);
+}
+
 }  // namespace
 
 TEST_CASE("large reads: O_DIRECT ahead of the caller, the same bytes as pread, in order", "[io]") {
@@ -494,12 +519,13 @@ TEST_CASE("large reads: O_DIRECT ahead of the caller, the same bytes as pread, i
     DirectIoMode mode("on");
     // 4 KiB-aligned storage; `at` and the destination share their offset within a block
     // (3, as `offset` above), so the middle of the range goes straight into it, the unaligned
-    // head and tail by pread.
+    // head and tail in the same O_DIRECT requests as the first and last blocks.
     AlignedBuffer mem(n + 8192);
     for (const bool congruent : {true, false}) {
       INFO("destination congruent with the file offset: " << congruent);
       uint8_t* out = mem.data() + (offset % 4096) + (congruent ? 0 : 1);
       std::memset(out, 0, n);
+      DropFromPageCache(path);
       const DirectReadStats before = GetDirectReadStats();
       uint64_t next = offset;
       REQUIRE((*file)->ReadLarge(offset, n, out, [&](uint64_t o, const uint8_t* p, size_t k) {
@@ -521,6 +547,20 @@ TEST_CASE("large reads: O_DIRECT ahead of the caller, the same bytes as pread, i
       const uint64_t middle = ((offset + n) & ~uint64_t{4095}) - ((offset + 4095) & ~uint64_t{4095});
       CHECK(after.direct_into_caller_bytes - before.direct_into_caller_bytes ==
             (congruent ? middle : 0));
+      // Nothing went through the page cache: not the edges either (until 2026-12-05 they were
+      // read by pread after the middle, each waiting for the disk on its own).
+      CHECK_FALSE(PageCached(path, offset));
+      CHECK_FALSE(PageCached(path, offset + n - 1));
+    }
+    // A range whose tail block ends past the file's end: the O_DIRECT request comes back short
+    // there and still holds every byte asked for.
+    {
+      const uint64_t at = offset, len = bytes.size() - offset;
+      AlignedBuffer whole(len + 8192);
+      uint8_t* to = whole.data() + at % 4096;
+      DropFromPageCache(path);
+      REQUIRE((*file)->ReadLarge(at, len, to, nullptr).ok());
+      CHECK(std::memcmp(to, bytes.data() + at, len) == 0);
     }
     // An error from on_filled ends the read with it, head first.
     uint8_t* out = mem.data() + (offset % 4096);

@@ -4,8 +4,8 @@
 //   IO_TIMELINE=trace.txt LD_PRELOAD=$PWD/io_timeline.so ckpt export-fp32 CKPT OUT
 //   python3 tools/bench/io_timeline.py trace.txt
 //
-// Loaded with LD_PRELOAD, it wraps pread, pwrite, preadv2, fsync and fdatasync, records each
-// call's thread, start, end and result in a fixed table (no allocation, no lock: one atomic
+// Loaded with LD_PRELOAD, it wraps pread, pwrite, preadv, preadv2, fsync and fdatasync, records
+// each call's thread, start, end and result in a fixed table (no allocation, no lock: one atomic
 // counter), and writes the table to the file named by IO_TIMELINE when the program exits
 // normally. Times are nanoseconds of CLOCK_MONOTONIC since the library was loaded. Unlike
 // `strace`, which stops the traced thread at every system call (and slowed export's many small
@@ -85,6 +85,17 @@ ssize_t pwrite64(int fd, const void* buf, size_t n, off_t offset) {
 // On x86-64 and aarch64 glibc, off_t is 64 bits and pread is pread64.
 ssize_t pread(int fd, void* buf, size_t n, off_t offset) __attribute__((alias("pread64")));
 ssize_t pwrite(int fd, const void* buf, size_t n, off_t offset) __attribute__((alias("pwrite64")));
+
+ssize_t preadv64(int fd, const struct iovec* iov, int count, off_t offset) {
+  static ssize_t (*real)(int, const struct iovec*, int, off_t);
+  if (!real) real = (ssize_t(*)(int, const struct iovec*, int, off_t))Next("preadv64");
+  const long long t = Now();
+  const ssize_t r = real(fd, iov, count, offset);
+  Record(kRead, t, r);
+  return r;
+}
+ssize_t preadv(int fd, const struct iovec* iov, int count, off_t offset)
+    __attribute__((alias("preadv64")));
 
 ssize_t preadv2(int fd, const struct iovec* iov, int count, off_t offset, int flags) {
   static ssize_t (*real)(int, const struct iovec*, int, off_t, int);

@@ -268,6 +268,19 @@ struct TorchFile::Impl {
   uint64_t bytes_read = 0;
   uint64_t scanned_bytes = 0;  // VerifyRecords' bytes read from where they lie
   std::map<zip_uint64_t, std::optional<uint64_t>> data_at;  // DataFileOffset's answers
+  // Records that cannot seek (compressed ones) left open where the last read of each ended,
+  // the most recently used last: a record read in pieces front to back (export's pieces of a
+  // partition; to-universal's three states side by side) goes on from there instead of being
+  // decompressed again from its start for every piece, which made such a read quadratic
+  // (13.4 s to export a 0.9 GB checkpoint rewritten with deflated records, docs/performance.md
+  // 2026-12-05 11:00). Declared after `zip`: closed before it.
+  struct Stream {
+    zip_uint64_t idx;
+    uint64_t pos;  // the record's bytes read so far
+    std::unique_ptr<zip_file_t, ZipFileCloser> f;
+  };
+  static constexpr size_t kStreams = 4;
+  std::vector<Stream> streams;
 
   Result<zip_uint64_t> Index(const std::string& name) const {
     auto it = records.find(name);
@@ -288,21 +301,42 @@ struct TorchFile::Impl {
   // whole (data.pkl) is checked before it is parsed, as a tensor's storage is by `check`.
   Status ReadAt(zip_uint64_t idx, uint64_t offset, uint64_t n, void* out, bool whole = false) {
     source->read_error = Status::Ok();
-    std::unique_ptr<zip_file_t, ZipFileCloser> f(Zip().fopen_index(zip.get(), idx, 0));
-    if (!f) return Failed("cannot open record: ", Zip().strerror(zip.get()));
-    if (offset > 0) {
-      if (Zip().fseek(f.get(), static_cast<zip_int64_t>(offset), SEEK_SET) != 0) {
-        // Compressed records cannot seek: read up to the offset.
-        f.reset(Zip().fopen_index(zip.get(), idx, 0));
-        if (!f) return Failed("cannot open record: ", Zip().strerror(zip.get()));
-        std::vector<char> skip(1 << 16);
-        uint64_t left = offset;
-        while (left > 0) {
-          const zip_int64_t got =
-              Zip().fread(f.get(), skip.data(), std::min<uint64_t>(left, skip.size()));
-          if (got <= 0) return Failed("record ends early", "");
-          left -= static_cast<uint64_t>(got);
+    std::unique_ptr<zip_file_t, ZipFileCloser> f;
+    uint64_t at = 0;      // the record's bytes `f` has read (or seeked past)
+    bool stream = false;  // `f` cannot seek: kept open for the next read
+    if (!whole) {
+      for (auto it = streams.begin(); it != streams.end(); ++it) {
+        if (it->idx == idx && it->pos <= offset) {
+          f = std::move(it->f);
+          at = it->pos;
+          stream = true;
+          streams.erase(it);
+          break;
         }
+      }
+    }
+    if (!f) {
+      f.reset(Zip().fopen_index(zip.get(), idx, 0));
+      if (!f) return Failed("cannot open record: ", Zip().strerror(zip.get()));
+      // A seek (to 0 too, unless the record is read whole) tells a record that cannot.
+      if (offset > 0 || !whole) {
+        if (Zip().fseek(f.get(), static_cast<zip_int64_t>(offset), SEEK_SET) == 0) {
+          at = offset;
+        } else {
+          // Compressed records cannot seek: read up to the offset.
+          f.reset(Zip().fopen_index(zip.get(), idx, 0));
+          if (!f) return Failed("cannot open record: ", Zip().strerror(zip.get()));
+          stream = true;
+        }
+      }
+    }
+    if (at < offset) {
+      std::vector<char> skip(1 << 16);
+      while (at < offset) {
+        const zip_int64_t got =
+            Zip().fread(f.get(), skip.data(), std::min<uint64_t>(offset - at, skip.size()));
+        if (got <= 0) return Failed("record ends early", "");
+        at += static_cast<uint64_t>(got);
       }
     }
     auto* dst = static_cast<char*>(out);
@@ -320,6 +354,10 @@ struct TorchFile::Impl {
       if (got > 0) return DataLoss(path + ": a record holds more bytes than its size");
     }
     bytes_read += n;
+    if (stream && !whole) {
+      if (streams.size() >= kStreams) streams.erase(streams.begin());
+      streams.push_back({idx, offset + n, std::move(f)});
+    }
     return Status::Ok();
   }
 

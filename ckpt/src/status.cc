@@ -35,6 +35,10 @@ std::string Status::ToString() const {
 
 Status Status::WithContext(std::string_view context) const {
   if (ok() || context.empty()) return *this;
+  // A message that already names a path inside the context (a directory) says it.
+  if (message_.size() > context.size() && message_.compare(0, context.size(), context) == 0 &&
+      message_[context.size()] == '/')
+    return *this;
   return Status(code_, std::string(context) + ": " + message_);
 }
 

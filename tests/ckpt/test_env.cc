@@ -428,6 +428,12 @@ TEST_CASE("context is optional and added once", "[unit]") {
   };
   CHECK(no_context().message() == "x: no such file");
   CHECK(with_context().status().message() == "load: x: no such file");
+  // A directory as context, and a message that names a file inside it: said once.
+  const Status in_dir = DataLoss("ck/global_step7/a.pt: record 6: CRC error");
+  CHECK(in_dir.WithContext("ck/global_step7").message() == in_dir.message());
+  CHECK(in_dir.WithContext("ck/global_step").message() ==
+        "ck/global_step: ck/global_step7/a.pt: record 6: CRC error");
+  CHECK(in_dir.WithContext("export").message() == "export: " + in_dir.message());
 }
 
 namespace {

@@ -48,7 +48,8 @@ class [[nodiscard]] Status {
   const std::string& message() const { return message_; }
   // "DataLoss: rank_00001.h5: dataset /exp_avg: checksum mismatch".
   std::string ToString() const;
-  // Returns a copy whose message is "context: message". No-op for ok().
+  // Returns a copy whose message is "context: message". No-op for ok(), and for a message
+  // that begins with `context` and a '/' (it names a path inside the context already).
   Status WithContext(std::string_view context) const;
   // Marks a Status as intentionally unused.
   void IgnoreError() const {}

@@ -279,7 +279,9 @@ struct TorchFile::Impl {
     uint64_t pos;  // the record's bytes read so far
     std::unique_ptr<zip_file_t, ZipFileCloser> f;
   };
-  static constexpr size_t kStreams = 4;
+  // The three states of up to four parameter groups (to-universal reads them side by side);
+  // each kept record holds libzip's inflate state, about 50 KiB.
+  static constexpr size_t kStreams = 12;
   std::vector<Stream> streams;
 
   Result<zip_uint64_t> Index(const std::string& name) const {
@@ -354,9 +356,14 @@ struct TorchFile::Impl {
       if (got > 0) return DataLoss(path + ": a record holds more bytes than its size");
     }
     bytes_read += n;
+    // Kept unless read to its end (a partition read through: its inflate state freed now,
+    // not when the file closes).
     if (stream && !whole) {
-      if (streams.size() >= kStreams) streams.erase(streams.begin());
-      streams.push_back({idx, offset + n, std::move(f)});
+      const Result<uint64_t> size = Size(idx);
+      if (size.ok() && offset + n < *size) {
+        if (streams.size() >= kStreams) streams.erase(streams.begin());
+        streams.push_back({idx, offset + n, std::move(f)});
+      }
     }
     return Status::Ok();
   }

@@ -589,10 +589,12 @@ TEST_CASE("compressed records read in pieces front to back are decompressed once
   }
   INFO("read whole " << read[1] << ", in 8 pieces " << read[8] << ", in 16 " << read[16]
                      << " bytes; the optimizer file has " << file_bytes);
-  // The table's order passes the partition once or twice (the generator's parameter order);
-  // each pass decompresses each record once, however many pieces it is read in. From each
-  // record's start for every piece, 8 pieces read about 4 times as much as whole reads.
-  CHECK(read[1] < 3 * file_bytes);
-  CHECK(read[8] <= read[1] * 5 / 4);
-  CHECK(read[16] <= read[1] * 5 / 4);
+  // Each record's compressed bytes once, however many pieces it is read in, the two parameter
+  // groups' six records side by side (with four records kept open, two of them were read
+  // again from their start). From each record's start for every piece, whole reads took 4.5
+  // times the file, 8 pieces 32 times.
+  for (int64_t pieces : {1, 8, 16}) {
+    INFO(pieces << " piece(s)");
+    CHECK(read[pieces] < file_bytes * 11 / 10);
+  }
 }

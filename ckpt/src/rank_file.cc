@@ -428,8 +428,8 @@ using ChunkDigests = std::map<size_t, std::pair<Xxh3Stream, PieceDigests>>;
 // compressed tensors are chunked and written now through direct chunk writes, hashed into
 // `hashed` on the way.
 Status CreateOne(hid_t file, const DatasetSpec& spec, size_t record, const SaveOptions& options,
-                 int threads, std::vector<DirectSegment>* direct, ChunkDigests* hashed,
-                 RandomWriteFile* writeback, CompressScratch* scratch) {
+                 bool portable, int threads, std::vector<DirectSegment>* direct,
+                 ChunkDigests* hashed, RandomWriteFile* writeback, CompressScratch* scratch) {
   const size_t elem = DTypeSize(spec.dtype);
   const int64_t numel = Numel(spec.shape);
   const Compression& comp = options.compression;
@@ -441,6 +441,7 @@ Status CreateOne(hid_t file, const DatasetSpec& spec, size_t record, const SaveO
                                    : H5Screate_simple(static_cast<int>(dims.size()), dims.data(),
                                                       nullptr));
   h5::Handle dcpl = h5::Plist(H5Pcreate(H5P_DATASET_CREATE));
+  if (portable) H5Pset_obj_track_times(dcpl.get(), false);
   int64_t rows_per_chunk = 0, inner = 1;
   if (zstd) {
     inner = numel / spec.shape[0];
@@ -521,8 +522,16 @@ Result<std::vector<DirectSegment>> WriteStructure(
   // aligned memory (direct_read.h). Costs under 4 KiB of padding per large dataset; readers of
   // any version see ordinary HDF5 allocations.
   h5::Handle aligned = h5::Plist(fapl == H5P_DEFAULT ? H5Pcreate(H5P_FILE_ACCESS) : H5Pcopy(fapl));
+  // A portable file (universal.h5) allocates every dataset where the one created before it
+  // ends instead: no alignment, whose gaps HDF5 fills with later small datasets, and no
+  // small-data blocks, which hold small datasets created after larger ones. Its regions then
+  // lie in the order the datasets were created, so phase 2 asks the fills in that order (the
+  // order a converter's source stores them: its stream verification reads each once).
   if (!aligned.valid() ||
-      H5Pset_alignment(aligned.get(), kAlignThreshold, kDataAlignment) < 0)
+      (header.portable
+           ? H5Pset_small_data_block_size(aligned.get(), 0) < 0 ||
+                 H5Pset_libver_bounds(aligned.get(), H5F_LIBVER_EARLIEST, H5F_LIBVER_V18) < 0
+           : H5Pset_alignment(aligned.get(), kAlignThreshold, kDataAlignment) < 0))
     return Internal("create " + path + ": file access properties: " + h5::ErrorText());
   h5::Handle file = h5::File(H5Fcreate(path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, aligned.get()));
   if (!file.valid()) return IOError("create " + path + ": " + h5::ErrorText());
@@ -530,14 +539,18 @@ Result<std::vector<DirectSegment>> WriteStructure(
     Env* env = options.env ? options.env : Env::Default();
     CKPT_ASSIGN_OR_RETURN(*data_file, env->OpenRandomWriteFile(path));
   }
-  CKPT_RETURN_IF_ERROR(h5::WriteStringAttr(file.get(), "format", std::string(kFormatName)), path);
-  CKPT_RETURN_IF_ERROR(h5::WriteStringAttr(file.get(), "format_version",
-                                       std::to_string(kFormatMajor) + "." +
-                                           std::to_string(kFormatMinor)),
-                       path);
-  CKPT_RETURN_IF_ERROR(h5::WriteStringAttr(file.get(), "tag", header.tag), path);
-  CKPT_RETURN_IF_ERROR(h5::WriteIntAttr(file.get(), "rank", header.rank), path);
-  CKPT_RETURN_IF_ERROR(h5::WriteIntAttr(file.get(), "dp_world_size", header.world), path);
+  if (header.root) {
+    CKPT_RETURN_IF_ERROR(header.root(file.get()), path);
+  } else {
+    CKPT_RETURN_IF_ERROR(h5::WriteStringAttr(file.get(), "format", std::string(kFormatName)), path);
+    CKPT_RETURN_IF_ERROR(
+        h5::WriteStringAttr(file.get(), "format_version",
+                            std::to_string(kFormatMajor) + "." + std::to_string(kFormatMinor)),
+        path);
+    CKPT_RETURN_IF_ERROR(h5::WriteStringAttr(file.get(), "tag", header.tag), path);
+    CKPT_RETURN_IF_ERROR(h5::WriteIntAttr(file.get(), "rank", header.rank), path);
+    CKPT_RETURN_IF_ERROR(h5::WriteIntAttr(file.get(), "dp_world_size", header.world), path);
+  }
   for (const auto& spec : datasets) {
     const std::string where = path + ": dataset /" + spec.name;
     int64_t numel = 1;
@@ -555,9 +568,10 @@ Result<std::vector<DirectSegment>> WriteStructure(
     rec.dtype = spec.dtype;
     rec.shape = spec.shape;
     rec.bytes = static_cast<uint64_t>(numel) * DTypeSize(spec.dtype);
-    CKPT_RETURN_IF_ERROR(CreateOne(file.get(), spec, records->size(), options, threads, &direct,
-                                   hashed, data_file ? data_file->get() : nullptr, &scratch),
-                         where);
+    CKPT_RETURN_IF_ERROR(
+        CreateOne(file.get(), spec, records->size(), options, header.portable, threads, &direct,
+                  hashed, data_file ? data_file->get() : nullptr, &scratch),
+        where);
     records->push_back(std::move(rec));
   }
   if (extents) {
@@ -626,40 +640,79 @@ Result<RankFileWritten> WriteRankFile(const std::string& path, const RankFileHea
     }
     return Status::Ok();
   };
-  std::vector<uint8_t> window;  // a fill dataset's current window
+  // The data pass in file order, as items: a dataset from memory is one item, a `fill`
+  // dataset one item per window. A window is filled into one of two buffers of I/O memory on a
+  // helper thread while the item before it is hashed and written (RunAhead: the source's
+  // reads overlap the disk's writes, across datasets as within one).
+  struct Item {
+    size_t seg;
+    uint64_t at, len;  // bytes [at, at + len) of the segment's dataset
+  };
   const uint64_t window_bytes = EffectivePieceBytes(options.fill_window_bytes);
-  uint64_t pos = 0;
-  for (const auto& seg : direct) {
-    CKPT_RETURN_IF_ERROR(hash_gap(pos, seg.offset), "");
-    const std::string where = "dataset /" + out.datasets[seg.record].name;
-    for (uint64_t at = 0; at < seg.bytes;) {
-      const uint8_t* base = nullptr;
-      uint64_t len = seg.bytes - at;
-      if (seg.spec->fill) {
-        len = std::min<uint64_t>(len, window_bytes);
-        window.resize(static_cast<size_t>(len));
-        CKPT_RETURN_IF_ERROR(seg.spec->fill(at, static_cast<size_t>(len), window.data()), where);
-        base = window.data();
-      } else {
-        base = static_cast<const uint8_t*>(seg.spec->data) + at;
-      }
-      // Each 1 MiB piece is hashed just before it goes out, while it is in cache; the file
-      // writes it past the page cache where it can (O_DIRECT from staging in huge pages,
-      // DirectWriteStats) or with pwrite, its writeback started at once (a hint, as
-      // RocksDB's bytes_per_sync: the disk works while the next pieces are hashed).
-      CKPT_RETURN_IF_ERROR(
-          file->WriteThrough(seg.offset + at,
-                             std::string_view(reinterpret_cast<const char*>(base),
-                                              static_cast<size_t>(len)),
-                             [&](const uint8_t* p, size_t n) {
-                               digests[seg.record]->Update(p, n);
-                               pieces[seg.record]->Update(p, n);
-                               if (file_digest) file_digest->Update(p, n);
-                             }),
-          where);
-      at += len;
+  std::vector<Item> items;
+  bool any_fill = false;
+  for (size_t k = 0; k < direct.size(); ++k) {
+    const DirectSegment& seg = direct[k];
+    if (!seg.spec->fill) {
+      items.push_back({k, 0, seg.bytes});
+      continue;
     }
-    pos = seg.offset + seg.bytes;
+    any_fill = true;
+    for (uint64_t at = 0; at < seg.bytes; at += window_bytes)
+      items.push_back({k, at, std::min(window_bytes, seg.bytes - at)});
+  }
+  constexpr int kFillWindows = 2;
+  std::vector<AlignedBuffer> windows;
+  if (any_fill) {
+    try {
+      for (int k = 0; k < kFillWindows; ++k) windows.emplace_back(window_bytes);
+    } catch (const std::bad_alloc&) {
+      return ResourceExhausted(path + ": " + std::to_string(kFillWindows) + " windows of " +
+                               std::to_string(window_bytes) + " bytes: " + OutOfMemoryText());
+    }
+  }
+  auto where = [&](const Item& it) {
+    return "dataset /" + out.datasets[direct[it.seg].record].name;
+  };
+  // On a helper thread: a failed allocation in the fill (a reshard's reader) is this save's
+  // ResourceExhausted, not an exception that would end the process.
+  auto produce = [&](uint64_t i, int slot) -> Status {
+    const Item& it = items[i];
+    const DirectSegment& seg = direct[it.seg];
+    if (!seg.spec->fill) return Status::Ok();
+    return OutOfMemoryAsStatus(where(it), [&] {
+      return seg.spec
+          ->fill(it.at, static_cast<size_t>(it.len), windows[static_cast<size_t>(slot)].data())
+          .WithContext(where(it));
+    });
+  };
+  uint64_t pos = 0;
+  auto consume = [&](uint64_t i, int slot) -> Status {
+    const Item& it = items[i];
+    const DirectSegment& seg = direct[it.seg];
+    if (it.at == 0) CKPT_RETURN_IF_ERROR(hash_gap(pos, seg.offset), "");
+    const uint8_t* base = seg.spec->fill ? windows[static_cast<size_t>(slot)].data()
+                                         : static_cast<const uint8_t*>(seg.spec->data);
+    // Each 1 MiB piece is hashed just before it goes out, while it is in cache; the file
+    // writes it past the page cache where it can (O_DIRECT from staging in huge pages, or in
+    // place from I/O memory: DirectWriteStats) or with pwrite, its writeback started at once
+    // (a hint, as RocksDB's bytes_per_sync: the disk works while the next pieces are hashed).
+    CKPT_RETURN_IF_ERROR(file->WriteThrough(seg.offset + it.at,
+                                            std::string_view(reinterpret_cast<const char*>(base),
+                                                             static_cast<size_t>(it.len)),
+                                            [&](const uint8_t* p, size_t n) {
+                                              digests[seg.record]->Update(p, n);
+                                              pieces[seg.record]->Update(p, n);
+                                              if (file_digest) file_digest->Update(p, n);
+                                            }),
+                         where(it));
+    pos = seg.offset + it.at + it.len;
+    return Status::Ok();
+  };
+  if (any_fill) {
+    CKPT_RETURN_IF_ERROR(RunAhead(items.size(), kFillWindows, produce, consume), "");
+  } else {
+    for (uint64_t i = 0; i < items.size(); ++i) CKPT_RETURN_IF_ERROR(consume(i, 0), "");
   }
   CKPT_RETURN_IF_ERROR(hash_gap(pos, size), "");
   // The seal: every byte outside the data extents (the HDF5 metadata, final since phase 1

@@ -70,10 +70,18 @@ Status CompareDigests(const std::string& label, const DatasetRecord& rec, const 
 // What a writer records: SaveOptions::piece_bytes rounded down to a multiple of 8, at least 8.
 uint64_t EffectivePieceBytes(uint64_t requested);
 
+// What the file says it is: a rank file of a checkpoint, or (with `root`) another file written
+// the same way, the universal checkpoint's universal.h5 (ckpt/src/universal.cc).
 struct RankFileHeader {
   int rank = 0;
   int world = 1;
   std::string tag;
+  // When set: called with the new file (an hid_t) in place of writing a rank file's root
+  // attributes, before any dataset is created; writes the file's own attributes and groups.
+  std::function<Status(int64_t file)> root;
+  // Superblock version 0 (HDF5 1.8's formats at most) and no modification times: the
+  // universal layout's file, which h5py 2.x reads and whose bytes the same content fixes.
+  bool portable = false;
 };
 
 struct RankFileWritten {

@@ -178,9 +178,12 @@ Result<uint64_t> UncompressedRankFileBytes(const RankFileIdentity& header,
   options.chunk_bytes = chunk_bytes;
   last_closed_eoa = 0;
   // The writer's own structure phase (the data phase only fills regions it allocated).
-  Status s = internal::WriteRankFileStructure("ckpt-estimate-replica.h5",
-                                                    {header.rank, header.world, header.tag},
-                                                    specs, options, fapl);
+  internal::RankFileHeader file_header;
+  file_header.rank = header.rank;
+  file_header.world = header.world;
+  file_header.tag = header.tag;
+  Status s = internal::WriteRankFileStructure("ckpt-estimate-replica.h5", file_header, specs,
+                                              options, fapl);
   H5Pclose(fapl);
   CKPT_RETURN_IF_ERROR(s, "replica");
   return static_cast<uint64_t>(last_closed_eoa);

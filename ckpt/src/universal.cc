@@ -1,6 +1,5 @@
-// The universal layout's reader (ckpt/universal.h; docs/convert.md, "Universal layout"). The
-// writer is convert's (convert/src/universal.cc).
-#include "ckpt/shape.h"
+// The universal layout's reader and its file's writer (ckpt/universal.h; docs/convert.md,
+// "Universal layout"). What goes into the file is convert's (convert/src/universal.cc).
 #include "ckpt/universal.h"
 
 #include <algorithm>
@@ -12,7 +11,9 @@
 #include "ckpt/hash.h"
 #include "ckpt/json.h"
 #include "ckpt/root.h"
+#include "ckpt/shape.h"
 #include "manifest_fast.h"
+#include "rank_file.h"
 
 namespace ckpt {
 namespace {
@@ -230,6 +231,57 @@ Status UniversalReader::VerifyDataset(std::string_view name) const {
     return DataLoss(impl_->Label() + ": dataset /" + rec->name + ": checksum mismatch (manifest " +
                     rec->xxh3 + ", data " + h.HexDigest() + ")");
   return Status::Ok();
+}
+
+Result<FileRecord> WriteUniversalFile(const std::string& path,
+                                      const UniversalFileContents& contents,
+                                      const SaveOptions& options) {
+  internal::RankFileHeader header;
+  header.tag = contents.tag;
+  header.portable = true;  // superblock 0 (docs/convert.md), the same bytes for the same content
+  header.root = [&](int64_t id) -> Status {
+    const hid_t f = static_cast<hid_t>(id);
+    CKPT_RETURN_IF_ERROR(h5::WriteStringAttr(f, "format", std::string(kUniversalFormat)), "");
+    CKPT_RETURN_IF_ERROR(h5::WriteStringAttr(f, "format_version",
+                                             std::to_string(kUniversalMajor) + "." +
+                                                 std::to_string(kUniversalMinor)),
+                         "");
+    CKPT_RETURN_IF_ERROR(h5::WriteStringAttr(f, "tag", contents.tag), "");
+    CKPT_RETURN_IF_ERROR(h5::WriteIntAttr(f, "source_dp_world_size", contents.source_dp_world_size),
+                         "");
+    CKPT_RETURN_IF_ERROR(h5::WriteIntAttr(f, "source_zero_stage", contents.source_zero_stage), "");
+    h5::Handle lcpl = h5::Plist(H5Pcreate(H5P_LINK_CREATE));
+    H5Pset_create_intermediate_group(lcpl.get(), 1);
+    h5::Handle gcpl = h5::Plist(H5Pcreate(H5P_GROUP_CREATE));
+    H5Pset_obj_track_times(gcpl.get(), false);
+    for (const auto& p : contents.params) {
+      const std::string group = UniversalParamGroup(p.name);
+      const std::string where = "parameter '" + p.name + "'";
+      h5::Handle g = h5::Group(H5Gcreate2(f, group.c_str(), lcpl.get(), gcpl.get(), H5P_DEFAULT));
+      if (!g.valid()) return IOError("create group /" + group + ": " + h5::ErrorText());
+      CKPT_RETURN_IF_ERROR(h5::WriteStringAttr(g.get(), "name", p.name), where);
+      CKPT_RETURN_IF_ERROR(h5::WriteIntAttr(g.get(), "frozen", p.frozen ? 1 : 0), where);
+      CKPT_RETURN_IF_ERROR(h5::WriteStringAttr(g.get(), "dtype", std::string(DTypeName(p.dtype))),
+                           where);
+    }
+    return Status::Ok();
+  };
+  SaveOptions so;
+  so.env = options.env;
+  so.fill_window_bytes = options.fill_window_bytes;
+  so.piece_bytes = options.piece_bytes;
+  CKPT_ASSIGN_OR_RETURN(internal::RankFileWritten w,
+                        internal::WriteRankFile(path, header, contents.datasets, so), "");
+  FileRecord fr;
+  fr.rank = 0;
+  fr.path = std::string(kUniversalFile);
+  fr.bytes = w.bytes;
+  fr.xxh3 = std::move(w.file_xxh3);
+  fr.compression = "none";
+  fr.datasets = std::move(w.datasets);
+  fr.data_extents = std::move(w.data_extents);
+  fr.metadata_xxh3 = std::move(w.metadata_xxh3);
+  return fr;
 }
 
 }  // namespace ckpt

@@ -152,7 +152,10 @@ Result<FileRecord> WriteMyFile(const std::string& tmp_dir, const Manifest& meta,
   rec.compression = options.compression.ToString();
   const std::string path = tmp_dir + "/" + rec.path;
   CKPT_RETURN_IF_ERROR(env->BeginExternalWrite(path), "");
-  internal::RankFileHeader header{rank, world, meta.tag};
+  internal::RankFileHeader header;
+  header.rank = rank;
+  header.world = world;
+  header.tag = meta.tag;
   CKPT_ASSIGN_OR_RETURN(internal::RankFileWritten written,
                         internal::WriteRankFile(path, header, mine.datasets, options), "");
   CKPT_RETURN_IF_ERROR(env->SyncFile(path), "");

@@ -18,10 +18,10 @@
 //     tag and `latest` after the last rank). Each window reads only the source slices it
 //     covers, each verified by the pieces it touches (or, for a source without piece
 //     digests, each dataset it reads from whole, once), so even without step 1's pass no
-//     unverified byte is copied. Peak memory is `threads` × (a window + the reader's piece
-//     cache), whatever the model size and however many new ranks there are; the files are
-//     byte for byte those a whole shard in memory would give. A failing rank stops the ranks
-//     not yet started; nothing is committed.
+//     unverified byte is copied (the next window is read while one is written). Peak memory
+//     is `threads` × (two windows + the reader's piece cache), whatever the model size and however
+//     many new ranks there are; the files are byte for byte those a whole shard in memory would
+//     give. A failing rank stops the ranks not yet started; nothing is committed.
 //  5. Rename the staging directory to OUT (output_dir.h).
 #include "convert/reshard.h"
 

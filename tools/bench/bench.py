@@ -521,18 +521,23 @@ def main():
     # of the source's data files: hard links named as raw_io reads them) plus writing what it
     # writes, both in the same minutes as the export; with peak RSS beside the documented bound
     # (2 x largest tensor + 64 MiB).
-    def export_fp32(src, name, extra, data_files, null=None):
+    def export_fp32(src, name, extra, data_files, null=None, command="export-fp32",
+                    out_file=None):
         """With null (a raw_io copy variant): the calibration of the pairing instead, that copy
-        timed in export's place against the same floors; returns its figures."""
+        timed in export's place against the same floors; returns its figures. command: the ckpt
+        subcommand timed (to-universal too: `ckpt command SRC OUT --json` reporting
+        bytes_read); out_file: the one output file its write floor writes (to-universal's
+        universal.h5, not its manifest), else every file of OUT."""
         secs, rsss, floors, w1, r1, copies, copy_each = [], [], [], [], [], [], []
         out = os.path.join(work, name)
         one_dir = os.path.join(work, name + "_floor")
         read_dir = os.path.join(work, name + "_read_floor")
         # One untimed export for the sizes the floor needs (what it reads and writes).
         shutil.rmtree(out, ignore_errors=True)
-        ej = json.loads(R.run([ckpt, "export-fp32", src, out, "--json"])[0])
-        written = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
-        nfiles = len(os.listdir(out))
+        ej = json.loads(R.run([ckpt, command, src, out, "--json"])[0])
+        outs = [out_file] if out_file else os.listdir(out)
+        written = sum(os.path.getsize(os.path.join(out, f)) for f in outs)
+        nfiles = len(outs)
         shutil.rmtree(read_dir, ignore_errors=True)
         os.makedirs(read_dir)
         for i, f in enumerate(data_files):
@@ -595,7 +600,7 @@ def main():
                                          str(read_per_file), "--variant", null])
             else:
                 drop_caches_keep_program(ckpt)
-                o, _, t, rss, _ = R.run([ckpt, "export-fp32", src, out, "--json"])
+                o, _, t, rss, _ = R.run([ckpt, command, src, out, "--json"])
             secs.append(t)
             rsss.append(rss)
             if floor_after(rep):
@@ -645,8 +650,9 @@ def main():
                         "own clock, without loading and exiting)"},
             "gib_per_s_read_plus_written": (ej["bytes_read"] + written) / GiB / s["median"],
             "maxrss_kib": max(rsss), "maxrss_kib_all": rsss,
-            "largest_tensor_bytes": ej["largest_tensor_bytes"],
-            "rss_bound_kib": (2 * ej["largest_tensor_bytes"] + 64 * MiB) / 1024})
+            "largest_tensor_bytes": ej.get("largest_tensor_bytes"),
+            "rss_bound_kib": (2 * ej["largest_tensor_bytes"] + 64 * MiB) / 1024
+            if "largest_tensor_bytes" in ej else None})
         log("%s: %.2fs, paired floor %.2fs (%.2fx), run floor %.2fs (%.2fx); peak RSS %.0f MiB" %
             (name, s["median"], stats(floors)["median"], ph[name]["ratio"], floor_t,
              floor_t / s["median"], max(rsss) / 1024))
@@ -685,6 +691,12 @@ def main():
         export_fp32(ds_root, "deepspeed_export_fp32", {"checkpoint_bytes": ds_bytes},
                     sorted(os.path.join(dp, f) for dp, _, fs in os.walk(ds_root) for f in fs
                            if f.endswith("optim_states.pt")))
+        # ckpt to-universal of it (no target): the three states of every parameter read from the
+        # optimizer files and written to universal.h5, against the same kind of floor.
+        export_fp32(ds_root, "deepspeed_to_universal", {"checkpoint_bytes": ds_bytes},
+                    sorted(os.path.join(dp, f) for dp, _, fs in os.walk(ds_root) for f in fs
+                           if f.endswith("optim_states.pt")),
+                    command="to-universal", out_file="universal.h5")
         # ckpt check of it: every zip record's CRC-32, paired with a cold read of all its files.
         paired_check("deepspeed_check", [ds_root],
                      sorted(os.path.join(dp, f) for dp, _, fs in os.walk(ds_root) for f in fs
@@ -1075,7 +1087,8 @@ def print_table(res):
                 n = ph[name]["null"]
                 print("    calibration: %s in its place: %s s, ratio %s" % (
                     n["variant"], fmt_range(n["seconds"]), fmt_range(n["ratio"])))
-    for name in [k for k in ("export_fp32", "deepspeed_export_fp32") if "paired" in ph.get(k, {})]:
+    for name in [k for k in ("export_fp32", "deepspeed_export_fp32", "deepspeed_to_universal")
+                 if "paired" in ph.get(k, {})]:
         e = ph[name]
         print("  %s vs its paired floor (%d output file(s)): reads %s GiB/s, writes %s GiB/s, "
               "ratio %s; run floor %.2f" % (name, e["files"], fmt_range(e["paired"]["read_gib_per_s"]),
@@ -1113,6 +1126,10 @@ def print_table(res):
             e["gib_per_s_read_plus_written"], e["ratio"], e["maxrss_kib"])
         print("  DeepSpeed checkpoint %.2f GiB on disk; peak RSS bound %.0f MiB" %
               (e["checkpoint_bytes"] / GiB, e["rss_bound_kib"] / 1024))
+    if "deepspeed_to_universal" in ph:
+        e = ph["deepspeed_to_universal"]
+        row("deepspeed to-universal (r+w)", e["bytes_read"] + e["bytes_written"], e["seconds"],
+            e["gib_per_s_read_plus_written"], e["ratio"], e["maxrss_kib"])
     if "reshard" in ph:
         r = ph["reshard"]
         row("reshard %d->%d" % (r["from"], r["to"]), sum(x["bytes_read"] for x in r["ranks"]),
@@ -1278,7 +1295,8 @@ def markdown(res):
                          "; against the old buffered floor %s" % fmt_range(p["ratio_to_buffered"])
                          if "ratio_to_buffered" in p else ""))
             L.append("")
-    for name in [k for k in ("export_fp32", "deepspeed_export_fp32") if "paired" in ph.get(k, {})]:
+    for name in [k for k in ("export_fp32", "deepspeed_export_fp32", "deepspeed_to_universal")
+                 if "paired" in ph.get(k, {})]:
         e = ph[name]
         L.append("`%s` against its paired floor (reading as many bytes as it reads from the "
                  "source's data files by the best of every read variant, plus writing its %d output "

@@ -1,6 +1,6 @@
 // Reading the universal checkpoint: a topology-free copy of the full training state
 // (docs/convert.md, "Universal layout", is the normative spec; `ckpt to-universal`,
-// convert/universal.h, writes it). A directory holding
+// convert/universal.h, writes it with WriteUniversalFile below). A directory holding
 //   manifest.json   the ckpt Manifest with kind "universal" (params table without ranges,
 //                   counters, optimizer, client_state, engine_config; topology and partition of
 //                   the source kept for reference) listing one file, universal.h5, with the
@@ -10,6 +10,7 @@
 //                   /source/rank_<r>/...: every blob and json dataset of each source rank (RNG
 //                   states, data positions) kept for provenance.
 // Most callers read it through ckpt/state_source.h, which opens every kind of checkpoint.
+// WriteUniversalFile writes universal.h5 for `ckpt to-universal` (convert/universal.h).
 #pragma once
 
 #include <cstdint>
@@ -21,6 +22,7 @@
 #include "ckpt/env.h"
 #include "ckpt/manifest.h"
 #include "ckpt/status.h"
+#include "ckpt/writer.h"
 
 namespace ckpt {
 
@@ -67,6 +69,34 @@ class UniversalReader {
   explicit UniversalReader(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// What universal.h5 holds, for WriteUniversalFile: the root attributes, one group per stored
+// parameter (with its attributes), and every dataset in the order they are created, which is
+// the order of their bytes in the file.
+struct UniversalFileContents {
+  std::string tag;
+  int source_dp_world_size = 1;
+  int source_zero_stage = 0;
+  struct Param {
+    std::string name;
+    bool frozen = false;
+    DType dtype = DType::kF32;
+  };
+  std::vector<Param> params;          // /params/<g> groups, created first, in this order
+  std::vector<DatasetSpec> datasets;  // names as in the manifest; `data` or `fill`
+};
+
+// Writes universal.h5 at `path` as a rank file is written (ckpt/writer.h): HDF5 writes the
+// structure with every dataset's region allocated, each region after the one created before it
+// (no alignment gaps for later small datasets to fill), then the bytes go out past HDF5 in that
+// order, each `fill` window read on a helper thread while the one before it is written; every
+// dataset's digest and piece digests, the whole file's XXH3 and its metadata seal are taken on
+// the way, so nothing is read back. Returns the manifest's record of the file (path
+// "universal.h5", rank 0, compression "none"). The caller fsyncs. Of `options`, env,
+// fill_window_bytes and piece_bytes are used.
+Result<FileRecord> WriteUniversalFile(const std::string& path,
+                                      const UniversalFileContents& contents,
+                                      const SaveOptions& options);
 
 // True when `path` (a directory, or a root whose `latest`/`tag` names one) holds a universal
 // manifest.

@@ -46,9 +46,11 @@ struct DatasetSpec {
   // time, so they need never be in memory at once (`ckpt reshard`). Each byte is asked for
   // exactly once, in increasing offset order, in windows of at most
   // SaveOptions::fill_window_bytes whose offset and length are multiples of the element size
-  // (a compressed dataset's windows also end at its chunks' ends), on the thread that writes the rank's
-  // file. The file is byte for byte what `data` holding the same bytes writes, compressed or
-  // not. SaveCheckpoint and SaveRanks take it; AsyncSaver does not (InvalidArgument).
+  // (a compressed dataset's windows also end at its chunks' ends), one call at a time: on the
+  // thread that writes the rank's file, or (uncompressed) on a helper thread filling the next
+  // window while the last one is written. The file is byte for byte what `data` holding the same
+  // bytes writes, compressed or not. SaveCheckpoint and SaveRanks take it; AsyncSaver does not
+  // (InvalidArgument).
   DatasetFill fill;
 
   static DatasetSpec Tensor(std::string name, DType dtype, std::vector<int64_t> shape,
@@ -78,8 +80,9 @@ struct SaveOptions {
   // last one shorter), in the same pass as the dataset digest; slice reads verify the pieces
   // they touch. Rounded down to a multiple of 8 (every element size divides it), at least 8.
   uint64_t piece_bytes = kDefaultPieceBytes;
-  // The most bytes asked of a DatasetSpec::fill at once (the writer holds one window per fill
-  // dataset being written). Rounded down to a multiple of 8, at least 8.
+  // The most bytes asked of a DatasetSpec::fill at once (the writer holds two windows of
+  // uncompressed fill datasets, the next one filled while one is written; a compressed one's
+  // windows are its chunks'). Rounded down to a multiple of 8, at least 8.
   uint64_t fill_window_bytes = kFillWindowBytes;
   // How long rank 0 waits for the root lock while a `ckpt gc` (or another save) holds it
   // (RootLock::Acquire; gc yields to a waiting saver). Then FailedPrecondition.

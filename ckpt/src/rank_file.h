@@ -80,7 +80,8 @@ struct RankFileHeader {
   // attributes, before any dataset is created; writes the file's own attributes and groups.
   std::function<Status(int64_t file)> root;
   // Superblock version 0 (HDF5 1.8's formats at most) and no modification times: the
-  // universal layout's file, which h5py 2.x reads and whose bytes the same content fixes.
+  // universal layout's file, which h5py 2.x reads and whose bytes the same content fixes. Its
+  // regions lie in creation order: no 4 KiB alignment, no small-data blocks (WriteStructure).
   bool portable = false;
 };
 

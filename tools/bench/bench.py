@@ -688,15 +688,13 @@ def main():
         ds_bytes = sum(os.path.getsize(os.path.join(dp, f))
                        for dp, _, fs in os.walk(ds_root) for f in fs)
         # Its data: the optimizer files, where the fp32 masters are.
-        export_fp32(ds_root, "deepspeed_export_fp32", {"checkpoint_bytes": ds_bytes},
-                    sorted(os.path.join(dp, f) for dp, _, fs in os.walk(ds_root) for f in fs
-                           if f.endswith("optim_states.pt")))
+        optim_files = sorted(os.path.join(dp, f) for dp, _, fs in os.walk(ds_root) for f in fs
+                             if f.endswith("optim_states.pt"))
+        export_fp32(ds_root, "deepspeed_export_fp32", {"checkpoint_bytes": ds_bytes}, optim_files)
         # ckpt to-universal of it (no target): the three states of every parameter read from the
         # optimizer files and written to universal.h5, against the same kind of floor.
         export_fp32(ds_root, "deepspeed_to_universal", {"checkpoint_bytes": ds_bytes},
-                    sorted(os.path.join(dp, f) for dp, _, fs in os.walk(ds_root) for f in fs
-                           if f.endswith("optim_states.pt")),
-                    command="to-universal", out_file="universal.h5")
+                    optim_files, command="to-universal", out_file="universal.h5")
         # ckpt check of it: every zip record's CRC-32, paired with a cold read of all its files.
         paired_check("deepspeed_check", [ds_root],
                      sorted(os.path.join(dp, f) for dp, _, fs in os.walk(ds_root) for f in fs

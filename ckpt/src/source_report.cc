@@ -76,8 +76,8 @@ std::vector<Problem> CheckUniversal(const std::string& dir, bool deep, Env* env,
   return problems;
 }
 
-// DeepSpeed records no checksums of its own, so the check is the layout (DeepSpeedReader::Open),
-// every zip record's CRC-32 and every tensor read through the parameter table.
+// DeepSpeed records no checksums of its own, so the check is the layout (DeepSpeedReader::Open)
+// and every zip record's CRC-32, each byte read once (DeepSpeedReader::Check).
 Result<std::vector<Problem>> CheckDeepSpeed(const std::string& path, const std::string& tag,
                                             Env* env, bool progress) {
   auto reader = DeepSpeedReader::Open(path, tag, env);

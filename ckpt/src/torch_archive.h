@@ -52,10 +52,11 @@ class TorchFile {
   // at this offset's position within a 4 KiB block so that ReadElements of 4 MiB or more goes
   // straight into it with O_DIRECT (StateSource::ReadShift).
   std::optional<uint64_t> ElementFileOffset(const TorchTensorRef& t, int64_t first);
-  // Reads every record to its end and checks its CRC-32: a record stored uncompressed of 64 KiB
-  // or more (a tensor's storage) from where it lies in the file (RandomAccessFile::Scan), the
-  // CRC computed here; any other through libzip, which checks it. DataLoss naming the file and
-  // the record on a mismatch. `on_bytes` (may be empty) gets the bytes read as they are read.
+  // Reads every record to its end and checks its CRC-32: the records stored uncompressed (every
+  // one torch.save writes) from where they lie, in file order, neighbours read together in one
+  // range (RandomAccessFile::Scan: the local headers between them read with them), each CRC
+  // computed here; any other through libzip, which checks it. DataLoss naming the file and the
+  // record on a mismatch. `on_bytes` (may be empty) gets the bytes read as they are read.
   Status VerifyRecords(const std::function<void(uint64_t)>& on_bytes = {});
   // Tensor t's storage record: its size, the CRC-32 the archive records for its bytes, and
   // whether it is stored as it is (as torch.save writes every storage): only then can a range

@@ -90,7 +90,7 @@ def make(work, zero, world, dtype, optimizer="zero", hostile=None, blocks=0):
     args = argparse.Namespace(out=root, zero=zero, world=world, dtype=dtype, optimizer=optimizer,
                               tag="global_step7", steps=7, hidden=24, vocab=37, seed=zero * 10 + world,
                               truth=os.path.join(work, name + ".truth.pt"), hostile=hostile,
-                              blocks=blocks, block_width=512)
+                              blocks=blocks, frozen_blocks=0, block_width=512)
     gen.write(args)
     if hostile:
         gen.hostile(args)

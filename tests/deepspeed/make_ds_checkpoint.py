@@ -81,12 +81,15 @@ for _cls, _mod in ((LossScaler, "deepspeed.runtime.fp16.loss_scaler"),
 
 # ---- the model ------------------------------------------------------------------------------
 
-def model_spec(hidden, vocab, blocks=0, block_width=512):
+def model_spec(hidden, vocab, blocks=0, block_width=512, frozen_blocks=0):
     """(name, shape, kind) in named_parameters order; kind: trainable | frozen | tied:<owner>.
     Two optimizer groups: weights (group 0) and biases / norms (group 1). `blocks` adds that
-    many [block_width, block_width] trainable weights (large fixtures for memory and speed)."""
+    many [block_width, block_width] trainable weights (large fixtures for memory and speed),
+    `frozen_blocks` that many frozen ones (a LoRA fine-tune's frozen base)."""
     h = hidden
     big = [(f"blocks.{k}.weight", (block_width, block_width), "trainable") for k in range(blocks)]
+    big += [(f"base.{k}.weight", (block_width, block_width), "frozen")
+            for k in range(frozen_blocks)]
     return big + [
         ("embed.weight", (vocab, h), "trainable"),
         ("layers.0.weight", (h, h), "trainable"),
@@ -110,7 +113,7 @@ def numel(shape):
 
 def build(args):
     g = torch.Generator().manual_seed(args.seed)
-    spec = model_spec(args.hidden, args.vocab, args.blocks, args.block_width)
+    spec = model_spec(args.hidden, args.vocab, args.blocks, args.block_width, args.frozen_blocks)
     model_dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     master, exp_avg, exp_avg_sq = {}, {}, {}
     frozen = {}
@@ -453,6 +456,8 @@ def main():
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--blocks", type=int, default=0,
                    help="extra [W, W] trainable weights (W = --block-width) for large fixtures")
+    p.add_argument("--frozen-blocks", type=int, default=0,
+                   help="extra [W, W] frozen weights (a LoRA fine-tune's frozen base)")
     p.add_argument("--block-width", type=int, default=512)
     p.add_argument("--truth")
     p.add_argument("--hostile")

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "ckpt/aligned_buffer.h"
@@ -38,6 +39,7 @@ class ReadWatchEnv final : public ckpt::testing::WrappedFileEnv {
           return std::make_unique<File>(std::move(f), this);
         }) {}
   std::atomic<uint64_t> large_reads{0}, largest{0}, scanned{0};
+  std::atomic<uint64_t> scans{0};       // Scan calls
   std::atomic<uint64_t> read_bytes{0};  // by Read, ReadLarge and Scan
   std::atomic<bool> fail{false};
   std::mutex mu;
@@ -82,6 +84,7 @@ class ReadWatchEnv final : public ckpt::testing::WrappedFileEnv {
     }
     ckpt::Status Scan(uint64_t offset, uint64_t n, const PartFn& consume) const override {
       if (env_->fail) return ckpt::IOError("injected read failure");
+      ++env_->scans;
       env_->scanned += n;
       env_->read_bytes += n;
       return f_->Scan(offset, n, consume);
@@ -352,6 +355,76 @@ TEST_CASE("check CRCs every storage from where it lies, the files in parallel, a
   REQUIRE(failed.ok());
   REQUIRE_FALSE(failed->empty());
   CHECK(failed->front().what.find("injected read failure") != std::string::npos);
+}
+
+TEST_CASE("check reads every record once, neighbours in one range; a frozen base is not read again",
+          "[io]") {
+  // A LoRA-like fine-tune: 48 frozen 256 KiB weights in the model file beside one trainable
+  // one. check used to Scan each record of 64 KiB or more on its own (one request each, in
+  // name order), read the smaller ones through libzip, and then read every frozen parameter a
+  // second time through the table.
+  ckpt::testing::ScratchDir dir("dsonce");
+  const std::string ds = dir / "ds";
+  REQUIRE(MakeDeepSpeed(ds,
+                        "--zero 2 --world 2 --dtype fp32 --blocks 1 --frozen-blocks 48 "
+                        "--block-width 256"));
+  ReadWatchEnv env;
+  auto r = ckpt::DeepSpeedReader::Open(ds, "", &env);
+  REQUIRE(r.ok());
+  REQUIRE(r->info().model_files.size() == 1);
+  const std::string model = r->dir() + "/" + r->info().model_files[0];
+  uint64_t files = 0, pt = 0;
+  for (const auto& e : std::filesystem::directory_iterator(r->dir()))
+    if (e.path().extension() == ".pt") files += std::filesystem::file_size(e.path()), ++pt;
+  REQUIRE(pt == 3);
+  env.read_bytes = 0;
+  env.scans = 0;
+  env.scanned = 0;
+  {
+    auto problems = r->Check();
+    REQUIRE(problems.ok());
+    CHECK(problems->empty());
+  }
+  INFO("read " << env.read_bytes << " bytes of " << files << " in " << env.scans << " scans");
+  CHECK(env.scanned > files * 9 / 10);          // nearly everything from where it lies
+  CHECK(env.read_bytes < files + files / 100);  // and once: the frozen base is 12 MiB
+  CHECK(env.scans <= 2 * pt);                   // one range per file, not one per record
+
+  // A flipped bit in a record with neighbours on both sides of its run is a CRC error naming
+  // the model file and that record. Where each record's bytes lie, from Python's zipfile.
+  const std::string places = dir / "places.txt";
+  REQUIRE(
+      ckpt::testing::RunShell(
+          "/usr/bin/python3 -c \"import struct, sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); "
+          "f = open(sys.argv[1], 'rb'); out = open(sys.argv[2], 'w')\n"
+          "for i in z.infolist():\n"
+          "    f.seek(i.header_offset); h = f.read(30); n, e = struct.unpack('<HH', h[26:30])\n"
+          "    print(i.header_offset + 30 + n + e, i.file_size, i.filename, file=out)\" " +
+          model + " " + places) == 0);
+  std::vector<std::tuple<uint64_t, uint64_t, std::string>> recs;
+  {
+    std::ifstream in(places);
+    uint64_t at = 0, size = 0;
+    std::string name;
+    while (in >> at >> size >> name) recs.emplace_back(at, size, name);
+  }
+  std::sort(recs.begin(), recs.end());
+  std::vector<size_t> big;  // the 256 KiB weights, in file order
+  for (size_t i = 0; i < recs.size(); ++i)
+    if (std::get<1>(recs[i]) == 256u * 256 * 4) big.push_back(i);
+  REQUIRE(big.size() == 49);
+  const auto& [at, size, name] = recs[big[big.size() / 2]];
+  REQUIRE(XorByteAt(model, at + size / 3, 0x04));
+  auto again = ckpt::DeepSpeedReader::Open(ds, "", &env);
+  REQUIRE(again.ok());
+  auto problems = again->Check();
+  REQUIRE(problems.ok());
+  REQUIRE(problems->size() == 1);
+  const ckpt::Problem& p = problems->front();
+  INFO(p.what);
+  CHECK(p.file == std::filesystem::path(model).filename().string());
+  CHECK(p.what.find("CRC error") != std::string::npos);
+  CHECK(p.what.find(name) != std::string::npos);
 }
 
 TEST_CASE("a DeepSpeed source CRCs the records it reads as they pass and refuses a flip", "[io]") {

@@ -101,10 +101,10 @@ class DeepSpeedReader {
   // compared; a record read out of order or not at all is read whole (TorchFile::VerifyStorage).
   // DataLoss naming the file and the record on a mismatch. Ends the streams.
   Status VerifyStates(const std::vector<std::string>& states, int part, int parts);
-  // Reads every record of every file to its end and checks its CRC-32 (the files in parallel;
-  // with `progress`, a bar on a TTY), then resolves every range of the parameter table in
-  // every state, and reports what fails; structural problems already stopped Open. Empty =
-  // healthy.
+  // Reads every record of every file to its end, once, and checks its CRC-32 (the files in
+  // parallel; with `progress`, a bar on a TTY), and reports what fails; structural problems
+  // (the parameter table against the partitions, views against their storages) already
+  // stopped Open, so nothing is read again through the table. Empty = healthy.
   Result<std::vector<Problem>> Check(bool progress = false);
   uint64_t bytes_read() const;
 

@@ -1058,25 +1058,37 @@ std::optional<uint64_t> DeepSpeedReader::PartitionFileOffset(int r, std::string_
 }
 
 Result<std::vector<uint8_t>> DeepSpeedReader::ReadFrozenBytes(std::string_view param) {
+  const ParamEntry* p = impl_->Owner(param);
+  if (!p || !p->frozen) return InvalidArgument("'" + std::string(param) + "' is not frozen");
+  std::vector<uint8_t> out(static_cast<size_t>(p->numel) * DTypeSize(p->dtype));
+  CKPT_RETURN_IF_ERROR(ReadFrozenInto(param, out.data(), out.size()), "");
+  return out;
+}
+
+Status DeepSpeedReader::ReadFrozenInto(std::string_view param, void* out, uint64_t bytes) {
   Impl& I = *impl_;
   const ParamEntry* p = I.Owner(param);
   if (!p || !p->frozen) return InvalidArgument("'" + std::string(param) + "' is not frozen");
   auto it = I.frozen.find(p->name);
   if (it == I.frozen.end()) return Internal("frozen parameter without a source");
   const size_t es = DTypeSize(p->dtype);
-  std::vector<uint8_t> out(static_cast<size_t>(p->numel) * es);
+  if (bytes != static_cast<uint64_t>(p->numel) * es)
+    return InvalidArgument("frozen parameter '" + p->name + "' has " +
+                           std::to_string(static_cast<uint64_t>(p->numel) * es) + " bytes, not " +
+                           std::to_string(bytes));
+  auto* dst = static_cast<uint8_t*>(out);
   int64_t have = 0;
   for (const auto& [fi, t] : it->second.pieces) {
     if (have >= p->numel) break;
     const int64_t n = std::min(t->numel(), p->numel - have);
     if (t->itemsize != es) return DataLoss(I.model[static_cast<size_t>(fi)].path() + ": dtype of '" + p->name + "' changed");
     CKPT_RETURN_IF_ERROR(I.model[static_cast<size_t>(fi)].ReadElementsChecked(
-                             *t, 0, n, out.data() + static_cast<size_t>(have) * es),
+                             *t, 0, n, dst + static_cast<size_t>(have) * es),
                          "frozen parameter '" + p->name + "'");
     have += n;
   }
   if (have != p->numel) return DataLoss(I.dir + ": frozen parameter '" + p->name + "' is short");
-  return out;
+  return Status::Ok();
 }
 
 void DeepSpeedReader::StreamVerify(bool defer) {

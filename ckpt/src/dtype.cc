@@ -41,7 +41,12 @@ std::optional<DType> DTypeFromSafetensorsName(std::string_view name) {
   return std::nullopt;
 }
 
-uint16_t FloatToBf16(float f) {
+namespace {
+
+// The conversions, with internal linkage so that the loops below inline them (a call per
+// element made a frozen bf16 base of 200 M elements cost export-fp32 seconds:
+// docs/performance.md, 2026-12-05 17:00).
+uint16_t ToBf16(float f) {
   uint32_t bits;
   std::memcpy(&bits, &f, 4);
   if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu) != 0) {
@@ -51,14 +56,14 @@ uint16_t FloatToBf16(float f) {
   return static_cast<uint16_t>((bits + rounding_bias) >> 16);
 }
 
-float Bf16ToFloat(uint16_t h) {
+float FromBf16(uint16_t h) {
   uint32_t bits = static_cast<uint32_t>(h) << 16;
   float f;
   std::memcpy(&f, &bits, 4);
   return f;
 }
 
-uint16_t FloatToFp16(float f) {
+uint16_t ToFp16(float f) {
   uint32_t x;
   std::memcpy(&x, &f, 4);
   const uint32_t sign = (x >> 16) & 0x8000u;
@@ -85,7 +90,7 @@ uint16_t FloatToFp16(float f) {
   return static_cast<uint16_t>(sign | result);
 }
 
-float Fp16ToFloat(uint16_t h) {
+float FromFp16(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1fu;
   uint32_t mant = h & 0x3ffu;
@@ -112,6 +117,13 @@ float Fp16ToFloat(uint16_t h) {
   return f;
 }
 
+}  // namespace
+
+uint16_t FloatToBf16(float f) { return ToBf16(f); }
+float Bf16ToFloat(uint16_t h) { return FromBf16(h); }
+uint16_t FloatToFp16(float f) { return ToFp16(f); }
+float Fp16ToFloat(uint16_t h) { return FromFp16(h); }
+
 bool FloatsToF32(DType t, const void* raw, size_t n, float* out) {
   const auto* bytes = static_cast<const uint8_t*>(raw);
   switch (t) {
@@ -126,11 +138,46 @@ bool FloatsToF32(DType t, const void* raw, size_t n, float* out) {
       }
       return true;
     case DType::kBF16:
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, bytes + 2 * i, 2);
+        out[i] = FromBf16(h);
+      }
+      return true;
     case DType::kF16:
       for (size_t i = 0; i < n; ++i) {
         uint16_t h;
         std::memcpy(&h, bytes + 2 * i, 2);
-        out[i] = t == DType::kBF16 ? Bf16ToFloat(h) : Fp16ToFloat(h);
+        out[i] = FromFp16(h);
+      }
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool F32ToFloats(DType t, const float* in, size_t n, void* out) {
+  auto* bytes = static_cast<uint8_t*>(out);
+  switch (t) {
+    case DType::kF32:
+      if (n) std::memcpy(bytes, in, n * 4);
+      return true;
+    case DType::kF64:
+      for (size_t i = 0; i < n; ++i) {
+        const double d = in[i];
+        std::memcpy(bytes + 8 * i, &d, 8);
+      }
+      return true;
+    case DType::kBF16:
+      for (size_t i = 0; i < n; ++i) {
+        const uint16_t h = ToBf16(in[i]);
+        std::memcpy(bytes + 2 * i, &h, 2);
+      }
+      return true;
+    case DType::kF16:
+      for (size_t i = 0; i < n; ++i) {
+        const uint16_t h = ToFp16(in[i]);
+        std::memcpy(bytes + 2 * i, &h, 2);
       }
       return true;
     default:

@@ -3,6 +3,7 @@
 #include "ckpt/state_source.h"
 
 #include <algorithm>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <map>
@@ -201,10 +202,23 @@ class ShardedSource final : public StateSource {
   }
 
   Result<std::vector<uint8_t>> ReadFrozenBytes(std::string_view param) override {
+    CKPT_ASSIGN_OR_RETURN(const auto where, Frozen(param), "");
+    return reader_.ReadDatasetBytes(where.first, where.second->name);
+  }
+  Status ReadFrozenInto(std::string_view param, void* out, uint64_t bytes) override {
+    CKPT_ASSIGN_OR_RETURN(const auto where, Frozen(param), "");
+    if (bytes != where.second->bytes)
+      return DataLoss(dir() + ": frozen parameter '" + std::string(param) + "': dataset of " +
+                      std::to_string(where.second->bytes) + " bytes, the parameter table says " +
+                      std::to_string(bytes));
+    return reader_.ReadDataset(where.first, where.second->name, out, bytes);
+  }
+  // The rank file and dataset holding frozen parameter `param`.
+  Result<std::pair<int, const DatasetRecord*>> Frozen(std::string_view param) const {
     const std::string name = std::string(kFrozenPrefix) + std::string(param);
     for (const auto& f : manifest().files) {
       for (const auto& d : f.datasets)
-        if (d.name == name) return reader_.ReadDatasetBytes(f.rank, name);
+        if (d.name == name) return std::make_pair(f.rank, &d);
     }
     return DataLoss(dir() + ": frozen parameter '" + std::string(param) + "' is in no rank file");
   }
@@ -422,7 +436,18 @@ class UniversalSource final : public StateSource {
   }
 
   Result<std::vector<uint8_t>> ReadFrozenBytes(std::string_view param) override {
+    CKPT_RETURN_IF_ERROR(IsFrozen(param), "");
     return reader_.ReadDatasetBytes(UniversalParamGroup(param) + "/" + std::string(kMaster));
+  }
+  Status ReadFrozenInto(std::string_view param, void* out, uint64_t bytes) override {
+    CKPT_RETURN_IF_ERROR(IsFrozen(param), "");
+    return reader_.ReadDatasetInto(UniversalParamGroup(param) + "/" + std::string(kMaster), out,
+                                   bytes);
+  }
+  Status IsFrozen(std::string_view param) const {
+    for (const auto& p : manifest().params)
+      if (p.name == param && p.frozen && p.tied_to.empty()) return Status::Ok();
+    return InvalidArgument("'" + std::string(param) + "' is not a stored frozen parameter");
   }
 
   std::vector<RankExtra> RankExtras(int r) const override {
@@ -531,6 +556,9 @@ class DeepSpeedSource final : public StateSource {
   Result<std::vector<uint8_t>> ReadFrozenBytes(std::string_view param) override {
     return reader_.ReadFrozenBytes(param);
   }
+  Status ReadFrozenInto(std::string_view param, void* out, uint64_t bytes) override {
+    return reader_.ReadFrozenInto(param, out, bytes);
+  }
   // The scheduler's state_dict (global in DeepSpeed) as every rank's `scheduler` json.
   std::vector<RankExtra> RankExtras(int r) const override {
     if (scheduler_.empty() || r < 0 || r >= source_ranks()) return {};
@@ -569,6 +597,16 @@ double JsonNumber(const nlohmann::json& j, const char* key, double fallback, boo
 }
 
 }  // namespace
+
+Status StateSource::ReadFrozenInto(std::string_view param, void* out, uint64_t bytes) {
+  CKPT_ASSIGN_OR_RETURN(const std::vector<uint8_t> raw, ReadFrozenBytes(param), "");
+  if (raw.size() != bytes)
+    return DataLoss(dir() + ": frozen parameter '" + std::string(param) +
+                    "': " + std::to_string(raw.size()) + " bytes, the parameter table says " +
+                    std::to_string(bytes));
+  if (bytes) std::memcpy(out, raw.data(), raw.size());
+  return Status::Ok();
+}
 
 Status StateSource::ReadParamSlices(const std::vector<ParamSlice>& slices, std::string_view state,
                                     float* out) {

@@ -202,16 +202,26 @@ Status UniversalReader::ReadParamRange(std::string_view param, std::string_view 
 
 Result<std::vector<uint8_t>> UniversalReader::ReadDatasetBytes(std::string_view name) const {
   CKPT_ASSIGN_OR_RETURN(const DatasetRecord* rec, impl_->Record(name), "");
+  std::vector<uint8_t> out(rec->bytes);
+  CKPT_RETURN_IF_ERROR(ReadDatasetInto(name, out.data(), out.size()), "");
+  return out;
+}
+
+Status UniversalReader::ReadDatasetInto(std::string_view name, void* out, uint64_t bytes) const {
+  CKPT_ASSIGN_OR_RETURN(const DatasetRecord* rec, impl_->Record(name), "");
   const int64_t n = Numel(rec->shape);
   if (static_cast<uint64_t>(n) * DTypeSize(rec->dtype) != rec->bytes)
     return DataLoss(impl_->dir + ": manifest record of /" + rec->name + " is inconsistent");
-  std::vector<uint8_t> out(rec->bytes);
-  CKPT_RETURN_IF_ERROR(impl_->ReadRange(rec->name, rec->shape, rec->dtype, 0, n, out.data()), "");
-  const std::string got = DigestHex(Xxh3(out.data(), out.size()));
+  if (bytes != rec->bytes)
+    return DataLoss(impl_->Label() + ": dataset /" + rec->name + " has " +
+                    std::to_string(rec->bytes) + " bytes, the parameter table says " +
+                    std::to_string(bytes));
+  CKPT_RETURN_IF_ERROR(impl_->ReadRange(rec->name, rec->shape, rec->dtype, 0, n, out), "");
+  const std::string got = DigestHex(Xxh3(out, static_cast<size_t>(bytes)));
   if (!rec->xxh3.empty() && got != rec->xxh3)
     return DataLoss(impl_->Label() + ": dataset /" + rec->name + ": checksum mismatch (manifest " +
                     rec->xxh3 + ", data " + got + ")");
-  return out;
+  return Status::Ok();
 }
 
 Status UniversalReader::VerifyDataset(std::string_view name) const {

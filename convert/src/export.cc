@@ -53,49 +53,28 @@ struct PlannedFile {
   std::vector<safetensors::SafetensorsTensorSpec> specs;
 };
 
-// fp32 values -> out dtype bytes, appended to `out`.
+// fp32 values -> out dtype bytes, in `out` (resized to hold them).
 void Encode(const float* in, int64_t n, DType dtype, std::vector<uint8_t>& out) {
   out.resize(static_cast<size_t>(n) * DTypeSize(dtype));
-  switch (dtype) {
-    case DType::kF32:
-      std::memcpy(out.data(), in, out.size());
-      break;
-    case DType::kBF16:
-    case DType::kF16:
-      for (int64_t i = 0; i < n; ++i) {
-        const uint16_t h = dtype == DType::kBF16 ? FloatToBf16(in[i]) : FloatToFp16(in[i]);
-        std::memcpy(out.data() + 2 * i, &h, 2);
-      }
-      break;
-    case DType::kF64:
-      for (int64_t i = 0; i < n; ++i) {
-        const double d = in[i];
-        std::memcpy(out.data() + 8 * i, &d, 8);
-      }
-      break;
-    default:
-      break;
-  }
+  F32ToFloats(dtype, in, static_cast<size_t>(n), out.data());
 }
 
-// A frozen parameter's stored bytes in the output dtype: floating point goes through fp32
-// (exact for bf16/fp16/fp32 sources), integers keep their bytes. Converts element by element,
-// so the stored and the output copy are the only two buffers.
-Result<std::vector<uint8_t>> EncodeFrozen(const ParamEntry& p, std::vector<uint8_t> raw,
-                                          DType out_dtype) {
-  if (out_dtype == p.dtype) return raw;
-  const size_t es = DTypeSize(p.dtype);
-  std::vector<uint8_t> out;
-  std::vector<uint8_t> one;
-  out.resize(static_cast<size_t>(p.numel) * DTypeSize(out_dtype));
-  for (int64_t i = 0; i < p.numel; ++i) {
-    float f = 0;
-    if (!FloatsToF32(p.dtype, raw.data() + static_cast<size_t>(i) * es, 1, &f))
+// A frozen parameter's stored bytes (`raw`) in the output dtype, into `out`: floating point
+// goes through fp32 (exact for bf16/fp16/fp32 sources). 64 Ki elements at a time through a
+// 256 KiB block. (Element by element, with two calls and a vector per element, a LoRA
+// checkpoint's frozen bf16 base of 200 M elements took export-fp32 2.5 s: docs/performance.md,
+// 2026-12-05 17:00.)
+Status EncodeFrozen(const ParamEntry& p, const uint8_t* raw, DType out_dtype, uint8_t* out) {
+  const size_t es = DTypeSize(p.dtype), os = DTypeSize(out_dtype);
+  constexpr size_t kBlock = size_t{1} << 16;
+  std::vector<float> block(std::min(kBlock, static_cast<size_t>(p.numel)));
+  for (size_t i = 0; i < static_cast<size_t>(p.numel); i += kBlock) {
+    const size_t n = std::min(kBlock, static_cast<size_t>(p.numel) - i);
+    if (!FloatsToF32(p.dtype, raw + i * es, n, block.data()))
       return Internal("integer frozen tensor '" + p.name + "' reached dtype conversion");
-    Encode(&f, 1, out_dtype, one);
-    std::memcpy(out.data() + static_cast<size_t>(i) * one.size(), one.data(), one.size());
+    F32ToFloats(out_dtype, block.data(), n, out + i * os);
   }
-  return out;
+  return Status::Ok();
 }
 
 // The end of the piece of `p` that starts at element b: at most `step` elements, and not past
@@ -280,6 +259,7 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
   // output file, so that its aligned middle is written from where it lies (O_DIRECT, no copy
   // into staging: direct_write.h); `values` has a block of room for that.
   constexpr uint64_t kBlock = 4096;
+  constexpr uint64_t kFrozenInPlaceBytes = 8u << 20;
   struct Slot {
     AlignedBuffer values;        // a trainable piece as read (room for the longest piece)
     std::vector<uint8_t> bytes;  // the piece in the output dtype (unused for fp32 output)
@@ -298,6 +278,23 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
   KeepHelpersReady(kTransferThreads);
   for (auto& slot : slots)
     slot.values = AlignedBuffer(static_cast<size_t>(longest_piece) * 4 + kBlock);
+  // A frozen tensor is read whole into `frozen_raw` and, unless it keeps its dtype, converted
+  // into `frozen_out`, from 8 MiB with its bytes where the output's lie within a 4 KiB block
+  // (written in place with O_DIRECT). Both are sized for the largest frozen tensor, allocated on
+  // first use and kept: two fresh vectors per tensor (zero-filled, then freed) cost export-fp32 of
+  // a LoRA checkpoint with a 400 MB frozen base 3 of its 4.2 s on the development VM, where fresh
+  // memory is slower than the disk (docs/performance.md, 2026-12-05 17:00).
+  AlignedBuffer frozen_raw, frozen_out;
+  uint64_t frozen_raw_bytes = 0, frozen_out_bytes = 0;
+  for (const auto& pc : pieces) {
+    if (pc.tensor == kNoTensor) continue;
+    const PlannedTensor& t = files[pc.file].tensors[pc.tensor];
+    if (!t.param->frozen) continue;
+    const uint64_t n = static_cast<uint64_t>(t.param->numel);
+    frozen_raw_bytes = std::max(frozen_raw_bytes, n * DTypeSize(t.param->dtype));
+    if (t.out_dtype != t.param->dtype)
+      frozen_out_bytes = std::max(frozen_out_bytes, n * DTypeSize(t.out_dtype));
+  }
   CKPT_ASSIGN_OR_RETURN(StagedOutput staged, StagedOutput::Begin(out, env), "");
   Progress progress("export-fp32", report.total_size, opts.progress);
   std::optional<safetensors::SafetensorsWriter> writer;
@@ -323,13 +320,26 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
     const PlannedTensor& t = files[pc.file].tensors[pc.tensor];
     const ParamEntry& p = *t.param;
     if (p.frozen) {
-      const std::string where = "parameter '" + t.name + "'";
-      CKPT_ASSIGN_OR_RETURN(auto raw, src->ReadFrozenBytes(p.name));  // names it
-      if (raw.size() != static_cast<uint64_t>(p.numel) * DTypeSize(p.dtype))
-        return DataLoss(where + ": frozen dataset size does not match the parameter table");
-      CKPT_ASSIGN_OR_RETURN(slot.bytes, EncodeFrozen(p, std::move(raw), t.out_dtype), where);
-      slot.data = slot.bytes.data();
-      slot.size = slot.bytes.size();
+      const uint64_t stored = static_cast<uint64_t>(p.numel) * DTypeSize(p.dtype);
+      const bool keep = t.out_dtype == p.dtype;
+      // Placed for an in-place O_DIRECT write only from 8 MiB: a frozen tensor is written on
+      // this thread before the next is read, and a smaller one's O_DIRECT write waited for the
+      // disk where the page cache takes it at once (200 tensors of 4 MiB exported in 1.24 s
+      // that way, 0.93 s through the page cache: docs/performance.md 2026-12-05 17:00).
+      const uint64_t out_bytes = static_cast<uint64_t>(p.numel) * DTypeSize(t.out_dtype);
+      const uint64_t shift = out_bytes >= kFrozenInPlaceBytes ? t.at % kBlock : 0;
+      if (frozen_raw.size() == 0) frozen_raw = AlignedBuffer(frozen_raw_bytes + kBlock);
+      uint8_t* raw = frozen_raw.data() + (keep ? shift : 0);
+      CKPT_RETURN_IF_ERROR(src->ReadFrozenInto(p.name, raw, stored));  // names it
+      slot.data = raw;
+      slot.size = stored;
+      if (keep) return Status::Ok();
+      if (frozen_out.size() == 0) frozen_out = AlignedBuffer(frozen_out_bytes + kBlock);
+      uint8_t* converted = frozen_out.data() + shift;
+      CKPT_RETURN_IF_ERROR(EncodeFrozen(p, raw, t.out_dtype, converted),
+                           "parameter '" + t.name + "'");
+      slot.data = converted;
+      slot.size = out_bytes;
       return Status::Ok();
     }
     const uint64_t at = t.at + static_cast<uint64_t>(pc.begin) * 4;  // fp32 output only
@@ -402,7 +412,6 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
     if (frozen(i)) {
       CKPT_RETURN_IF_ERROR(produce(i, 0), "");
       CKPT_RETURN_IF_ERROR(consume(i, 0), "");
-      slots[0].bytes = std::vector<uint8_t>();
       ++i;
       continue;
     }

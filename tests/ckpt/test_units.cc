@@ -1,7 +1,7 @@
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "ckpt/dtype.h"
 #include "ckpt/units.h"
@@ -64,4 +64,54 @@ TEST_CASE("bf16 and fp16 conversions round to nearest even", "[unit]") {
   for (float f : {0.1f, -3.75f, 1e-3f, 12345.0f}) {
     CHECK(std::fabs(Fp16ToFloat(FloatToFp16(f)) - f) <= std::fabs(f) * 1e-3f);
   }
+}
+
+TEST_CASE("bulk conversions give every element the one-element conversion's bits", "[unit]") {
+  // Every 16-bit pattern (all bf16 / fp16 values: zeros, subnormals, infinities, NaNs) to fp32,
+  // and fp32 values around every rounding case back, for each dtype the bulk loops handle.
+  std::vector<uint16_t> halves(1u << 16);
+  for (size_t i = 0; i < halves.size(); ++i) halves[i] = static_cast<uint16_t>(i);
+  std::vector<float> wide(halves.size());
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    INFO(DTypeName(t));
+    REQUIRE(FloatsToF32(t, halves.data(), halves.size(), wide.data()));
+    size_t same = 0;
+    for (size_t i = 0; i < halves.size(); ++i) {
+      const float one = t == DType::kBF16 ? Bf16ToFloat(halves[i]) : Fp16ToFloat(halves[i]);
+      same += std::memcmp(&one, &wide[i], 4) == 0;
+    }
+    CHECK(same == halves.size());
+  }
+  std::vector<float> values;
+  for (uint32_t bits = 0; bits < 0xffffffffu - 0x00a3d709u; bits += 0x00a3d709u) {
+    for (uint32_t d : {0u, 1u, 0x7fffu, 0x8000u, 0x8001u, 0xfffu, 0x1000u, 0x1001u}) {
+      float f;
+      const uint32_t b = bits + d;
+      std::memcpy(&f, &b, 4);
+      values.push_back(f);
+    }
+  }
+  for (float f : {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 65504.0f, 65520.0f, 1e-8f})
+    values.push_back(f);
+  std::vector<uint16_t> narrow(values.size());
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    INFO(DTypeName(t));
+    REQUIRE(F32ToFloats(t, values.data(), values.size(), narrow.data()));
+    size_t same = 0;
+    for (size_t i = 0; i < values.size(); ++i)
+      same += narrow[i] == (t == DType::kBF16 ? FloatToBf16(values[i]) : FloatToFp16(values[i]));
+    CHECK(same == values.size());
+  }
+  std::vector<double> doubles(values.size());
+  REQUIRE(F32ToFloats(DType::kF64, values.data(), values.size(), doubles.data()));
+  std::vector<float> back(values.size());
+  REQUIRE(FloatsToF32(DType::kF64, doubles.data(), doubles.size(), back.data()));
+  CHECK(std::memcmp(back.data(), values.data(), values.size() * 4) == 0);
+  REQUIRE(F32ToFloats(DType::kF32, values.data(), values.size(), back.data()));
+  CHECK(std::memcmp(back.data(), values.data(), values.size() * 4) == 0);
+  // Not floating point: nothing written.
+  std::vector<int32_t> ints(4, 7);
+  CHECK_FALSE(F32ToFloats(DType::kI32, values.data(), ints.size(), ints.data()));
+  CHECK_FALSE(FloatsToF32(DType::kI32, ints.data(), ints.size(), back.data()));
+  CHECK(ints == std::vector<int32_t>(4, 7));
 }

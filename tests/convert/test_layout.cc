@@ -205,6 +205,15 @@ TEST_CASE("one StateSource interface over a sharded checkpoint and its universal
     CHECK(got[131] == Value(3, 1, 131));  // the alias reads its owner, proj.w
     REQUIRE(src->ReadParamRange("rope/table", "master", 4, 8, got.data()).ok());
     CHECK(got[1] == 0.25f);  // fp16 frozen, converted
+    // A frozen parameter's stored bytes into the caller's memory: ReadFrozenBytes' bytes; a
+    // buffer of another size is refused, nothing crashes.
+    auto stored = src->ReadFrozenBytes("rope/table");
+    REQUIRE(stored.ok());
+    std::vector<uint8_t> into(stored->size(), 0xee);
+    REQUIRE(src->ReadFrozenInto("rope/table", into.data(), into.size()).ok());
+    CHECK(into == *stored);
+    CHECK_FALSE(src->ReadFrozenInto("rope/table", into.data(), into.size() - 2).ok());
+    CHECK_FALSE(src->ReadFrozenInto("bias", into.data(), into.size()).ok());  // not frozen
     CHECK(src->ReadParamRange("rope/table", "exp_avg", 0, 1, got.data()).code() ==
           StatusCode::kInvalidArgument);
     CHECK(src->ReadParamRange("nope", "master", 0, 1, got.data()).code() ==

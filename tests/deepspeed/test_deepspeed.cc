@@ -390,6 +390,21 @@ TEST_CASE("check reads every record once, neighbours in one range; a frozen base
   CHECK(env.read_bytes < files + files / 100);  // and once: the frozen base is 12 MiB
   CHECK(env.scans <= 2 * pt);                   // one range per file, not one per record
 
+  // Every frozen parameter's bytes into the caller's memory are ReadFrozenBytes' bytes.
+  size_t frozen = 0;
+  for (const auto& p : r->manifest().params) {
+    if (!p.frozen || !p.tied_to.empty()) continue;
+    auto whole = r->ReadFrozenBytes(p.name);
+    REQUIRE(whole.ok());
+    std::vector<uint8_t> into(whole->size(), 0xee);
+    REQUIRE(r->ReadFrozenInto(p.name, into.data(), into.size()).ok());
+    CHECK(into == *whole);
+    CHECK(r->ReadFrozenInto(p.name, into.data(), into.size() + 1).code() ==
+          ckpt::StatusCode::kInvalidArgument);
+    ++frozen;
+  }
+  CHECK(frozen >= 48);
+
   // A flipped bit in a record with neighbours on both sides of its run is a CRC error naming
   // the model file and that record. Where each record's bytes lie, from Python's zipfile.
   const std::string places = dir / "places.txt";

@@ -83,6 +83,8 @@ class DeepSpeedReader {
   // A frozen parameter's (or buffer's) bytes in its stored dtype (manifest dtype and shape),
   // the CRC-32 of each storage record they come from checked (the record read whole).
   Result<std::vector<uint8_t>> ReadFrozenBytes(std::string_view param);
+  // The same into the caller's memory (`bytes`: numel x the dtype's size, else InvalidArgument).
+  Status ReadFrozenInto(std::string_view param, void* out, uint64_t bytes);
 
   // Stream verification (StateSource's stream_verify). From this call on, ReadParamRange and
   // ReadPartition keep a running CRC-32 of each fp32 storage record they read front to back:

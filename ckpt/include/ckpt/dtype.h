@@ -29,5 +29,9 @@ float Fp16ToFloat(uint16_t h);
 // Converts n little-endian elements of a floating-point dtype (fp32, fp64, bf16, fp16) to fp32.
 // Returns false (and writes nothing) for a non-float dtype.
 bool FloatsToF32(DType t, const void* raw, size_t n, float* out);
+// The other way: n fp32 values to little-endian elements of floating-point dtype t (the
+// conversions above, element by element, in one loop per dtype). False (nothing written) for
+// a non-float dtype.
+bool F32ToFloats(DType t, const float* in, size_t n, void* out);
 
 }  // namespace ckpt

@@ -59,6 +59,8 @@ class UniversalReader {
   // A whole dataset's logical bytes, its XXH3 checked against the manifest. `name` as listed in
   // the manifest, e.g. "scheduler", "params/w/master", "source/rank_00000/rng/dropout".
   Result<std::vector<uint8_t>> ReadDatasetBytes(std::string_view name) const;
+  // The same into the caller's memory: `bytes` must be the dataset's (else DataLoss).
+  Status ReadDatasetInto(std::string_view name, void* out, uint64_t bytes) const;
   // Streams a dataset in bounded memory and checks its XXH3 (DataLoss on mismatch).
   Status VerifyDataset(std::string_view name) const;
   // Data bytes read so far.

@@ -16,9 +16,11 @@
 //  6. Rename the staging directory to OUT and fsync the parent (output_dir.h).
 #include "convert/universal.h"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
+#include "ckpt/aligned_buffer.h"
 #include "ckpt/progress.h"
 #include "ckpt/root.h"
 #include "ckpt/state_source.h"
@@ -35,10 +37,17 @@ namespace {
 // its stream verification hashes each read as it passes), the window after it read while it
 // is written; a frozen parameter read whole when the writer reaches it; then the scheduler,
 // the data position and every source rank's blob/json datasets (WriteUniversal adds those).
-// `frozen` holds the frozen parameter being written.
+// `frozen` holds the frozen parameter being written: sized for the largest, allocated on first
+// use and kept (a fresh vector for each cost to-universal of a LoRA checkpoint more than its
+// reads on the development VM: docs/performance.md, 2026-12-05 17:00).
 UniversalFileContents UniversalContents(StateSource& src, Progress& progress,
-                                        ToUniversalReport& report, std::vector<uint8_t>& frozen) {
+                                        ToUniversalReport& report, AlignedBuffer& frozen) {
   const Manifest& m = src.manifest();
+  uint64_t largest_frozen = 0;
+  for (const auto& p : m.params)
+    if (p.frozen && p.tied_to.empty())
+      largest_frozen =
+          std::max(largest_frozen, static_cast<uint64_t>(p.numel) * DTypeSize(p.dtype));
   UniversalFileContents c;
   c.tag = m.tag;
   c.source_dp_world_size = src.source_ranks();
@@ -50,21 +59,19 @@ UniversalFileContents UniversalContents(StateSource& src, Progress& progress,
     ++report.params_written;
     if (p.frozen) {
       const uint64_t bytes = static_cast<uint64_t>(p.numel) * DTypeSize(p.dtype);
-      // Read whole at its first window (ReadFrozenBytes checks it whole), let go after its
-      // last: the largest frozen tensor is the only one in memory.
+      // Read whole at its first window (ReadFrozenInto checks it whole): the largest frozen
+      // tensor is the only one in memory.
       c.datasets.push_back(DatasetSpec::Filled(
           group + "/" + std::string(kMaster), p.dtype, p.shape,
-          [&src, &progress, &held = frozen, name = p.name, bytes](uint64_t at, size_t n,
-                                                                  void* out) -> Status {
+          [&src, &progress, &held = frozen, largest_frozen, name = p.name, bytes](
+              uint64_t at, size_t n, void* out) -> Status {
             if (at == 0) {
-              CKPT_ASSIGN_OR_RETURN(held, src.ReadFrozenBytes(name));  // names the parameter
-              if (held.size() != bytes)
-                return DataLoss("parameter '" + name +
-                                "': frozen dataset size does not match the parameter table");
+              if (held.size() == 0) held = AlignedBuffer(largest_frozen);
+              if (held.size() < bytes) return Internal("frozen buffer smaller than a tensor");
+              CKPT_RETURN_IF_ERROR(src.ReadFrozenInto(name, held.data(), bytes));  // names it
             }
-            if (at + n > held.size()) return Internal("frozen window outside the tensor");
+            if (at + n > bytes) return Internal("frozen window outside the tensor");
             std::memcpy(out, held.data() + at, n);
-            if (at + n == bytes) held = std::vector<uint8_t>();
             progress.Add(n);
             return Status::Ok();
           }));
@@ -107,7 +114,7 @@ Result<FileRecord> WriteUniversal(StateSource& src, const std::string& path, Env
                       : static_cast<uint64_t>(p.numel) * 12;
   }
   Progress progress("to-universal", total, progress_on);
-  std::vector<uint8_t> frozen;
+  AlignedBuffer frozen;
   UniversalFileContents c = UniversalContents(src, progress, report, frozen);
   // Scheduler and data position: rank 0's (engine_min keeps both global), then every source
   // rank's blob and json datasets unchanged, for provenance.

@@ -3,7 +3,6 @@
 #include "ckpt/state_source.h"
 
 #include <algorithm>
-#include <cstring>
 #include <deque>
 #include <functional>
 #include <map>
@@ -597,16 +596,6 @@ double JsonNumber(const nlohmann::json& j, const char* key, double fallback, boo
 }
 
 }  // namespace
-
-Status StateSource::ReadFrozenInto(std::string_view param, void* out, uint64_t bytes) {
-  CKPT_ASSIGN_OR_RETURN(const std::vector<uint8_t> raw, ReadFrozenBytes(param), "");
-  if (raw.size() != bytes)
-    return DataLoss(dir() + ": frozen parameter '" + std::string(param) +
-                    "': " + std::to_string(raw.size()) + " bytes, the parameter table says " +
-                    std::to_string(bytes));
-  if (bytes) std::memcpy(out, raw.data(), raw.size());
-  return Status::Ok();
-}
 
 Status StateSource::ReadParamSlices(const std::vector<ParamSlice>& slices, std::string_view state,
                                     float* out) {

@@ -19,8 +19,6 @@ namespace ckpt {
 namespace {
 
 constexpr uint64_t kMaxPickleBytes = 256ull << 20;  // data.pkl of a checkpoint is kilobytes
-// VerifyRecords reads records of this size or more from where they lie, and CRCs them itself.
-constexpr uint64_t kMinScanBytes = 64u << 10;
 
 // libzip, opened on first use (dlopen), not linked: it needs libcrypto, whose loading and
 // relocation every process linking libzip paid at start (about 4 ms of ckpt --version's 14 on
@@ -313,9 +311,8 @@ struct TorchFile::Impl {
       if (const std::optional<uint64_t> base = DataFileOffset(idx)) {
         CKPT_ASSIGN_OR_RETURN(const uint64_t size, Size(idx), "");
         if (offset <= size && n <= size - offset) {
-          const char* name = Zip().get_name(zip.get(), idx, 0);
           CKPT_RETURN_IF_ERROR(source->file->ReadLarge(*base + offset, n, out, {}),
-                               "record " + Excerpt(name ? name : "?", 200));
+                               "record " + Excerpt(RecordName(idx), 200));
           bytes_read += n;
           return Status::Ok();
         }
@@ -418,42 +415,75 @@ struct TorchFile::Impl {
     return static_cast<uint64_t>(st.size);
   }
 
-  // Reads record `name` (index idx) to its end and checks its CRC-32 (TorchFile::VerifyRecords);
-  // `buf` holds the libzip path's reads (allocated on first use).
-  Status VerifyRecord(const std::string& name, zip_uint64_t idx, AlignedBuffer& buf,
-                      const std::function<void(uint64_t)>& on_bytes) {
-    const std::string record = Excerpt(prefix + name, 200);
-    source->read_error = Status::Ok();
-    // A record stored as it is (every storage torch.save writes) is read from where it lies:
-    // past the page cache with the reads ahead of the CRC (RandomAccessFile::Scan), its CRC-32
-    // computed by libdeflate as the bytes arrive and compared with the archive's. Through
-    // libzip each 16 MiB was read, then copied, then CRC'd by zlib, one after the other on one
-    // thread: `ckpt check` of a DeepSpeed checkpoint ran at 0.27 of a cold read (issue 19,
-    // docs/performance.md).
+  // A record stored as it is, placed in the file: its bytes are [at, at + size), `want` the
+  // CRC-32 the archive records, `crc` the one computed over them so far.
+  struct Placed {
+    uint64_t at, size;
+    uint32_t want, crc;
+    const std::string* name;  // below prefix
+  };
+
+  // Where record `name` (index idx) lies when it is stored as it is (all that torch.save
+  // writes; DataFileOffset) and its bytes lie inside the file; nullopt otherwise (a compressed
+  // or empty record: read through libzip).
+  std::optional<Placed> Place(const std::string& name, zip_uint64_t idx) {
     zip_stat_t st;
     Zip().stat_init(&st);
-    std::optional<uint64_t> at;
-    if (Zip().stat_index(zip.get(), idx, 0, &st) == 0 && (st.valid & ZIP_STAT_CRC) &&
-        (st.valid & ZIP_STAT_SIZE) && (st.valid & ZIP_STAT_COMP_SIZE) && st.comp_size == st.size &&
-        st.size >= kMinScanBytes)
-      at = DataFileOffset(idx);  // stored records only
-    if (at) {
-      uint32_t crc = 0;
-      CKPT_RETURN_IF_ERROR(source->file->Scan(*at, st.size,
-                                              [&](uint64_t, const uint8_t* p, size_t n) {
-                                                crc = ZipCrc32(crc, p, n);
-                                                if (on_bytes) on_bytes(n);
-                                                return Status::Ok();
-                                              }),
-                           "record " + record);
-      if (crc != st.crc) return CrcError(path, record, static_cast<uint32_t>(st.crc), crc);
-      bytes_read += st.size;
-      scanned_bytes += st.size;
+    if (Zip().stat_index(zip.get(), idx, 0, &st) != 0 || !(st.valid & ZIP_STAT_CRC) ||
+        !(st.valid & ZIP_STAT_SIZE) || !(st.valid & ZIP_STAT_COMP_SIZE) || st.comp_size != st.size)
+      return std::nullopt;
+    const std::optional<uint64_t> at = DataFileOffset(idx);  // one byte or more only
+    const uint64_t file_size = source->file->size();
+    if (!at || *at > file_size || st.size > file_size - *at) return std::nullopt;
+    return Placed{*at, static_cast<uint64_t>(st.size), static_cast<uint32_t>(st.crc), 0, &name};
+  }
+
+  // Reads placed[first, last) (in file order, none overlapping the one before) as one range
+  // from where it lies, past the page cache with the reads ahead of the CRC
+  // (RandomAccessFile::Scan), each record's CRC-32 computed by libdeflate over its own bytes as
+  // they pass; CrcError naming the first record whose CRC is not the archive's. Through libzip
+  // each 16 MiB was read, then copied, then CRC'd by zlib, one after the other on one thread:
+  // `ckpt check` of a DeepSpeed checkpoint ran at 0.27 of a cold read (issue 19,
+  // docs/performance.md, 2026-12-05 04:30).
+  Status ScanRun(std::vector<Placed>& placed, size_t first, size_t last,
+                 const std::function<void(uint64_t)>& on_bytes) {
+    const uint64_t begin = placed[first].at;
+    const uint64_t end = placed[last - 1].at + placed[last - 1].size;
+    size_t k = first;  // the first record of the run not yet wholly passed
+    const auto consume = [&](uint64_t off, const uint8_t* p, size_t n) {
+      const uint64_t hi = off + n;
+      while (k < last && placed[k].at + placed[k].size <= off) ++k;
+      for (size_t j = k; j < last && placed[j].at < hi; ++j) {
+        Placed& r = placed[j];
+        const uint64_t lo = std::max(off, r.at);
+        const uint64_t up = std::min(hi, r.at + r.size);
+        if (lo < up) r.crc = ZipCrc32(r.crc, p + (lo - off), up - lo);
+      }
+      if (on_bytes) on_bytes(n);
       return Status::Ok();
-    }
-    // Anything else to its end through libzip, which compares the CRC-32 there. Reads of 16
-    // MiB, so a storage's bytes leave the disk past the page cache (ZipFileSource), into I/O
-    // memory that is not zero-filled first (ckpt/aligned_buffer.h).
+    };
+    CKPT_RETURN_IF_ERROR(source->file->Scan(begin, end - begin, consume),
+                         last - first == 1
+                             ? "record " + Excerpt(prefix + *placed[first].name, 200)
+                             : "records " + Excerpt(prefix + *placed[first].name, 100) + " to " +
+                                   Excerpt(prefix + *placed[last - 1].name, 100));
+    bytes_read += end - begin;
+    scanned_bytes += end - begin;
+    for (size_t j = first; j < last; ++j)
+      if (placed[j].crc != placed[j].want)
+        return CrcError(path, Excerpt(prefix + *placed[j].name, 200), placed[j].want,
+                        placed[j].crc);
+    return Status::Ok();
+  }
+
+  // Reads record `name` (index idx) to its end through libzip, which compares the CRC-32
+  // there. Reads of 16 MiB, so a storage's bytes leave the disk past the page cache
+  // (ZipFileSource), into `buf`: I/O memory that is not zero-filled first
+  // (ckpt/aligned_buffer.h), allocated on first use.
+  Status VerifyThroughZip(const std::string& name, zip_uint64_t idx, AlignedBuffer& buf,
+                          const std::function<void(uint64_t)>& on_bytes) {
+    const std::string record = Excerpt(prefix + name, 200);
+    source->read_error = Status::Ok();
     if (buf.size() == 0) buf = AlignedBuffer(16u << 20);
     std::unique_ptr<zip_file_t, ZipFileCloser> f(Zip().fopen_index(zip.get(), idx, 0));
     if (!f) return Failed("record " + Excerpt(name, 200) + ": ", Zip().strerror(zip.get()));
@@ -465,6 +495,12 @@ struct TorchFile::Impl {
       if (on_bytes) on_bytes(static_cast<uint64_t>(got));
     }
     return Status::Ok();
+  }
+
+  // The name libzip gives record idx (for errors).
+  std::string RecordName(zip_uint64_t idx) const {
+    const char* name = Zip().get_name(zip.get(), idx, 0);
+    return name ? name : "?";
   }
 };
 
@@ -612,70 +648,34 @@ Status TorchFile::ReadFloats(const TorchTensorRef& t, int64_t first, int64_t cou
 
 Status TorchFile::VerifyRecords(const std::function<void(uint64_t)>& on_bytes) {
   Impl& I = *impl_;
-  // Every record stored as it is (all that torch.save writes), in file order: records no
-  // further apart than kMaxRunGap (a local header and its padding lie between two) are read as
-  // one range from where they lie (RandomAccessFile::Scan: past the page cache, reads ahead of
-  // the CRC), each record's CRC-32 continued over its own bytes as they pass. One Scan per
-  // record, in name order, made a model file of 300 parameters of 512 KiB 300 requests of one
-  // block each, and its records under 64 KiB went through libzip (docs/performance.md,
-  // 2026-12-05 17:00). A record libzip cannot place (a compressed one) is read through libzip.
-  struct Placed {
-    uint64_t at, size;
-    uint32_t want, crc;
-    const std::string* name;
-  };
-  std::vector<Placed> placed;
+  // Every record stored as it is, in file order: records no further apart than kMaxRunGap (a
+  // local header and its padding lie between two) are read as one range (Impl::ScanRun). One
+  // Scan per record, in name order, made a model file of 300 parameters of 512 KiB 300
+  // requests of one block each, and its records under 64 KiB went through libzip
+  // (docs/performance.md, 2026-12-05 17:00). A record libzip cannot place (a compressed one)
+  // is read through libzip.
+  std::vector<Impl::Placed> placed;
   AlignedBuffer buf;  // the libzip path's reads, allocated on first use
   for (const auto& [name, idx] : I.records) {
-    zip_stat_t st;
-    Zip().stat_init(&st);
-    std::optional<uint64_t> at;
-    if (Zip().stat_index(I.zip.get(), idx, 0, &st) == 0 && (st.valid & ZIP_STAT_CRC) &&
-        (st.valid & ZIP_STAT_SIZE) && (st.valid & ZIP_STAT_COMP_SIZE) && st.comp_size == st.size)
-      at = I.DataFileOffset(idx);  // stored records of one byte or more only
-    if (at && *at <= I.source->file->size() && st.size <= I.source->file->size() - *at) {
-      placed.push_back(
-          {*at, static_cast<uint64_t>(st.size), static_cast<uint32_t>(st.crc), 0, &name});
+    if (std::optional<Impl::Placed> p = I.Place(name, idx)) {
+      placed.push_back(*p);
       continue;
     }
-    CKPT_RETURN_IF_ERROR(I.VerifyRecord(name, idx, buf, on_bytes), "");
+    CKPT_RETURN_IF_ERROR(I.VerifyThroughZip(name, idx, buf, on_bytes), "");
   }
   std::sort(placed.begin(), placed.end(),
-            [](const Placed& a, const Placed& b) { return a.at < b.at; });
+            [](const Impl::Placed& a, const Impl::Placed& b) { return a.at < b.at; });
   constexpr uint64_t kMaxRunGap = 64u << 10;
   for (size_t first = 0; first < placed.size();) {
-    // The run [first, last): records in file order, none overlapping the one before (a
-    // hostile archive's overlapping records start runs of their own).
+    // The run [first, last): none overlapping the one before (a hostile archive's overlapping
+    // records start runs of their own).
     size_t last = first + 1;
     uint64_t end = placed[first].at + placed[first].size;
     while (last < placed.size() && placed[last].at >= end && placed[last].at - end <= kMaxRunGap) {
       end = placed[last].at + placed[last].size;
       ++last;
     }
-    const uint64_t begin = placed[first].at;
-    size_t k = first;  // the first record of the run not yet wholly passed
-    CKPT_RETURN_IF_ERROR(
-        I.source->file->Scan(begin, end - begin,
-                             [&](uint64_t off, const uint8_t* p, size_t n) {
-                               const uint64_t hi = off + n;
-                               while (k < last && placed[k].at + placed[k].size <= off) ++k;
-                               for (size_t j = k; j < last && placed[j].at < hi; ++j) {
-                                 Placed& r = placed[j];
-                                 const uint64_t lo = std::max(off, r.at);
-                                 const uint64_t up = std::min(hi, r.at + r.size);
-                                 if (lo < up) r.crc = ZipCrc32(r.crc, p + (lo - off), up - lo);
-                               }
-                               if (on_bytes) on_bytes(n);
-                               return Status::Ok();
-                             }),
-        "records " + Excerpt(I.prefix + *placed[first].name, 100) + " to " +
-            Excerpt(I.prefix + *placed[last - 1].name, 100));
-    I.bytes_read += end - begin;
-    I.scanned_bytes += end - begin;
-    for (size_t j = first; j < last; ++j)
-      if (placed[j].crc != placed[j].want)
-        return CrcError(I.path, Excerpt(I.prefix + *placed[j].name, 200), placed[j].want,
-                        placed[j].crc);
+    CKPT_RETURN_IF_ERROR(I.ScanRun(placed, first, last, on_bytes), "");
     first = last;
   }
   return Status::Ok();
@@ -720,9 +720,14 @@ Status TorchFile::CompareStorageCrc(const TorchTensorRef& t, uint32_t crc) {
 }
 
 Status TorchFile::VerifyStorage(const TorchTensorRef& t) {
-  CKPT_ASSIGN_OR_RETURN(zip_uint64_t idx, impl_->Index("data/" + t.key), "");
+  const std::string name = "data/" + t.key;
+  CKPT_ASSIGN_OR_RETURN(zip_uint64_t idx, impl_->Index(name), "");
+  if (std::optional<Impl::Placed> p = impl_->Place(name, idx)) {
+    std::vector<Impl::Placed> one = {*p};
+    return impl_->ScanRun(one, 0, 1, {});
+  }
   AlignedBuffer buf;
-  return impl_->VerifyRecord("data/" + t.key, idx, buf, {});
+  return impl_->VerifyThroughZip(name, idx, buf, {});
 }
 
 Status TorchFile::ReadElementsChecked(const TorchTensorRef& t, int64_t first, int64_t count,

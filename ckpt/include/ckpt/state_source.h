@@ -132,8 +132,8 @@ class StateSource {
   // The same into the caller's memory (`bytes`: numel x the stored dtype's size; a dataset of
   // another size is DataLoss), so that a caller reading many frozen parameters reuses one buffer:
   // fresh memory for each cost export-fp32 of a LoRA checkpoint more than its reads
-  // (docs/performance.md, 2026-12-05 17:00). By default ReadFrozenBytes and a copy.
-  virtual Status ReadFrozenInto(std::string_view param, void* out, uint64_t bytes);
+  // (docs/performance.md, 2026-12-05 17:00).
+  virtual Status ReadFrozenInto(std::string_view param, void* out, uint64_t bytes) = 0;
   // Blob and json datasets of source rank r, and their bytes (checksum-verified).
   virtual std::vector<RankExtra> RankExtras(int r) const = 0;
   virtual Result<std::vector<uint8_t>> ReadRankExtra(int r, const RankExtra& extra) = 0;

@@ -1563,19 +1563,18 @@ Result<RankFile::WholeFileCheck> RankFile::RunWholeFile(
   return out;
 }
 
-const std::vector<uint8_t>* PieceCache::Find(const void* file, const std::string& dataset,
-                                             uint64_t index) {
+const uint8_t* PieceCache::Find(const void* file, const std::string& dataset, uint64_t index) {
   for (Entry& e : entries_) {
     if (e.file == file && e.index == index && e.dataset == dataset) {
       e.used = ++clock_;
-      return &e.bytes;
+      return e.bytes.data();
     }
   }
   return nullptr;
 }
 
-std::vector<uint8_t>& PieceCache::Insert(const void* file, const std::string& dataset,
-                                         uint64_t index) {
+uint8_t* PieceCache::Insert(const void* file, const std::string& dataset, uint64_t index,
+                            size_t bytes) {
   Entry* slot = nullptr;
   if (entries_.size() < capacity_) {
     slot = &entries_.emplace_back();
@@ -1583,18 +1582,23 @@ std::vector<uint8_t>& PieceCache::Insert(const void* file, const std::string& da
     slot = &*std::min_element(entries_.begin(), entries_.end(),
                               [](const Entry& a, const Entry& b) { return a.used < b.used; });
   }
+  slot->file = nullptr;  // until the room is had
+  if (slot->bytes.size() < bytes) {
+    slot->bytes = AlignedBuffer();  // the old room goes first
+    slot->bytes = AlignedBuffer(bytes);
+  }
   slot->file = file;
   slot->dataset = dataset;
   slot->index = index;
   slot->used = ++clock_;
-  return slot->bytes;
+  return slot->bytes.data();
 }
 
 void PieceCache::Erase(const void* file, const std::string& dataset, uint64_t index) {
-  for (size_t i = 0; i < entries_.size(); ++i) {
-    if (entries_[i].file == file && entries_[i].index == index &&
-        entries_[i].dataset == dataset) {
-      entries_.erase(entries_.begin() + static_cast<std::ptrdiff_t>(i));
+  for (Entry& e : entries_) {
+    if (e.file == file && e.index == index && e.dataset == dataset) {
+      e.file = nullptr;  // the slot keeps its room for the next piece
+      e.used = 0;
       return;
     }
   }
@@ -1633,19 +1637,24 @@ Status RankFile::ReadSliceVerified(const DatasetRecord& rec, int64_t offset, int
       CKPT_RETURN_IF_ERROR(read_piece(k, dst + (lo - begin)), "");
       continue;
     }
-    const std::vector<uint8_t>* piece_bytes = cache ? cache->Find(this, rec.name, k) : nullptr;
-    std::vector<uint8_t> scratch;
+    const uint8_t* piece_bytes = cache ? cache->Find(this, rec.name, k) : nullptr;
+    AlignedBuffer scratch;
     if (!piece_bytes) {
-      std::vector<uint8_t>& buf = cache ? cache->Insert(this, rec.name, k) : scratch;
-      buf.resize(pe - pb);
-      Status s = read_piece(k, buf.data());
+      uint8_t* buf = nullptr;
+      if (cache) {
+        buf = cache->Insert(this, rec.name, k, static_cast<size_t>(pe - pb));
+      } else {
+        scratch = AlignedBuffer(static_cast<size_t>(pe - pb));
+        buf = scratch.data();
+      }
+      Status s = read_piece(k, buf);
       if (!s.ok()) {
         if (cache) cache->Erase(this, rec.name, k);
         return s;
       }
-      piece_bytes = &buf;
+      piece_bytes = buf;
     }
-    std::memcpy(dst + (lo - begin), piece_bytes->data() + (lo - pb), hi - lo);
+    std::memcpy(dst + (lo - begin), piece_bytes + (lo - pb), hi - lo);
   }
   return Status::Ok();
 }

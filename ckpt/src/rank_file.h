@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/aligned_buffer.h"
 #include "ckpt/env.h"
 #include "ckpt/hash.h"
 #include "ckpt/manifest.h"
@@ -37,24 +38,26 @@ class PieceDigests {
 
 // Verified pieces kept for the next slice read (RankFile::ReadSliceVerified): the last
 // `capacity` pieces that reads covered only partly, over all of a reader's files, least
-// recently used first out. Memory: capacity × piece size. Not thread-safe.
+// recently used first out. Memory: capacity × piece size, in I/O memory (AlignedBuffer: never
+// zero-filled, and from 2 MiB up a mapping that goes back to the kernel when the cache goes)
+// kept by its slot for the pieces that replace it. Not thread-safe.
 class PieceCache {
  public:
   explicit PieceCache(size_t capacity) : capacity_(capacity) {}
   // The piece's bytes, or nullptr.
-  const std::vector<uint8_t>* Find(const void* file, const std::string& dataset, uint64_t index);
-  // A buffer for the piece (replacing the least recently used entry when full); call Erase if
-  // it is not filled with verified bytes.
-  std::vector<uint8_t>& Insert(const void* file, const std::string& dataset, uint64_t index);
+  const uint8_t* Find(const void* file, const std::string& dataset, uint64_t index);
+  // Room for the piece's `bytes` (the least recently used entry's when full; std::bad_alloc
+  // when it cannot be had); call Erase if it is not filled with verified bytes.
+  uint8_t* Insert(const void* file, const std::string& dataset, uint64_t index, size_t bytes);
   void Erase(const void* file, const std::string& dataset, uint64_t index);
 
  private:
   struct Entry {
-    const void* file = nullptr;
+    const void* file = nullptr;  // nullptr: the slot holds no piece
     std::string dataset;
     uint64_t index = 0;
     uint64_t used = 0;
-    std::vector<uint8_t> bytes;
+    AlignedBuffer bytes;
   };
   size_t capacity_;
   uint64_t clock_ = 0;

@@ -6,13 +6,15 @@
 // buffer that is never zero-filled costs no page faults before the read (std::vector<float>
 // zero-fills: export-fp32 spent a quarter of its CPU time in that memset and its faults).
 //
-// From 2 MiB up the memory is aligned to 2 MiB and asks the kernel for transparent huge pages
-// (madvise(MADV_HUGEPAGE), honoured where THP is "always" or "madvise", the Debian default): a
-// block device takes a bounded number of memory segments per request (254 on the development
-// VM's virtio disk), so an O_DIRECT transfer into 4 KiB pages leaves as ~1 MiB requests and one
-// into 2 MiB pages as requests of the device's maximum (4 MiB there). The same 1 GiB read in
-// 16 MiB blocks took 0.17 s into huge pages against 0.36 s into 4 KiB pages (medians of 5
-// alternating passes; writes 0.70 against 1.03 s; docs/performance.md, 2026-12-02 05:40 UTC).
+// From 2 MiB up the memory is a mapping of its own (mmap), returned to the kernel when freed
+// rather than kept by malloc's per-thread arenas, aligned to 2 MiB, and asks the kernel for
+// transparent huge pages (madvise(MADV_HUGEPAGE), honoured where THP is "always" or "madvise",
+// the Debian default): a block device takes a bounded number of memory segments per request
+// (254 on the development VM's virtio disk), so an O_DIRECT transfer into 4 KiB pages leaves as
+// ~1 MiB requests and one into 2 MiB pages as requests of the device's maximum (4 MiB there).
+// The same 1 GiB read in 16 MiB blocks took 0.17 s into huge pages against 0.36 s into 4 KiB
+// pages (medians of 5 alternating passes; writes 0.70 against 1.03 s; docs/performance.md,
+// 2026-12-02 05:40 UTC).
 #pragma once
 
 #include <cstddef>

@@ -33,7 +33,7 @@ void* AllocateIoMemory(size_t bytes) {
   // kernel at once. Through malloc it stayed in the arena of the thread that freed it (glibc
   // raises its mmap threshold to the largest block freed, so the next ones come from the
   // heaps), where the huge-page advice then faulted whole 2 MiB pages in for small blocks: a
-  // reshard of 1 to 4 ranks whose working set is 52 MiB peaked at 78-102 MiB (2026-12-05).
+  // reshard of 1 to 4 ranks whose working set is 52 MiB peaked at 76-100 MiB (2026-12-05).
   // Mapped with 2 MiB to spare, then trimmed to a 2 MiB-aligned start.
   if (size > SIZE_MAX - kHugePage) return nullptr;
   void* m =

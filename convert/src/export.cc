@@ -270,26 +270,51 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
     uint64_t read_at = 0, place = 0;
   };
   std::vector<Slot> slots(kAhead);
-  int64_t longest_piece = 0;
-  for (const auto& pc : pieces)
-    if (pc.tensor != kNoTensor && !files[pc.file].tensors[pc.tensor].param->frozen)
-      longest_piece = std::max(longest_piece, pc.count);
+  // A frozen tensor of less than 8 MiB of output whose stored and converted bytes fit a slot as
+  // a trainable piece does (8 MiB) is a piece like the others: read and converted into its slot
+  // on the helper thread while the one before it is written through the page cache. Read,
+  // converted and written one after the other on one thread, a LoRA base of 200 bf16 tensors of
+  // 2 MB took 395 ms to export to tmpfs, 302 ms this way (medians of 10; on the development
+  // VM's disk both wait for its writes: docs/performance.md, 2026-12-05 20:30). A larger one is
+  // read whole into `frozen_raw` below and written before the next is read, so that the memory
+  // bound holds.
+  constexpr uint64_t kSlotBytes = static_cast<uint64_t>(kPieceElements) * 4 + kBlock;
+  auto frozen_need = [&](const PlannedTensor& t) {  // the converted bytes, then the stored
+    const uint64_t n = static_cast<uint64_t>(t.param->numel);
+    const uint64_t stored = n * DTypeSize(t.param->dtype);
+    if (t.out_dtype == t.param->dtype) return stored;
+    return (n * DTypeSize(t.out_dtype) + kBlock - 1) / kBlock * kBlock + stored;
+  };
+  auto frozen_in_slot = [&](const PlannedTensor& t) {
+    return static_cast<uint64_t>(t.param->numel) * DTypeSize(t.out_dtype) < kFrozenInPlaceBytes &&
+           frozen_need(t) <= kSlotBytes;
+  };
+  uint64_t slot_bytes = 0;
+  for (const auto& pc : pieces) {
+    if (pc.tensor == kNoTensor) continue;
+    const PlannedTensor& t = files[pc.file].tensors[pc.tensor];
+    if (!t.param->frozen) {
+      slot_bytes = std::max(slot_bytes, static_cast<uint64_t>(pc.count) * 4 + kBlock);
+    } else if (frozen_in_slot(t)) {
+      slot_bytes = std::max(slot_bytes, frozen_need(t));
+    }
+  }
   // Those threads are started before the slots are touched (run_ahead.h).
   KeepHelpersReady(kTransferThreads);
-  for (auto& slot : slots)
-    slot.values = AlignedBuffer(static_cast<size_t>(longest_piece) * 4 + kBlock);
-  // A frozen tensor is read whole into `frozen_raw` and, unless it keeps its dtype, converted
-  // into `frozen_out`, from 8 MiB with its bytes where the output's lie within a 4 KiB block
-  // (written in place with O_DIRECT). Both are sized for the largest frozen tensor, allocated on
-  // first use and kept: two fresh vectors per tensor (zero-filled, then freed) cost export-fp32 of
-  // a LoRA checkpoint with a 400 MB frozen base 3 of its 4.2 s on the development VM, where fresh
-  // memory is slower than the disk (docs/performance.md, 2026-12-05 17:00).
+  for (auto& slot : slots) slot.values = AlignedBuffer(static_cast<size_t>(slot_bytes));
+  // A larger frozen tensor is read whole into `frozen_raw` and, unless it keeps its dtype,
+  // converted into `frozen_out`, from 8 MiB with its bytes where the output's lie within a 4 KiB
+  // block (written in place with O_DIRECT). Both are sized for the largest such tensor,
+  // allocated on first use and kept: two fresh vectors per tensor (zero-filled, then freed) cost
+  // export-fp32 of a LoRA checkpoint with a 400 MB frozen base 3 of its 4.2 s on the
+  // development VM, where fresh memory is slower than the disk (docs/performance.md, 2026-12-05
+  // 17:00).
   AlignedBuffer frozen_raw, frozen_out;
   uint64_t frozen_raw_bytes = 0, frozen_out_bytes = 0;
   for (const auto& pc : pieces) {
     if (pc.tensor == kNoTensor) continue;
     const PlannedTensor& t = files[pc.file].tensors[pc.tensor];
-    if (!t.param->frozen) continue;
+    if (!t.param->frozen || frozen_in_slot(t)) continue;
     const uint64_t n = static_cast<uint64_t>(t.param->numel);
     frozen_raw_bytes = std::max(frozen_raw_bytes, n * DTypeSize(t.param->dtype));
     if (t.out_dtype != t.param->dtype)
@@ -319,6 +344,22 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
     }
     const PlannedTensor& t = files[pc.file].tensors[pc.tensor];
     const ParamEntry& p = *t.param;
+    if (p.frozen && frozen_in_slot(t)) {
+      // Converted to the slot's start, from the stored bytes read to the first block after it.
+      const uint64_t stored = static_cast<uint64_t>(p.numel) * DTypeSize(p.dtype);
+      const uint64_t out_bytes = static_cast<uint64_t>(p.numel) * DTypeSize(t.out_dtype);
+      const bool keep = t.out_dtype == p.dtype;
+      uint8_t* raw = slot.values.data() + (keep ? 0 : (out_bytes + kBlock - 1) / kBlock * kBlock);
+      CKPT_RETURN_IF_ERROR(src->ReadFrozenInto(p.name, raw, stored));  // names it
+      slot.data = raw;
+      slot.size = stored;
+      if (keep) return Status::Ok();
+      CKPT_RETURN_IF_ERROR(EncodeFrozen(p, raw, t.out_dtype, slot.values.data()),
+                           "parameter '" + t.name + "'");
+      slot.data = slot.values.data();
+      slot.size = out_bytes;
+      return Status::Ok();
+    }
     if (p.frozen) {
       const uint64_t stored = static_cast<uint64_t>(p.numel) * DTypeSize(p.dtype);
       const bool keep = t.out_dtype == p.dtype;
@@ -402,11 +443,13 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
     progress.Add(slot.size);
     return Status::Ok();
   };
-  // A frozen tensor is read whole: it is read and written on this thread with nothing read
-  // ahead, so its stored and converted copies are the only large buffers (as documented).
+  // A frozen tensor that does not go through a slot is read whole: it is read and written on
+  // this thread with nothing read ahead, so its stored and converted copies are the only large
+  // buffers (as documented).
   auto frozen = [&](size_t i) {
-    return pieces[i].tensor != kNoTensor &&
-           files[pieces[i].file].tensors[pieces[i].tensor].param->frozen;
+    if (pieces[i].tensor == kNoTensor) return false;
+    const PlannedTensor& t = files[pieces[i].file].tensors[pieces[i].tensor];
+    return t.param->frozen && !frozen_in_slot(t);
   };
   for (size_t i = 0; i < pieces.size();) {
     if (frozen(i)) {

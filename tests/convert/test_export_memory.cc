@@ -89,7 +89,7 @@ TEST_CASE("reshard peak RSS is flat in the model size: windows, not shards", "[i
   CHECK(growth < 0.15 * static_cast<double>(shard[1] - shard[0]));
   // Nor does it grow with the number of new ranks, written one after the other: the windows
   // and cached pieces of one rank's writer are reused or returned, not left in the allocator of
-  // the thread that freed them (through malloc, 1 -> 4 peaked at 78-102 MiB against 1 -> 2's
+  // the thread that freed them (through malloc, 1 -> 4 peaked at 76-100 MiB against 1 -> 2's
   // 53 MiB: glibc's per-thread arenas kept them; AllocateIoMemory maps them).
   auto [rc4, rss4] = ckpt::testing::RunMeasured(
       {bin, "reshard", dir / "src1", dir / "t1", "--dp", "4", "--threads", "1", "--json"});

@@ -17,13 +17,16 @@
 
 #include "ckpt/aligned_buffer.h"
 #include "ckpt/deepspeed.h"
+#include "ckpt/dtype.h"
 #include "ckpt/env.h"
 #include "ckpt/h5.h"
 #include "ckpt/manifest.h"
 #include "ckpt/state_source.h"
 #include "ckpt/universal.h"
 #include "ckpt_test_helpers.h"
+#include "convert/export.h"
 #include "convert/universal.h"
+#include "safetensors/safetensors.h"
 #include "test_util.h"
 
 namespace {
@@ -700,6 +703,72 @@ TEST_CASE("to-universal reads each state once, in table order, while it writes",
       CHECK(got == want);
     }
   }
+}
+
+TEST_CASE("export of a frozen base: tensors through the slots and whole, in every dtype", "[io]") {
+  // export-fp32 reads a frozen tensor of less than 8 MiB of output whose stored and converted
+  // bytes fit an 8 MiB slot like a trainable piece, on the helper thread while the one before is
+  // written, and any other whole on its own (from 8 MiB of output placed for an in-place write).
+  // Per checkpoint and output dtype, with the slot's 8 MiB against stored + converted:
+  //   1024^2 bf16 (2 MiB):   fp32 4 MiB, bf16 kept, fp16 -> slot (fp32: converted into the
+  //                          slot's front from its stored copy behind, in 64 Ki-element blocks);
+  //   2048^2 bf16 (8 MiB):   fp32 16 MiB -> whole, in place; bf16 kept 8 MiB -> whole,
+  //                          in place; fp16 8 MiB -> whole, in place;
+  //   1280^2 fp32 (6.25 MiB): fp32 kept -> slot; bf16, fp16 3.1 MiB (+ 6.25 stored) -> whole.
+  // Every exported tensor must be the source's bytes in the output dtype.
+  ckpt::testing::ScratchDir dir("dsfrozen");
+  const std::pair<const char*, const char*> sources[] = {
+      {"b1024", "--dtype bf16 --frozen-blocks 2 --block-width 1024"},
+      {"b2048", "--dtype bf16 --frozen-blocks 1 --block-width 2048"},
+      {"f1280", "--dtype fp32 --frozen-blocks 1 --block-width 1280"},
+  };
+  size_t checked_frozen = 0;
+  for (const auto& [name, args] : sources) {
+    const std::string ds = dir / name;
+    REQUIRE(MakeDeepSpeed(ds, std::string("--zero 2 --world 2 --blocks 1 ") + args));
+    auto r = ckpt::DeepSpeedReader::Open(ds);
+    REQUIRE(r.ok());
+    auto src = ckpt::OpenStateSource(ds, {});
+    REQUIRE(src.ok());
+    for (ckpt::DType dtype : {ckpt::DType::kF32, ckpt::DType::kBF16, ckpt::DType::kF16}) {
+      INFO(name << " exported as " << ckpt::DTypeName(dtype));
+      ckpt::convert::ExportOptions opts;
+      opts.dtype = dtype;
+      const std::string out = dir / (std::string(name) + "_" + std::string(ckpt::DTypeName(dtype)));
+      auto rep = ckpt::convert::ExportFp32(ds, out, opts);
+      INFO((rep.ok() ? std::string() : rep.status().message()));
+      REQUIRE(rep.ok());
+      const std::string path = out + "/model.safetensors";
+      auto h = ckpt::safetensors::ReadSafetensorsHeader(path);
+      REQUIRE(h.ok());
+      const size_t os = ckpt::DTypeSize(dtype);
+      for (const auto& p : r->manifest().params) {
+        if (!p.tied_to.empty()) continue;
+        INFO(p.name);
+        const ckpt::safetensors::SafetensorsTensor* t = h->Find(p.name);
+        REQUIRE(t != nullptr);
+        auto got = ckpt::safetensors::ReadSafetensorsTensor(path, *h, p.name);
+        REQUIRE(got.ok());
+        std::vector<float> f32(static_cast<size_t>(p.numel));
+        if (p.frozen) {
+          auto raw = r->ReadFrozenBytes(p.name);
+          REQUIRE(raw.ok());
+          REQUIRE(ckpt::FloatsToF32(p.dtype, raw->data(), f32.size(), f32.data()));
+          if (p.numel >= 1024 * 1024) ++checked_frozen;
+        } else {
+          REQUIRE((*src)->ReadParamRange(p.name, ckpt::kMaster, 0, p.numel, f32.data()).ok());
+        }
+        std::vector<uint8_t> want(f32.size() * os);
+        REQUIRE(ckpt::F32ToFloats(dtype, f32.data(), f32.size(), want.data()));
+        CHECK(t->dtype == dtype);
+        REQUIRE(got->size() == want.size());
+        // The first byte that differs, if any (not the vectors: megabytes to print).
+        const auto diff = std::mismatch(got->begin(), got->end(), want.begin());
+        CHECK(diff.first - got->begin() == static_cast<std::ptrdiff_t>(got->size()));
+      }
+    }
+  }
+  CHECK(checked_frozen == 3 * (2 + 1 + 1));  // every large frozen tensor in every dtype
 }
 
 TEST_CASE("compressed records read in pieces front to back are decompressed once", "[io]") {

@@ -30,11 +30,12 @@ void* AllocateIoMemory(size_t bytes) {
   if (size < bytes) return nullptr;  // overflow
   if (align != kHugePage) return std::aligned_alloc(align, size);
   // From 2 MiB up the memory is a mapping of its own, not malloc's: freed, it goes back to the
-  // kernel at once. Through malloc it stayed in the arena of the thread that freed it (glibc
-  // raises its mmap threshold to the largest block freed, so the next ones come from the
-  // heaps), where the huge-page advice then faulted whole 2 MiB pages in for small blocks: a
-  // reshard of 1 to 4 ranks whose working set is 52 MiB peaked at 76-100 MiB (2026-12-05).
-  // Mapped with 2 MiB to spare, then trimmed to a 2 MiB-aligned start.
+  // kernel at once. Through malloc, large blocks freed stayed in the heap of the arena they came
+  // from (glibc raises its mmap threshold to the largest block freed, so the next ones come from
+  // the heaps, and each helper thread has its own arena): a reshard of 1 to 4 ranks whose working
+  // set is 52 MiB peaked at 76-100 MiB, its reader's cached pieces allocated on each new rank's
+  // fill thread (RankFile's PieceCache keeps them in this memory now; docs/performance.md,
+  // 2026-12-05 20:30). Mapped with 2 MiB to spare, then trimmed to a 2 MiB-aligned start.
   if (size > SIZE_MAX - kHugePage) return nullptr;
   void* m =
       mmap(nullptr, size + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

@@ -279,11 +279,15 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
   // read whole into `frozen_raw` below and written before the next is read, so that the memory
   // bound holds.
   constexpr uint64_t kSlotBytes = static_cast<uint64_t>(kPieceElements) * 4 + kBlock;
-  auto frozen_need = [&](const PlannedTensor& t) {  // the converted bytes, then the stored
-    const uint64_t n = static_cast<uint64_t>(t.param->numel);
-    const uint64_t stored = n * DTypeSize(t.param->dtype);
-    if (t.out_dtype == t.param->dtype) return stored;
-    return (n * DTypeSize(t.out_dtype) + kBlock - 1) / kBlock * kBlock + stored;
+  // A frozen tensor's layout in its slot: converted at the start, stored from the first block
+  // after that (from the start when it keeps its dtype).
+  auto frozen_stored_at = [&](const PlannedTensor& t) -> uint64_t {
+    if (t.out_dtype == t.param->dtype) return 0;
+    const uint64_t out_bytes = static_cast<uint64_t>(t.param->numel) * DTypeSize(t.out_dtype);
+    return (out_bytes + kBlock - 1) / kBlock * kBlock;
+  };
+  auto frozen_need = [&](const PlannedTensor& t) {
+    return frozen_stored_at(t) + static_cast<uint64_t>(t.param->numel) * DTypeSize(t.param->dtype);
   };
   auto frozen_in_slot = [&](const PlannedTensor& t) {
     return static_cast<uint64_t>(t.param->numel) * DTypeSize(t.out_dtype) < kFrozenInPlaceBytes &&
@@ -345,19 +349,16 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
     const PlannedTensor& t = files[pc.file].tensors[pc.tensor];
     const ParamEntry& p = *t.param;
     if (p.frozen && frozen_in_slot(t)) {
-      // Converted to the slot's start, from the stored bytes read to the first block after it.
       const uint64_t stored = static_cast<uint64_t>(p.numel) * DTypeSize(p.dtype);
-      const uint64_t out_bytes = static_cast<uint64_t>(p.numel) * DTypeSize(t.out_dtype);
-      const bool keep = t.out_dtype == p.dtype;
-      uint8_t* raw = slot.values.data() + (keep ? 0 : (out_bytes + kBlock - 1) / kBlock * kBlock);
+      uint8_t* raw = slot.values.data() + frozen_stored_at(t);
       CKPT_RETURN_IF_ERROR(src->ReadFrozenInto(p.name, raw, stored));  // names it
       slot.data = raw;
       slot.size = stored;
-      if (keep) return Status::Ok();
+      if (t.out_dtype == p.dtype) return Status::Ok();
       CKPT_RETURN_IF_ERROR(EncodeFrozen(p, raw, t.out_dtype, slot.values.data()),
                            "parameter '" + t.name + "'");
       slot.data = slot.values.data();
-      slot.size = out_bytes;
+      slot.size = static_cast<uint64_t>(p.numel) * DTypeSize(t.out_dtype);
       return Status::Ok();
     }
     if (p.frozen) {

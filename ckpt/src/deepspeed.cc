@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -193,16 +194,23 @@ namespace {
 // Opens dir/<name> for every name, on threads of their own (up to 16), each file's result by
 // its name: an open reads the archive's directory and every record's local header (libzip's
 // ZIP_CHECKCONS) and parses the pickle, a few hundred small reads of a cold file that one
-// thread paid file after file (issue 19).
-std::map<std::string, Result<TorchFile>> OpenTorchFiles(const std::string& dir,
-                                                        const std::vector<std::string>& names,
-                                                        Env* env) {
+// thread paid file after file (issue 19). With `then`, the thread that opened a file runs
+// then(i, file) right after, its status put in (*then_status)[names[i]].
+std::map<std::string, Result<TorchFile>> OpenTorchFiles(
+    const std::string& dir, const std::vector<std::string>& names, Env* env,
+    const std::function<Status(size_t i, TorchFile& f)>& then = nullptr,
+    std::map<std::string, Status>* then_status = nullptr) {
   std::vector<std::optional<TorchFile>> files(names.size());
+  std::vector<Status> after(names.size(), Status::Ok());
   const std::vector<Status> opened = ForEachOnThreads(names.size(), 16, [&](size_t i) {
     CKPT_ASSIGN_OR_RETURN(TorchFile f, TorchFile::Open(dir + "/" + names[i], env), "");
     files[i].emplace(std::move(f));
+    if (then) after[i] = then(i, *files[i]);
     return Status::Ok();
   });
+  if (then && then_status)
+    for (size_t i = 0; i < names.size(); ++i)
+      if (opened[i].ok()) then_status->emplace(names[i], std::move(after[i]));
   std::map<std::string, Result<TorchFile>> out;
   for (size_t i = 0; i < names.size(); ++i)
     out.emplace(names[i], opened[i].ok() ? Result<TorchFile>(std::move(*files[i]))
@@ -258,6 +266,9 @@ struct DeepSpeedReader::Impl {
   };
   std::map<std::string, FrozenSource> frozen;
   std::vector<float> zeros;
+  // OpenOptions::check_records: each opened file's VerifyRecords, by file name.
+  bool records_checked = false;
+  std::map<std::string, Status> record_checks;
 
   // Stream verification (StreamVerify): a running CRC-32 per storage record read.
   struct CrcStream {
@@ -417,6 +428,11 @@ Result<double> ScalarOf(TorchFile& f, const PyValue* v, const std::string& what)
 
 Result<DeepSpeedReader> DeepSpeedReader::Open(const std::string& path, const std::string& tag,
                                               Env* env) {
+  return Open(path, tag, env, OpenOptions{});
+}
+
+Result<DeepSpeedReader> DeepSpeedReader::Open(const std::string& path, const std::string& tag,
+                                              Env* env, const OpenOptions& options) {
   if (!env) env = Env::Default();
   auto impl = std::make_unique<Impl>();
   Impl& I = *impl;
@@ -503,7 +519,24 @@ Result<DeepSpeedReader> DeepSpeedReader::Open(const std::string& path, const std
   // names; a failed open counts only for a file that is used).
   std::vector<std::string> listed = I.info.optim_files;
   for (const auto& [r, n] : z3_models) listed.push_back(n);
-  std::map<std::string, Result<TorchFile>> opened = OpenTorchFiles(I.dir, listed, env);
+  std::map<std::string, Result<TorchFile>> opened;
+  if (options.check_records) {
+    // Each file's records checked as soon as it is open: the optimizer files' reads began only
+    // once every file was open (the model file of a LoRA checkpoint, its frozen base in a few
+    // hundred records, opens last) and the table was built (docs/performance.md).
+    uint64_t total = 0;
+    for (const auto& n : listed)
+      if (auto size = env->FileSize(I.dir + "/" + n); size.ok()) total += *size;
+    Progress bar("check", total, options.progress);
+    opened = OpenTorchFiles(
+        I.dir, listed, env,
+        [&](size_t, TorchFile& f) { return f.VerifyRecords([&](uint64_t n) { bar.Add(n); }); },
+        &I.record_checks);
+    bar.Finish();
+    I.records_checked = true;
+  } else {
+    opened = OpenTorchFiles(I.dir, listed, env);
+  }
   CKPT_ASSIGN_OR_RETURN(I.optim, TakeOpened(opened, I.info.optim_files), "");
   const PyValue* osd0 = nullptr;
   {
@@ -1143,13 +1176,23 @@ Result<std::vector<Problem>> DeepSpeedReader::Check(bool progress) {
     files.emplace_back(&I.optim[r], &I.info.optim_files[r]);
   for (size_t k = 0; k < I.model.size(); ++k)
     files.emplace_back(&I.model[k], &I.info.model_files[k]);
-  uint64_t total = 0;
-  for (const auto& [f, name] : files) total += f->file_size();
-  Progress bar("check", total, progress);
-  const std::vector<Status> verified = ForEachOnThreads(files.size(), 16, [&](size_t i) {
-    return files[i].first->VerifyRecords([&](uint64_t n) { bar.Add(n); });
-  });
-  bar.Finish();
+  std::vector<Status> verified;
+  if (I.records_checked) {
+    for (const auto& [f, name] : files) {
+      auto it = I.record_checks.find(*name);
+      verified.push_back(it != I.record_checks.end()
+                             ? it->second
+                             : Internal(*name + ": records not checked at open"));
+    }
+  } else {
+    uint64_t total = 0;
+    for (const auto& [f, name] : files) total += f->file_size();
+    Progress bar("check", total, progress);
+    verified = ForEachOnThreads(files.size(), 16, [&](size_t i) {
+      return files[i].first->VerifyRecords([&](uint64_t n) { bar.Add(n); });
+    });
+    bar.Finish();
+  }
   std::vector<Problem> problems;
   for (size_t i = 0; i < files.size(); ++i)
     if (!verified[i].ok()) problems.push_back({*files[i].second, "", verified[i].message()});

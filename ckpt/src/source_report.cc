@@ -80,12 +80,15 @@ std::vector<Problem> CheckUniversal(const std::string& dir, bool deep, Env* env,
 // and every zip record's CRC-32, each byte read once (DeepSpeedReader::Check).
 Result<std::vector<Problem>> CheckDeepSpeed(const std::string& path, const std::string& tag,
                                             Env* env, bool progress) {
-  auto reader = DeepSpeedReader::Open(path, tag, env);
+  DeepSpeedReader::OpenOptions options;
+  options.check_records = true;  // each file read as soon as it is open
+  options.progress = progress;
+  auto reader = DeepSpeedReader::Open(path, tag, env, options);
   if (!reader.ok()) {
     if (reader.status().code() != StatusCode::kDataLoss) return reader.status();
     return std::vector<Problem>{{"", "", reader.status().message()}};
   }
-  return reader->Check(progress);
+  return reader->Check();
 }
 
 }  // namespace

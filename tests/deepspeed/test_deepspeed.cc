@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -12,6 +13,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -443,6 +445,132 @@ TEST_CASE("check reads every record once, neighbours in one range; a frozen base
   CHECK(p.file == std::filesystem::path(model).filename().string());
   CHECK(p.what.find("CRC error") != std::string::npos);
   CHECK(p.what.find(name) != std::string::npos);
+}
+
+// Numbers every read of the files it opens in one sequence; the model file's small reads (its
+// open) take 2 ms each, as a cold file's scattered reads do on a disk.
+class OrderEnv final : public ckpt::testing::WrappedFileEnv {
+ public:
+  OrderEnv()
+      : WrappedFileEnv([this](std::unique_ptr<ckpt::RandomAccessFile> f, const std::string& path) {
+          return std::make_unique<File>(std::move(f), this, path);
+        }) {}
+  struct Seen {
+    uint64_t pickle = 0;      // the sequence number of the read of its pickle (its open's last)
+    uint64_t first_scan = 0;  // of its first Scan; 0: none
+    uint64_t scanned = 0;
+  };
+  std::mutex mu;
+  uint64_t seq = 0;
+  std::map<std::string, Seen> files;          // by file name
+  std::map<std::string, uint64_t> pickle_at;  // where each file's data.pkl bytes begin
+
+ private:
+  class File final : public ckpt::RandomAccessFile {
+   public:
+    File(std::unique_ptr<ckpt::RandomAccessFile> f, OrderEnv* env, const std::string& path)
+        : f_(std::move(f)), env_(env), name_(std::filesystem::path(path).filename().string()) {}
+    ckpt::Status Read(uint64_t offset, size_t n, void* out) const override {
+      if (name_.find("model_states") != std::string::npos)
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      {
+        std::lock_guard<std::mutex> lock(env_->mu);
+        Seen& s = env_->files[name_];
+        ++env_->seq;
+        if (auto it = env_->pickle_at.find(name_);
+            it != env_->pickle_at.end() && it->second == offset &&
+            s.pickle == 0)  // check reads its first byte again later
+          s.pickle = env_->seq;
+      }
+      return f_->Read(offset, n, out);
+    }
+    uint64_t size() const override { return f_->size(); }
+    ckpt::Status Scan(uint64_t offset, uint64_t n, const PartFn& consume) const override {
+      {
+        std::lock_guard<std::mutex> lock(env_->mu);
+        Seen& s = env_->files[name_];
+        if (s.first_scan == 0) s.first_scan = ++env_->seq;
+        s.scanned += n;
+      }
+      return f_->Scan(offset, n, consume);
+    }
+
+   private:
+    std::unique_ptr<ckpt::RandomAccessFile> f_;
+    OrderEnv* env_;
+    std::string name_;
+  };
+};
+
+TEST_CASE("ckpt check reads each DeepSpeed file as soon as it is open, every byte once", "[io]") {
+  // A LoRA-like checkpoint: the model file holds a frozen base of 64 records, so its open (a
+  // local header per record) is the longest. check read no file until every file was open and
+  // the parameter table built; now each file's records are read by the thread that opened it.
+  ckpt::testing::ScratchDir dir("dsopen");
+  const std::string ds = dir / "ds";
+  REQUIRE(MakeDeepSpeed(ds,
+                        "--zero 2 --world 2 --dtype fp32 --blocks 1 --frozen-blocks 64 "
+                        "--block-width 256"));
+  uint64_t files = 0;
+  std::string model, optim1;
+  {
+    auto r = ckpt::DeepSpeedReader::Open(ds);
+    REQUIRE(r.ok());
+    REQUIRE(r->info().optim_files.size() == 2);
+    model = r->info().model_files.at(0);
+    optim1 = r->info().optim_files[1];
+    for (const auto& e : std::filesystem::directory_iterator(r->dir()))
+      if (e.path().extension() == ".pt") files += std::filesystem::file_size(e.path());
+  }
+  OrderEnv env;
+  // Where the model file's pickle lies (Python's zipfile): its read ends the file's open.
+  const std::string where = dir / "pickle.txt";
+  REQUIRE(
+      ckpt::testing::RunShell(
+          "/usr/bin/python3 -c \"import struct, sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); "
+          "i = [i for i in z.infolist() if i.filename.endswith('/data.pkl')][0]; "
+          "f = open(sys.argv[1], 'rb'); f.seek(i.header_offset); h = f.read(30); "
+          "n, e = struct.unpack('<HH', h[26:30]); "
+          "print(i.header_offset + 30 + n + e, file=open(sys.argv[2], 'w'))\" " +
+          std::string(std::filesystem::path(ds) / "global_step7" / model) + " " + where) == 0);
+  std::ifstream(where) >> env.pickle_at[model];
+  REQUIRE(env.pickle_at[model] > 0);
+  auto c = ckpt::CheckSource(ds, "", /*deep=*/false, &env, /*progress=*/false);
+  REQUIRE(c.ok());
+  CHECK(c->kind == ckpt::SourceKind::kDeepSpeed);
+  CHECK(c->problems.empty());
+  REQUIRE(env.files.count(model));
+  const OrderEnv::Seen& m = env.files[model];
+  REQUIRE(m.pickle > 0);
+  uint64_t scanned = 0;
+  for (const auto& [name, seen] : env.files) {
+    if (std::filesystem::path(name).extension() != ".pt") continue;  // `latest`
+    INFO(name << ": first scan " << seen.first_scan << "; the model file's pickle read "
+              << m.pickle);
+    CHECK(seen.first_scan > 0);
+    scanned += seen.scanned;
+    // An optimizer file is being read while the model file is still being opened.
+    if (name != model) CHECK(seen.first_scan < m.pickle);
+  }
+  CHECK(scanned > files * 9 / 10);  // nearly every byte from where it lies, once
+  CHECK(scanned <= files);
+
+  // What that read finds is what check reports: a flipped bit in rank 1's master, by name.
+  uint64_t at = 0;
+  {
+    auto r = ckpt::DeepSpeedReader::Open(ds);
+    REQUIRE(r.ok());
+    const std::optional<uint64_t> where = r->PartitionFileOffset(1, ckpt::kMaster, 1000);
+    REQUIRE(where.has_value());
+    at = *where;
+  }
+  REQUIRE(XorByteAt(std::filesystem::path(c->dir) / optim1, at, 0x10));
+  auto bad = ckpt::CheckSource(ds, "", false, nullptr, false);
+  REQUIRE(bad.ok());
+  REQUIRE(bad->problems.size() == 1);
+  INFO(bad->problems[0].what);
+  CHECK(bad->problems[0].file == optim1);
+  CHECK(bad->problems[0].what.find("CRC error") != std::string::npos);
 }
 
 TEST_CASE("a DeepSpeed source CRCs the records it reads as they pass and refuses a flip", "[io]") {

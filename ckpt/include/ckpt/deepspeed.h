@@ -56,6 +56,16 @@ class DeepSpeedReader {
   // (tensor/pipeline-parallel or MoE checkpoints, NVMe-offloaded state).
   static Result<DeepSpeedReader> Open(const std::string& path, const std::string& tag = "",
                                       Env* env = nullptr);
+  struct OpenOptions {
+    // Each file's zip records read to their end and their CRC-32 checked (as Check does) by
+    // the thread that opened the file, right after its open, while the other files are still
+    // being opened: Check() then reports those results and reads nothing. A file whose open
+    // failed is not read; an Open that fails reports only its own error, as without.
+    bool check_records = false;
+    bool progress = false;  // with check_records: a bar on a TTY over the files' bytes
+  };
+  static Result<DeepSpeedReader> Open(const std::string& path, const std::string& tag, Env* env,
+                                      const OpenOptions& options);
   DeepSpeedReader(DeepSpeedReader&&) noexcept;
   DeepSpeedReader& operator=(DeepSpeedReader&&) noexcept;
   ~DeepSpeedReader();
@@ -106,7 +116,8 @@ class DeepSpeedReader {
   // Reads every record of every file to its end, once, and checks its CRC-32 (the files in
   // parallel; with `progress`, a bar on a TTY), and reports what fails; structural problems
   // (the parameter table against the partitions, views against their storages) already
-  // stopped Open, so nothing is read again through the table. Empty = healthy.
+  // stopped Open, so nothing is read again through the table. Empty = healthy. After an Open
+  // with check_records, reports what that read found and reads nothing.
   Result<std::vector<Problem>> Check(bool progress = false);
   uint64_t bytes_read() const;
 

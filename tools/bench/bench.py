@@ -162,12 +162,15 @@ def drop_caches():
         return "could not drop the page cache (%s); reads may come from memory" % e
 
 
-def drop_caches_keep_program(binary):
+def drop_caches_keep_program(binary, warm=None):
     """Drops the page cache, then runs `binary --version` untimed, so a timed run of it starts
     with its data cold but the program and its shared libraries (about 50 with HDF5's) paged
-    in, as in use; the raw floors are timed inside their process and pay neither."""
+    in, as in use; the raw floors are timed inside their process and pay neither. warm: the
+    arguments of one more untimed run, for the libraries a command opens only when it needs
+    them (libzip and libcrypto, for a DeepSpeed checkpoint's .pt files)."""
     status = drop_caches()
-    subprocess.run([binary, "--version"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for args in [["--version"]] + ([warm] if warm else []):
+        subprocess.run([binary] + args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return status
 
 
@@ -243,7 +246,7 @@ def main():
     ap.add_argument("--async-steps", type=int, default=4,
                     help="engine_min steps (each saved) per async-save throughput run")
     ap.add_argument("--skip", default="", help="comma list of phases to skip: torch,scaling,zstd,"
-                    "variants,reshard,reshard_load,reshard_rss,export,deepspeed,nextupdate,async,"
+                    "variants,reshard,reshard_load,reshard_rss,export,deepspeed,lora,nextupdate,async,"
                     "async_engine")
     ap.add_argument("--bin", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -438,7 +441,7 @@ def main():
     record("load_unverified", j["logical_bytes"], [r["seconds"] for r in j["reps"]], rss, raw_r_gibs)
     # check --deep, paired with a cold read of the same files (hard links named as raw_io
     # reads them) by the best read variant, just before each repetition.
-    def paired_check(name, args, files, note):
+    def paired_check(name, args, files, note, warm=None):
         link_dir = os.path.join(work, "check_floor")
         os.makedirs(link_dir)
         for i, f in enumerate(files):
@@ -452,7 +455,7 @@ def main():
                 time.sleep(3)
             if not floor_after(rep):
                 floor()
-            drop_caches_keep_program(ckpt)
+            drop_caches_keep_program(ckpt, warm)
             _, _, secs, rss, rc = R.run([ckpt, "check"] + args, check=False)
             c_secs.append(secs)
             if floor_after(rep):
@@ -522,12 +525,14 @@ def main():
     # writes, both in the same minutes as the export; with peak RSS beside the documented bound
     # (2 x largest tensor + 64 MiB).
     def export_fp32(src, name, extra, data_files, null=None, command="export-fp32",
-                    out_file=None):
+                    out_file=None, copy=True, warm=None):
         """With null (a raw_io copy variant): the calibration of the pairing instead, that copy
         timed in export's place against the same floors; returns its figures. command: the ckpt
         subcommand timed (to-universal too: `ckpt command SRC OUT --json` reporting
         bytes_read); out_file: the one output file its write floor writes (to-universal's
-        universal.h5, not its manifest), else every file of OUT."""
+        universal.h5, not its manifest), else every file of OUT. copy=False: no copy floor
+        (raw_io copy writes what it reads; an export that widens bf16 to fp32 writes twice
+        that)."""
         secs, rsss, floors, w1, r1, copies, copy_each = [], [], [], [], [], [], []
         out = os.path.join(work, name)
         one_dir = os.path.join(work, name + "_floor")
@@ -542,7 +547,10 @@ def main():
         os.makedirs(read_dir)
         for i, f in enumerate(data_files):
             os.link(f, os.path.join(read_dir, "raw_%d.bin" % i))
-        read_per_file = -(-ej["bytes_read"] // len(data_files))
+        # As many bytes as export reads, from the start of each data file: each file up to
+        # the same count, a file shorter than that read whole (a LoRA checkpoint's model file
+        # holds most of what export reads, its optimizer files little).
+        read_per_file = even_share(ej["bytes_read"], [os.path.getsize(f) for f in data_files])
 
         one_best = []  # the best one-file variant of each floor
 
@@ -571,7 +579,7 @@ def main():
             # beside it: until 2026-12-04 the ratio used that one).
             best = None
             each = {}
-            for v in variants["copy"]:
+            for v in (variants["copy"] if copy else []):
                 shutil.rmtree(one_dir, ignore_errors=True)
                 os.makedirs(one_dir)
                 drop_caches()
@@ -599,7 +607,7 @@ def main():
                                          str(len(data_files)), "--bytes-per-file",
                                          str(read_per_file), "--variant", null])
             else:
-                drop_caches_keep_program(ckpt)
+                drop_caches_keep_program(ckpt, warm)
                 o, _, t, rss, _ = R.run([ckpt, command, src, out, "--json"])
             secs.append(t)
             rsss.append(rss)
@@ -685,23 +693,56 @@ def main():
         gen = os.path.join(root_dir, "tests", "deepspeed", "make_ds_checkpoint.py")
         R.run(["/usr/bin/python3", gen, ds_root, "--zero", "2", "--world", str(min(a.ranks, 3)),
                "--dtype", "bf16", "--blocks", str(blocks), "--block-width", str(width)])
+        # A checkpoint of a few KB whose check, untimed after each drop, pages in the
+        # libraries that read .pt files (since 2026-12-05 22:00; until then these rows paid
+        # for reading libcrypto's 4.7 MB from the disk in each run).
+        ds_warm_root = os.path.join(work, "deepspeed_warm")
+        R.run(["/usr/bin/python3", gen, ds_warm_root, "--zero", "2", "--world", "1", "--dtype",
+               "bf16"])
+        ds_warm = ["check", ds_warm_root]
         ds_bytes = sum(os.path.getsize(os.path.join(dp, f))
                        for dp, _, fs in os.walk(ds_root) for f in fs)
         # Its data: the optimizer files, where the fp32 masters are.
         optim_files = sorted(os.path.join(dp, f) for dp, _, fs in os.walk(ds_root) for f in fs
                              if f.endswith("optim_states.pt"))
-        export_fp32(ds_root, "deepspeed_export_fp32", {"checkpoint_bytes": ds_bytes}, optim_files)
+        export_fp32(ds_root, "deepspeed_export_fp32", {"checkpoint_bytes": ds_bytes}, optim_files,
+                    warm=ds_warm)
         # ckpt to-universal of it (no target): the three states of every parameter read from the
         # optimizer files and written to universal.h5, against the same kind of floor.
         export_fp32(ds_root, "deepspeed_to_universal", {"checkpoint_bytes": ds_bytes},
-                    optim_files, command="to-universal", out_file="universal.h5")
+                    optim_files, command="to-universal", out_file="universal.h5", warm=ds_warm)
         # ckpt check of it: every zip record's CRC-32, paired with a cold read of all its files.
-        paired_check("deepspeed_check", [ds_root],
-                     sorted(os.path.join(dp, f) for dp, _, fs in os.walk(ds_root) for f in fs
-                            if f.endswith(".pt")),
-                     "every zip record read and its CRC-32 checked, the files in parallel, then "
-                     "every range of the parameter table resolved; bytes are the files' bytes")
+        paired_check("deepspeed_check", [ds_root], ds_files(ds_root),
+                     "every zip record read and its CRC-32 checked, each file as soon as it is "
+                     "open, the files in parallel; bytes are the files' bytes",
+                     warm=ds_warm)
         shutil.rmtree(ds_root, ignore_errors=True)
+
+    # --- a LoRA fine-tune's DeepSpeed checkpoint ---------------------------------------------
+    # A frozen bf16 base of 2 MB tensors (1024 x 1024) holding about --size, in the model
+    # file, beside two trainable blocks (ZeRO-2 over 2 ranks): export reads the base from the
+    # model file and writes it as fp32 (twice its bytes), and check reads every record. The
+    # floors are those of the rows above; export has no copy floor (a copy writes what it
+    # reads).
+    if "deepspeed" not in skip and "lora" not in skip:
+        width = 1024
+        frozen_blocks = max(1, a.size // (2 * width * width))
+        lora_root = os.path.join(work, "deepspeed_lora")
+        R.run(["/usr/bin/python3", gen, lora_root, "--zero", "2", "--world", "2", "--dtype",
+               "bf16", "--blocks", "2", "--frozen-blocks", str(frozen_blocks), "--block-width",
+               str(width)])
+        lora_files = ds_files(lora_root)
+        lora_bytes = sum(os.path.getsize(f) for f in lora_files)
+        export_fp32(lora_root, "deepspeed_lora_export_fp32",
+                    {"checkpoint_bytes": lora_bytes, "frozen_tensors": frozen_blocks},
+                    lora_files, copy=False, warm=ds_warm)
+        paired_check("deepspeed_lora_check", [lora_root], lora_files,
+                     "a LoRA-like checkpoint (%d frozen bf16 tensors of 2 MB in the model file): "
+                     "every zip record read and its CRC-32 checked; bytes are the files' bytes"
+                     % frozen_blocks, warm=ds_warm)
+        shutil.rmtree(lora_root, ignore_errors=True)
+    if "deepspeed" not in skip:
+        shutil.rmtree(ds_warm_root, ignore_errors=True)
 
     # --- reshard N -> N/2 ----------------------------------------------------------------
     if "reshard" not in skip and a.ranks >= 2:
@@ -976,7 +1017,9 @@ def main():
                       ("load_verified_procs", "load, one process per rank >= 0.9x raw read"),
                       ("check_deep", "check --deep >= 0.9x cold read of the files"),
                       ("deepspeed_check", "check of a DeepSpeed checkpoint >= 0.9x cold read of "
-                                          "its files")]:
+                                          "its files"),
+                      ("deepspeed_lora_check", "check of a LoRA-like DeepSpeed checkpoint >= 0.9x "
+                                               "cold read of its files")]:
         if key not in ph:
             continue
         target(name + " (paired, median of reps)", ph[key]["paired"]["ratio"]["median"], ">=",
@@ -1013,6 +1056,25 @@ def main():
         log("wrote %s" % a.json)
     shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def even_share(total, sizes):
+    """The least per-file count n with sum(min(size, n)) >= total: `total` bytes read from the
+    start of files of these sizes, each up to n (all of a file shorter than n)."""
+    left, n = total, 0
+    for i, s in enumerate(sorted(sizes)):
+        share = -(-left // (len(sizes) - i))
+        if s >= share:
+            return max(n, share)
+        left -= s
+        n = s
+    return n
+
+
+def ds_files(root):
+    """A DeepSpeed checkpoint's .pt files, sorted."""
+    return sorted(os.path.join(dp, f) for dp, _, fs in os.walk(root) for f in fs
+                  if f.endswith(".pt"))
 
 
 def save_tag(root):
@@ -1066,7 +1128,7 @@ def print_table(res):
     order += [k for k in ph if k.startswith("save_zstd")]
     order += ["load_verified", "load_verified_procs", "load_unverified"]
     order += [k for k in ph if k.startswith("load_zstd")]
-    order += ["check_deep", "deepspeed_check", "torch_save", "torch_load"]
+    order += ["check_deep", "deepspeed_check", "deepspeed_lora_check", "torch_save", "torch_load"]
     order = list(dict.fromkeys(order))  # save_zstd1 is also a variant
     for name in order:
         if name in ph:
@@ -1074,7 +1136,7 @@ def print_table(res):
             label = name + (" [%.3f:1]" % d["compression_ratio"] if "compression_ratio" in d else "")
             row(label, d["bytes"], d["seconds"], d["gib_per_s"], d.get("ratio"), d["maxrss_kib"])
     for name in ["save", "save_heap_state", "save_no_file_checksum", "save_zstd1", "load_verified",
-                 "check_deep", "deepspeed_check"]:
+                 "check_deep", "deepspeed_check", "deepspeed_lora_check"]:
         if "paired" in ph.get(name, {}):
             p = ph[name]["paired"]
             print("  %s vs the paired raw passes of the same bytes: best floor %s GiB/s, ratio %s"
@@ -1085,7 +1147,8 @@ def print_table(res):
                 n = ph[name]["null"]
                 print("    calibration: %s in its place: %s s, ratio %s" % (
                     n["variant"], fmt_range(n["seconds"]), fmt_range(n["ratio"])))
-    for name in [k for k in ("export_fp32", "deepspeed_export_fp32", "deepspeed_to_universal")
+    for name in [k for k in ("export_fp32", "deepspeed_export_fp32", "deepspeed_to_universal",
+                                         "deepspeed_lora_export_fp32")
                  if "paired" in ph.get(k, {})]:
         e = ph[name]
         print("  %s vs its paired floor (%d output file(s)): reads %s GiB/s, writes %s GiB/s, "
@@ -1128,6 +1191,13 @@ def print_table(res):
         e = ph["deepspeed_to_universal"]
         row("deepspeed to-universal (r+w)", e["bytes_read"] + e["bytes_written"], e["seconds"],
             e["gib_per_s_read_plus_written"], e["ratio"], e["maxrss_kib"])
+    if "deepspeed_lora_export_fp32" in ph:
+        e = ph["deepspeed_lora_export_fp32"]
+        row("deepspeed LoRA export (r+w)", e["bytes_read"] + e["bytes_written"], e["seconds"],
+            e["gib_per_s_read_plus_written"], e["ratio"], e["maxrss_kib"])
+        print("  LoRA-like checkpoint %.2f GiB on disk, %d frozen bf16 tensors; peak RSS bound "
+              "%.0f MiB" % (e["checkpoint_bytes"] / GiB, e["frozen_tensors"],
+                            e["rss_bound_kib"] / 1024))
     if "reshard" in ph:
         r = ph["reshard"]
         row("reshard %d->%d" % (r["from"], r["to"]), sum(x["bytes_read"] for x in r["ranks"]),
@@ -1255,7 +1325,7 @@ def markdown(res):
     order += [k for k in ph if k.startswith("save_zstd")]
     order += ["load_verified", "load_verified_procs", "load_unverified"]
     order += [k for k in ph if k.startswith("load_zstd")]
-    order += ["check_deep", "deepspeed_check", "torch_save", "torch_load"]
+    order += ["check_deep", "deepspeed_check", "deepspeed_lora_check", "torch_save", "torch_load"]
     order = list(dict.fromkeys(order))  # save_zstd1 is also a variant
     for name in order:
         if name in ph:
@@ -1280,7 +1350,8 @@ def markdown(res):
         L.append("| torch.save / torch.load | %s | | | | |" % ph["torch"]["status"])
     L.append("")
     for name in ["save", "save_procs", "save_heap_state", "save_no_file_checksum", "save_zstd1",
-                 "load_verified", "load_verified_procs", "check_deep", "deepspeed_check"]:
+                 "load_verified", "load_verified_procs", "check_deep", "deepspeed_check",
+                 "deepspeed_lora_check"]:
         if "paired" in ph.get(name, {}):
             p = ph[name]["paired"]
             L.append("`%s` against the paired raw %ss of the same bytes (%s, three seconds "
@@ -1293,7 +1364,8 @@ def markdown(res):
                          "; against the old buffered floor %s" % fmt_range(p["ratio_to_buffered"])
                          if "ratio_to_buffered" in p else ""))
             L.append("")
-    for name in [k for k in ("export_fp32", "deepspeed_export_fp32", "deepspeed_to_universal")
+    for name in [k for k in ("export_fp32", "deepspeed_export_fp32", "deepspeed_to_universal",
+                                         "deepspeed_lora_export_fp32")
                  if "paired" in ph.get(k, {})]:
         e = ph[name]
         L.append("`%s` against its paired floor (reading as many bytes as it reads from the "

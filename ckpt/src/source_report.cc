@@ -77,7 +77,8 @@ std::vector<Problem> CheckUniversal(const std::string& dir, bool deep, Env* env,
 }
 
 // DeepSpeed records no checksums of its own, so the check is the layout (DeepSpeedReader::Open)
-// and every zip record's CRC-32, each byte read once (DeepSpeedReader::Check).
+// and every zip record's CRC-32, each byte read once, each file as soon as it is open
+// (DeepSpeedReader::OpenOptions::check_records, reported by DeepSpeedReader::Check).
 Result<std::vector<Problem>> CheckDeepSpeed(const std::string& path, const std::string& tag,
                                             Env* env, bool progress) {
   DeepSpeedReader::OpenOptions options;

@@ -560,9 +560,9 @@ TEST_CASE("ckpt check reads each DeepSpeed file as soon as it is open, every byt
   {
     auto r = ckpt::DeepSpeedReader::Open(ds);
     REQUIRE(r.ok());
-    const std::optional<uint64_t> where = r->PartitionFileOffset(1, ckpt::kMaster, 1000);
-    REQUIRE(where.has_value());
-    at = *where;
+    const std::optional<uint64_t> place = r->PartitionFileOffset(1, ckpt::kMaster, 1000);
+    REQUIRE(place.has_value());
+    at = *place;
   }
   REQUIRE(XorByteAt(std::filesystem::path(c->dir) / optim1, at, 0x10));
   auto bad = ckpt::CheckSource(ds, "", false, nullptr, false);

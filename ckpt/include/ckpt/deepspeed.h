@@ -60,7 +60,8 @@ class DeepSpeedReader {
     // Each file's zip records read to their end and their CRC-32 checked (as Check does) by
     // the thread that opened the file, right after its open, while the other files are still
     // being opened: Check() then reports those results and reads nothing. A file whose open
-    // failed is not read; an Open that fails reports only its own error, as without.
+    // failed is not read; an Open that fails reports only its own error, as without. Every
+    // file the listing holds is read, also a model file the checkpoint's stage does not use.
     bool check_records = false;
     bool progress = false;  // with check_records: a bar on a TTY over the files' bytes
   };

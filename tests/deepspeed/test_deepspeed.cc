@@ -118,6 +118,26 @@ bool Deflate(const std::string& path) {
              path) == 0;
 }
 
+// Where each record of the zip archive at `path` keeps its bytes, from Python's zipfile:
+// (offset of its data, size, name), in the archive's order; `scratch` is a file to write.
+std::vector<std::tuple<uint64_t, uint64_t, std::string>> RecordPlaces(const std::string& path,
+                                                                      const std::string& scratch) {
+  std::vector<std::tuple<uint64_t, uint64_t, std::string>> recs;
+  REQUIRE(
+      ckpt::testing::RunShell(
+          "/usr/bin/python3 -c \"import struct, sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); "
+          "f = open(sys.argv[1], 'rb'); out = open(sys.argv[2], 'w')\n"
+          "for i in z.infolist():\n"
+          "    f.seek(i.header_offset); h = f.read(30); n, e = struct.unpack('<HH', h[26:30])\n"
+          "    print(i.header_offset + 30 + n + e, i.file_size, i.filename, file=out)\" " +
+          path + " " + scratch) == 0);
+  std::ifstream in(scratch);
+  uint64_t at = 0, size = 0;
+  std::string name;
+  while (in >> at >> size >> name) recs.emplace_back(at, size, name);
+  return recs;
+}
+
 // Read during static initialisation: what the program had loaded at start.
 const bool g_libzip_mapped_at_start = Mapped("libzip");
 
@@ -411,23 +431,9 @@ TEST_CASE("check reads every record once, neighbours in one range; a frozen base
   CHECK(frozen >= 48);
 
   // A flipped bit in a record with neighbours on both sides of its run is a CRC error naming
-  // the model file and that record. Where each record's bytes lie, from Python's zipfile.
-  const std::string places = dir / "places.txt";
-  REQUIRE(
-      ckpt::testing::RunShell(
-          "/usr/bin/python3 -c \"import struct, sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); "
-          "f = open(sys.argv[1], 'rb'); out = open(sys.argv[2], 'w')\n"
-          "for i in z.infolist():\n"
-          "    f.seek(i.header_offset); h = f.read(30); n, e = struct.unpack('<HH', h[26:30])\n"
-          "    print(i.header_offset + 30 + n + e, i.file_size, i.filename, file=out)\" " +
-          model + " " + places) == 0);
-  std::vector<std::tuple<uint64_t, uint64_t, std::string>> recs;
-  {
-    std::ifstream in(places);
-    uint64_t at = 0, size = 0;
-    std::string name;
-    while (in >> at >> size >> name) recs.emplace_back(at, size, name);
-  }
+  // the model file and that record.
+  std::vector<std::tuple<uint64_t, uint64_t, std::string>> recs =
+      RecordPlaces(model, dir / "places.txt");
   std::sort(recs.begin(), recs.end());
   std::vector<size_t> big;  // the 256 KiB weights, in file order
   for (size_t i = 0; i < recs.size(); ++i)
@@ -523,17 +529,11 @@ TEST_CASE("ckpt check reads each DeepSpeed file as soon as it is open, every byt
       if (e.path().extension() == ".pt") files += std::filesystem::file_size(e.path());
   }
   OrderEnv env;
-  // Where the model file's pickle lies (Python's zipfile): its read ends the file's open.
-  const std::string where = dir / "pickle.txt";
-  REQUIRE(
-      ckpt::testing::RunShell(
-          "/usr/bin/python3 -c \"import struct, sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); "
-          "i = [i for i in z.infolist() if i.filename.endswith('/data.pkl')][0]; "
-          "f = open(sys.argv[1], 'rb'); f.seek(i.header_offset); h = f.read(30); "
-          "n, e = struct.unpack('<HH', h[26:30]); "
-          "print(i.header_offset + 30 + n + e, file=open(sys.argv[2], 'w'))\" " +
-          std::string(std::filesystem::path(ds) / "global_step7" / model) + " " + where) == 0);
-  std::ifstream(where) >> env.pickle_at[model];
+  // Where the model file's pickle lies: its read ends the file's open.
+  for (const auto& [at, size, name] :
+       RecordPlaces(std::filesystem::path(ds) / "global_step7" / model, dir / "places.txt"))
+    if (name.size() >= 9 && name.compare(name.size() - 9, 9, "/data.pkl") == 0)
+      env.pickle_at[model] = at;
   REQUIRE(env.pickle_at[model] > 0);
   auto c = ckpt::CheckSource(ds, "", /*deep=*/false, &env, /*progress=*/false);
   REQUIRE(c.ok());

@@ -694,7 +694,7 @@ def main():
         R.run(["/usr/bin/python3", gen, ds_root, "--zero", "2", "--world", str(min(a.ranks, 3)),
                "--dtype", "bf16", "--blocks", str(blocks), "--block-width", str(width)])
         # A checkpoint of a few KB whose check, untimed after each drop, pages in the
-        # libraries that read .pt files (since 2026-12-05 22:00; until then these rows paid
+        # libraries that read .pt files (since 2026-12-05 23:30; until then these rows paid
         # for reading libcrypto's 4.7 MB from the disk in each run).
         ds_warm_root = os.path.join(work, "deepspeed_warm")
         R.run(["/usr/bin/python3", gen, ds_warm_root, "--zero", "2", "--world", "1", "--dtype",
@@ -1148,7 +1148,7 @@ def print_table(res):
                 print("    calibration: %s in its place: %s s, ratio %s" % (
                     n["variant"], fmt_range(n["seconds"]), fmt_range(n["ratio"])))
     for name in [k for k in ("export_fp32", "deepspeed_export_fp32", "deepspeed_to_universal",
-                                         "deepspeed_lora_export_fp32")
+                             "deepspeed_lora_export_fp32")
                  if "paired" in ph.get(k, {})]:
         e = ph[name]
         print("  %s vs its paired floor (%d output file(s)): reads %s GiB/s, writes %s GiB/s, "
@@ -1365,7 +1365,7 @@ def markdown(res):
                          if "ratio_to_buffered" in p else ""))
             L.append("")
     for name in [k for k in ("export_fp32", "deepspeed_export_fp32", "deepspeed_to_universal",
-                                         "deepspeed_lora_export_fp32")
+                             "deepspeed_lora_export_fp32")
                  if "paired" in ph.get(k, {})]:
         e = ph[name]
         L.append("`%s` against its paired floor (reading as many bytes as it reads from the "

@@ -20,6 +20,8 @@ import sys
 import tempfile
 import time
 
+import throttle
+
 GiB = 1024.0 ** 3
 MiB = 1024.0 ** 2
 
@@ -42,11 +44,12 @@ class Runner:
     def __init__(self, bin_dir):
         self.bin = bin_dir
 
-    def run(self, cmd, env=None, check=True):
-        """Runs cmd; returns (stdout, stderr, seconds, maxrss_kib, exit code)."""
+    def run(self, cmd, env=None, check=True, preexec=None):
+        """Runs cmd; returns (stdout, stderr, seconds, maxrss_kib, exit code). preexec: run in
+        the child before cmd (joining a throttled cgroup)."""
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             t0 = time.perf_counter()
-            p = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
+            p = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, preexec_fn=preexec)
             _, status, ru = os.wait4(p.pid, 0)
             secs = time.perf_counter() - t0
             p.returncode = os.waitstatus_to_exitcode(status)
@@ -58,8 +61,8 @@ class Runner:
                                                                o[-2000:], e[-2000:]))
         return o, e, secs, ru.ru_maxrss, p.returncode
 
-    def json(self, cmd, env=None):
-        o, e, secs, rss, rc = self.run(cmd, env=env)
+    def json(self, cmd, env=None, preexec=None):
+        o, e, secs, rss, rc = self.run(cmd, env=env, preexec=preexec)
         try:
             return json.loads(o), secs, rss
         except ValueError:
@@ -247,7 +250,15 @@ def main():
                     help="engine_min steps (each saved) per async-save throughput run")
     ap.add_argument("--skip", default="", help="comma list of phases to skip: torch,scaling,zstd,"
                     "variants,reshard,reshard_load,reshard_rss,export,deepspeed,lora,nextupdate,async,"
-                    "async_engine")
+                    "async_engine,rule")
+    ap.add_argument("--throttle", default=None, metavar="W[,R]",
+                    help="run every phase on a slower disk: the work directory's disk throttled "
+                         "to W MiB/s of writes and R of reads (default: unthrottled) for this "
+                         "process and its children (root, cgroup io or blkio: throttle.py)")
+    ap.add_argument("--rule-rates", default="100,200,400,800,0", metavar="MIBPS,...",
+                    help="disk write rates (MiB/s; 0: unthrottled) at which the compress_rule "
+                         "phase times an uncompressed and a --compress save of half of "
+                         "--size; the rule is the rate below which the compressed one is faster")
     ap.add_argument("--bin", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     root_dir = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -268,6 +279,19 @@ def main():
     skip |= set(missing)
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
+    slow = None  # --throttle: this process's cgroup, its children in it too
+    if a.throttle:
+        try:
+            w, _, r = a.throttle.partition(",")
+            limits = (int(float(w) * MiB), int(float(r) * MiB) if r else 0)
+        except ValueError:
+            ap.error("--throttle takes W[,R] in MiB/s, e.g. 400 or 400,800")
+        try:
+            slow = throttle.Throttle(work)
+        except throttle.Unavailable as e:
+            ap.error("--throttle: %s" % e)
+        slow.set(*limits)
+        slow.join(os.getpid())
     R = Runner(bin_dir)
     ckpt = os.path.join(bin_dir, "ckpt")
     raw_io = os.path.join(bin_dir, "raw_io")
@@ -278,6 +302,10 @@ def main():
            "size_bytes": a.size, "ranks": a.ranks, "reps": a.reps, "reps2": a.reps2,
            "machine": machine_info(work), "phases": {}, "targets": [], "notes": []}
     ph = res["phases"]
+    if slow:
+        res["throttle"] = {"write_bytes_per_s": slow.write_bps, "read_bytes_per_s": slow.read_bps,
+                           "disk": slow.dev, "cgroup": slow.kind, "text": slow.describe()}
+        log(slow.describe())
 
     def on_term(signum, _frame):
         # Stopped from outside (`timeout` on a lent machine): the phases finished so far.
@@ -286,6 +314,8 @@ def main():
             with open(a.json, "w") as f:
                 json.dump(res, f, indent=1)
             log("interrupted; wrote the finished phases to %s" % a.json)
+        if slow:
+            slow.close()
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_term)
@@ -954,6 +984,18 @@ def main():
                     "compress": comp})
         shutil.rmtree(zs_root, ignore_errors=True)
 
+    # --- the compression rule, measured on a throttled disk (issue 19 item 5) ---------------
+    # An uncompressed and a --compress save of half of --size, alternating, with the disk
+    # throttled to each of --rule-rates: the rule "compress when the disk writes below X" is
+    # the rate where the two take as long (interpolated), and C, the compressed save's own
+    # rate, is its logical bytes over its unthrottled time.
+    if "rule" not in skip:
+        try:
+            ph["compress_rule"] = compress_rule(a, work, ckpt_io, R)
+        except throttle.Unavailable as e:
+            res["notes"].append("phase compress_rule skipped: %s" % e)
+            log(res["notes"][-1])
+
     # --- async save: the training stall against a memcpy, the persist against a sync save --
     if "async" not in skip:
         j, _, rss = R.json([ckpt_io, "async", os.path.join(work, "async"), "--ranks", str(a.ranks),
@@ -1055,7 +1097,62 @@ def main():
             json.dump(res, f, indent=1)
         log("wrote %s" % a.json)
     shutil.rmtree(work, ignore_errors=True)
+    if slow:
+        slow.close()
     return 0
+
+
+def compress_rule(a, work, ckpt_io, R):
+    """The compress_rule phase: at each of --rule-rates (the work directory's disk throttled to
+    that many MiB/s of writes; 0: unthrottled), --reps2 (at least 3) alternating pairs of an
+    uncompressed and a --compress save (ckpt_io save, ranks as threads) of half of --size (at
+    least a second at 400 MiB/s for 1 GiB: the kernel lets a throttled stream run ahead of its
+    limit for about a tenth of a second).
+    Raises throttle.Unavailable where the disk cannot be throttled."""
+    rates = [int(float(x) * MiB) for x in a.rule_rates.split(",") if x.strip()]
+    slow = throttle.Throttle(work, name="ckpt-rule")
+    params = max(64, a.size // 2 // 12)
+    reps = max(3, a.reps2)
+    root = os.path.join(work, "compress_rule")
+    out = {"compress": a.compress, "ranks": a.ranks, "reps": reps, "cgroup": slow.kind,
+           "disk": slow.dev, "rows": []}
+    try:
+        for rate in rates:
+            slow.set(write_bps=rate)
+            secs = {"none": [], "compressed": []}
+            row = {"write_bytes_per_s": rate or None}
+            for rep in range(reps):
+                for comp in ["none", a.compress] if rep % 2 == 0 else [a.compress, "none"]:
+                    shutil.rmtree(root, ignore_errors=True)
+                    cmd = [ckpt_io, "save", root, "--ranks", str(a.ranks), "--params", str(params),
+                           "--reps", "1", "--drop-caches"]
+                    key = "none"
+                    if comp != "none":
+                        cmd += ["--compress", comp]
+                        key = "compressed"
+                    j, _, _ = R.json(cmd, preexec=slow.preexec)
+                    secs[key].append(j["reps"][0]["seconds"])
+                    row["file_bytes_" + key] = j["reps"][0]["file_bytes"]
+                    out["bytes"] = j["logical_bytes"]
+            row["none_seconds"] = stats(secs["none"])
+            row["compressed_seconds"] = stats(secs["compressed"])
+            row["speedup"] = row["none_seconds"]["median"] / row["compressed_seconds"]["median"]
+            out["rows"].append(row)
+            log("compress_rule at %s: uncompressed %.3f s, %s %.3f s, speedup %.2f" % (
+                "%.0f MiB/s" % (rate / MiB) if rate else "full speed",
+                row["none_seconds"]["median"], a.compress, row["compressed_seconds"]["median"],
+                row["speedup"]))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        slow.close()
+    x, how = throttle.crossover([(r["write_bytes_per_s"], r["speedup"]) for r in out["rows"]])
+    out["crossover_bytes_per_s"], out["crossover_note"] = x, how
+    free = [r for r in out["rows"] if not r["write_bytes_per_s"]]
+    if free:
+        out["compressed_save_bytes_per_s"] = out["bytes"] / free[0]["compressed_seconds"]["median"]
+        out["uncompressed_save_bytes_per_s"] = out["bytes"] / free[0]["none_seconds"]["median"]
+    out["compression_ratio"] = out["bytes"] / out["rows"][-1]["file_bytes_compressed"]
+    return out
 
 
 def even_share(total, sizes):
@@ -1091,6 +1188,8 @@ def print_table(res):
           (m.get("cpu", "?"), m.get("nproc"), m.get("mem_gib"), m.get("disk", "?"),
            "%.1f" % m["loadavg_at_start"][0], "%.1f" % m["loadavg_at_end"][0]))
     print("page cache: %s" % res["drop_caches"])
+    if "throttle" in res:
+        print("every phase on a throttled disk: %s" % res["throttle"]["text"])
     st = m.get("ckpt_start")
     if st:
         print("starting a command: ckpt --version %.1f ms, raw_io %.1f ms (medians)" %
@@ -1268,6 +1367,9 @@ def print_table(res):
         for r in e["rows"]:
             print("  %-5s %8.1f tokens/s (%d tokens in %.1f s), %.2f s inside Save" % (
                 r["mode"], r["tokens_per_s"], r["tokens"], r["seconds"], r["inside_save_seconds"]))
+    if "compress_rule" in ph:
+        print()
+        print(compress_rule_text(ph["compress_rule"]))
     print()
     print("targets:")
     for t in res["targets"]:
@@ -1280,6 +1382,35 @@ def print_table(res):
     print("elapsed %.0fs" % res["elapsed_seconds"])
 
 
+def compress_rule_text(c, md=False):
+    """The compress_rule phase as a table (Markdown with md) and its conclusion."""
+    L = []
+    head = ("disk writes", "uncompressed s", "%s s" % c["compress"], "speedup")
+    if md:
+        L.append("| %s | %s | %s | %s |" % head)
+        L.append("|---|---:|---:|---:|")
+    else:
+        L.append("compression rule: %.2f GiB over %d ranks, %s stored %.3fx smaller, medians of "
+                 "%d alternating pairs (cgroup %s, disk %s)" % (
+                     c["bytes"] / GiB, c["ranks"], c["compress"], c["compression_ratio"],
+                     c["reps"], c["cgroup"], c["disk"]))
+        L.append("  %-14s %24s %24s %8s" % head)
+    for r in c["rows"]:
+        rate = ("%.0f MiB/s" % (r["write_bytes_per_s"] / MiB) if r["write_bytes_per_s"]
+                else "unthrottled")
+        cells = (rate, fmt_range(r["none_seconds"], digits=3),
+                 fmt_range(r["compressed_seconds"], digits=3), "%.2f" % r["speedup"])
+        L.append(("| %s | %s | %s | %s |" if md else "  %-14s %24s %24s %8s") % cells)
+    x = c.get("crossover_bytes_per_s")
+    rule = ("compress when the disk writes below %.2f GiB/s (%s)" % (x / GiB, c["crossover_note"])
+            if x else "no crossover: %s" % c["crossover_note"])
+    if c.get("compressed_save_bytes_per_s"):
+        rule += "; unthrottled the compressed save ran at %.2f GiB/s, the uncompressed at %.2f" % (
+            c["compressed_save_bytes_per_s"] / GiB, c["uncompressed_save_bytes_per_s"] / GiB)
+    L.append(("" if md else "  ") + rule)
+    return "\n".join(L)
+
+
 def markdown(res):
     ph = res["phases"]
     m = res["machine"]
@@ -1289,6 +1420,9 @@ def markdown(res):
                  res["command"], res["when_utc"], m.get("cpu", "?"), m.get("nproc"),
                  m.get("mem_gib"), " ".join(m.get("disk", "?").split()[:2]),
                  m["loadavg_at_start"][0], m["loadavg_at_end"][0], res["drop_caches"]))
+    if "throttle" in res:
+        L.append("")
+        L.append("Every phase ran on a throttled disk: %s." % res["throttle"]["text"])
     st = m.get("ckpt_start")
     if st:
         L.append("")
@@ -1494,6 +1628,15 @@ def markdown(res):
         for r in e["rows"]:
             L.append("| %s | %.1f | %.1f | %.2f s |" % (r["mode"], r["tokens_per_s"], r["seconds"],
                                                     r["inside_save_seconds"]))
+        L.append("")
+    if "compress_rule" in ph:
+        c = ph["compress_rule"]
+        L.append("The compression rule (`compress_rule`): %.2f GiB over %d ranks, `%s` stored "
+                 "%.3fx smaller, medians of %d alternating pairs, the disk throttled by cgroup "
+                 "%s:" % (c["bytes"] / GiB, c["ranks"], c["compress"], c["compression_ratio"],
+                          c["reps"], c["cgroup"]))
+        L.append("")
+        L.append(compress_rule_text(c, md=True))
         L.append("")
     L.append("| target | measured | goal | status | against the variant with the best median "
              "(not counted) | the floor itself in ckpt's place (not counted) |")

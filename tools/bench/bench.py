@@ -1407,6 +1407,8 @@ def compress_rule_text(c, md=False):
     if c.get("compressed_save_bytes_per_s"):
         rule += "; unthrottled the compressed save ran at %.2f GiB/s, the uncompressed at %.2f" % (
             c["compressed_save_bytes_per_s"] / GiB, c["uncompressed_save_bytes_per_s"] / GiB)
+    if md:
+        L.append("")
     L.append(("" if md else "  ") + rule)
     return "\n".join(L)
 

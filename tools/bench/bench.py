@@ -7,6 +7,7 @@ min-max. Peak RSS is the child's ru_maxrss from wait4. The targets come from iss
 benchmark prints PASS/MISS and never fails on a timing.
 """
 import argparse
+import atexit
 import datetime
 import json
 import os
@@ -288,10 +289,13 @@ def main():
             ap.error("--throttle takes W[,R] in MiB/s, e.g. 400 or 400,800")
         try:
             slow = throttle.Throttle(work)
-        except throttle.Unavailable as e:
+            atexit.register(slow.close)  # also when a phase fails
+            slow.set(*limits)
+            slow.join(os.getpid())
+        except (throttle.Unavailable, OSError) as e:
+            if slow:
+                slow.close()
             ap.error("--throttle: %s" % e)
-        slow.set(*limits)
-        slow.join(os.getpid())
     R = Runner(bin_dir)
     ckpt = os.path.join(bin_dir, "ckpt")
     raw_io = os.path.join(bin_dir, "raw_io")

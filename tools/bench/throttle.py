@@ -87,14 +87,18 @@ class Throttle:
         self.write_bps = self.read_bps = 0
 
     def set(self, write_bps=0, read_bps=0):
-        """Caps writes and reads of the disk at these bytes per second (0: no cap)."""
-        if self.kind == "v2":
-            _write(os.path.join(self.dir, "io.max"), "%s rbps=%s wbps=%s" % (
-                self.dev, read_bps or "max", write_bps or "max"))
-        else:
-            for name, bps in [("write", write_bps), ("read", read_bps)]:
-                _write(os.path.join(self.dir, "blkio.throttle.%s_bps_device" % name),
-                       "%s %d" % (self.dev, bps))
+        """Caps writes and reads of the disk at these bytes per second (0: no cap). Raises
+        Unavailable where the kernel refuses the limit (a device it cannot throttle)."""
+        try:
+            if self.kind == "v2":
+                _write(os.path.join(self.dir, "io.max"), "%s rbps=%s wbps=%s" % (
+                    self.dev, read_bps or "max", write_bps or "max"))
+            else:
+                for name, bps in [("write", write_bps), ("read", read_bps)]:
+                    _write(os.path.join(self.dir, "blkio.throttle.%s_bps_device" % name),
+                           "%s %d" % (self.dev, bps))
+        except OSError as e:
+            raise Unavailable("cannot throttle disk %s: %s" % (self.dev, e))
         self.write_bps, self.read_bps = write_bps, read_bps
 
     def join(self, pid):

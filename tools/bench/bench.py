@@ -318,8 +318,7 @@ def main():
             with open(a.json, "w") as f:
                 json.dump(res, f, indent=1)
             log("interrupted; wrote the finished phases to %s" % a.json)
-        if slow:
-            slow.close()
+        throttle.close_all()  # --throttle's cgroup, and compress_rule's if it was running
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_term)

@@ -61,7 +61,7 @@ cat "$OUT/machine.txt"
 # 1. The bench.
 PYTHONUNBUFFERED=1 timeout -s TERM "${BENCH_S:-420}" bash tools/bench.sh --prebuilt "$DIR" \
   --size 1GiB --ranks 4 --reps 5 --reps2 3 \
-  --skip scaling,variants,reshard,reshard_load,reshard_rss,nextupdate,async \
+  --skip scaling,variants,reshard,reshard_load,reshard_rss,nextupdate,async,rule \
   --work "$PWD/bench-work" --json "$OUT/bench.json" --markdown "$OUT/bench.md" 2>&1 |
   tee "$OUT/bench.log"
 echo "bench: exit ${PIPESTATUS[0]}"

@@ -26,6 +26,7 @@ class Unavailable(Exception):
 _V2_ROOT = "/sys/fs/cgroup"
 _V1_ROOT = "/sys/fs/cgroup/blkio"
 _counter = itertools.count()
+_open = set()  # Throttles not closed yet (close_all)
 
 
 def disk_of(path):
@@ -84,6 +85,7 @@ class Throttle:
             os.mkdir(self.dir)
         except OSError as e:
             raise Unavailable("cannot create %s: %s" % (self.dir, e))
+        _open.add(self)
         self.write_bps = self.read_bps = 0
 
     def set(self, write_bps=0, read_bps=0):
@@ -119,11 +121,18 @@ class Throttle:
             os.rmdir(self.dir)
         except OSError:
             pass
+        _open.discard(self)
 
     def describe(self):
         mib = lambda b: "%.0f MiB/s" % (b / 2.0 ** 20) if b else "unlimited"
         return "disk %s throttled by cgroup %s (writes %s, reads %s)" % (
             self.dev, self.kind, mib(self.write_bps), mib(self.read_bps))
+
+
+def close_all():
+    """Closes every Throttle still open (a process stopped by a signal)."""
+    for t in list(_open):
+        t.close()
 
 
 def crossover(rows):

@@ -280,6 +280,12 @@ def main():
     skip |= set(missing)
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
+    try:
+        rule_rates = [float(x) for x in a.rule_rates.split(",") if x.strip()]
+    except ValueError:
+        rule_rates = []
+    if not rule_rates or min(rule_rates) < 0:
+        ap.error("--rule-rates takes MiB/s, 0 for unthrottled, e.g. 100,400,0")
     slow = None  # --throttle: this process's cgroup, its children in it too
     if a.throttle:
         try:

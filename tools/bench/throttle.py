@@ -124,7 +124,8 @@ class Throttle:
         _open.discard(self)
 
     def describe(self):
-        mib = lambda b: "%.0f MiB/s" % (b / 2.0 ** 20) if b else "unlimited"
+        def mib(b):
+            return "%.0f MiB/s" % (b / 2.0 ** 20) if b else "unlimited"
         return "disk %s throttled by cgroup %s (writes %s, reads %s)" % (
             self.dev, self.kind, mib(self.write_bps), mib(self.read_bps))
 

@@ -33,6 +33,39 @@ def test_crossover():
     assert x is None and "no throttled rate" in how, how
 
 
+def test_rule_report():
+    """bench.py's report of a compress_rule phase (its JSON as the phase leaves it): the table in
+    text and Markdown, the crossover and the unthrottled rates."""
+    import bench
+
+    def st(x):
+        return bench.stats([x, x * 1.01, x * 0.99])
+
+    rows = []
+    for mibps, none, comp in [(100, 5.2, 4.1), (400, 1.5, 1.25), (800, 0.9, 1.0), (0, 0.5, 0.9)]:
+        r = {"write_bytes_per_s": mibps * MiB or None, "none_seconds": st(none),
+             "compressed_seconds": st(comp), "speedup": none / comp,
+             "file_bytes_none": 512 * MiB, "file_bytes_compressed": 417 * MiB}
+        rows.append(r)
+    c = {"compress": "zstd:1+shuffle", "ranks": 4, "reps": 3, "cgroup": "v1", "disk": "254:0",
+         "rows": rows, "bytes": 512 * MiB}
+    x, how = throttle.crossover([(r["write_bytes_per_s"], r["speedup"]) for r in rows])
+    c["crossover_bytes_per_s"], c["crossover_note"] = x, how
+    c["compressed_save_bytes_per_s"] = c["bytes"] / 0.9
+    c["uncompressed_save_bytes_per_s"] = c["bytes"] / 0.5
+    c["compression_ratio"] = 512 / 417
+    text = bench.compress_rule_text(c)
+    md = bench.compress_rule_text(c, md=True)
+    for out in (text, md):
+        assert "100 MiB/s" in out and "unthrottled" in out, out
+        assert "compress when the disk writes below 0.6" in out, out
+        assert "between 400 and 800 MiB/s" in out, out
+    assert "| 800 MiB/s |" in md and "|---|" in md and "\n\ncompress when" in md, md
+    assert "1.228x smaller" in text, text
+    c2 = dict(c, crossover_bytes_per_s=None, crossover_note="compression won at every rate")
+    assert "no crossover: compression won at every rate" in bench.compress_rule_text(c2)
+
+
 def test_disk_of(path):
     """The whole disk under `path`, or None where it is on none (then nothing can be throttled
     and the live part is skipped)."""
@@ -83,6 +116,7 @@ def test_live(path):
 
 def main():
     test_crossover()
+    test_rule_report()
     # A directory on a real disk: the build tree's (ctest runs in it), else the system temp.
     path = tempfile.mkdtemp(prefix="ckpt-throttle-", dir=os.getcwd())
     try:

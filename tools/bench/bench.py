@@ -1000,7 +1000,8 @@ def main():
     # rate, is its logical bytes over its unthrottled time.
     if "rule" not in skip:
         try:
-            ph["compress_rule"] = compress_rule(a, work, ckpt_io, R)
+            ph["compress_rule"] = compress_rule(a, [int(x * MiB) for x in rule_rates], work,
+                                                ckpt_io, R)
         except throttle.Unavailable as e:
             res["notes"].append("phase compress_rule skipped: %s" % e)
             log(res["notes"][-1])
@@ -1111,14 +1112,13 @@ def main():
     return 0
 
 
-def compress_rule(a, work, ckpt_io, R):
-    """The compress_rule phase: at each of --rule-rates (the work directory's disk throttled to
-    that many MiB/s of writes; 0: unthrottled), --reps2 (at least 3) alternating pairs of an
-    uncompressed and a --compress save (ckpt_io save, ranks as threads) of half of --size (at
-    least a second at 400 MiB/s for 1 GiB: the kernel lets a throttled stream run ahead of its
-    limit for about a tenth of a second).
+def compress_rule(a, rates, work, ckpt_io, R):
+    """The compress_rule phase: at each of `rates` (--rule-rates as main checked them, in bytes
+    per second of writes the work directory's disk is throttled to; 0: unthrottled), --reps2
+    (at least 3) alternating pairs of an uncompressed and a --compress save (ckpt_io save,
+    ranks as threads) of half of --size (at least a second at 400 MiB/s for 1 GiB: the kernel
+    lets a throttled stream run ahead of its limit for about a tenth of a second).
     Raises throttle.Unavailable where the disk cannot be throttled."""
-    rates = [int(float(x) * MiB) for x in a.rule_rates.split(",") if x.strip()]
     slow = throttle.Throttle(work, name="ckpt-rule")
     params = max(64, a.size // 2 // 12)
     reps = max(3, a.reps2)
@@ -1392,17 +1392,18 @@ def print_table(res):
 
 
 def compress_rule_text(c, md=False):
-    """The compress_rule phase as a table (Markdown with md) and its conclusion."""
-    L = []
+    """The compress_rule phase: what was measured, a table (Markdown with md) and the rule."""
+    what = ("%.2f GiB over %d ranks, %s stored %.3fx smaller, medians of %d alternating pairs, "
+            "the disk (%s) throttled by cgroup %s" % (
+                c["bytes"] / GiB, c["ranks"], "`%s`" % c["compress"] if md else c["compress"],
+                c["compression_ratio"], c["reps"], c["disk"], c["cgroup"]))
     head = ("disk writes", "uncompressed s", "%s s" % c["compress"], "speedup")
     if md:
+        L = ["The compression rule (`compress_rule`): %s:" % what, ""]
         L.append("| %s | %s | %s | %s |" % head)
         L.append("|---|---:|---:|---:|")
     else:
-        L.append("compression rule: %.2f GiB over %d ranks, %s stored %.3fx smaller, medians of "
-                 "%d alternating pairs (cgroup %s, disk %s)" % (
-                     c["bytes"] / GiB, c["ranks"], c["compress"], c["compression_ratio"],
-                     c["reps"], c["cgroup"], c["disk"]))
+        L = ["compression rule: %s" % what]
         L.append("  %-14s %24s %24s %8s" % head)
     for r in c["rows"]:
         rate = ("%.0f MiB/s" % (r["write_bytes_per_s"] / MiB) if r["write_bytes_per_s"]
@@ -1641,13 +1642,7 @@ def markdown(res):
                                                     r["inside_save_seconds"]))
         L.append("")
     if "compress_rule" in ph:
-        c = ph["compress_rule"]
-        L.append("The compression rule (`compress_rule`): %.2f GiB over %d ranks, `%s` stored "
-                 "%.3fx smaller, medians of %d alternating pairs, the disk throttled by cgroup "
-                 "%s:" % (c["bytes"] / GiB, c["ranks"], c["compress"], c["compression_ratio"],
-                          c["reps"], c["cgroup"]))
-        L.append("")
-        L.append(compress_rule_text(c, md=True))
+        L.append(compress_rule_text(ph["compress_rule"], md=True))
         L.append("")
     L.append("| target | measured | goal | status | against the variant with the best median "
              "(not counted) | the floor itself in ckpt's place (not counted) |")

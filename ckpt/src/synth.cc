@@ -86,85 +86,95 @@ std::vector<ParamEntry> SynthParamTable(int64_t params, int64_t largest_tensor) 
   return out;
 }
 
-Result<std::vector<std::string>> WriteSynthetic(const std::string& root, const SynthOptions& o) {
+Result<Manifest> SynthManifest(const SynthOptions& o, int64_t step) {
   if (o.ranks < 1) return InvalidArgument("--ranks must be at least 1");
   if (o.params < 1) return InvalidArgument("--params must be at least 1");
+  Manifest meta;
+  meta.tag = "global_step" + std::to_string(step);
+  meta.counters = {step, step, 0, step * 64, step * 64 * 128};
+  meta.topology.dp_world_size = o.ranks;
+  meta.topology.zero_stage = o.zero_stage;
+  meta.optimizer = {{"type", "adamw"}, {"lr", 1e-4},  {"beta1", 0.9},
+                    {"beta2", 0.999},  {"eps", 1e-8}, {"weight_decay", 0.01}};
+  meta.dtypes = {{"master", "fp32"}, {"exp_avg", "fp32"}, {"exp_avg_sq", "fp32"}};
+  meta.params = SynthParamTable(o.params, o.largest_tensor);
+  CKPT_ASSIGN_OR_RETURN(meta.partition, BuildPartition(meta.params, o.ranks, o.zero_stage),
+                        "synth");
+  meta.client_state = {{"synthetic", true}, {"seed", o.seed}};
+  meta.engine_config = {{"generator", "ckpt synth"}};
+  return meta;
+}
+
+void FillSynthRank(const Manifest& meta, uint64_t seed, int rank, SynthRankState& out) {
+  const int64_t step = meta.counters.global_step;
+  const int64_t shard = meta.partition.shard_numel[static_cast<size_t>(rank)];
+  const std::string_view names[3] = {kMaster, kExpAvg, kExpAvgSq};
+  float* state[3];
+  for (int s = 0; s < 3; ++s) {
+    out.state[s] = AlignedBuffer(static_cast<size_t>(shard) * sizeof(float));
+    state[s] = out.state[s].as<float>();
+    std::fill_n(state[s], shard, 0.0f);
+  }
+  for (size_t pi = 0; pi < meta.params.size(); ++pi) {
+    for (const auto& r : meta.params[pi].ranges) {
+      if (r.rank != rank) continue;
+      for (int s = 0; s < 3; ++s)
+        for (int64_t e = r.begin; e < r.end; ++e)
+          state[s][static_cast<size_t>(r.shard_offset + e - r.begin)] =
+              SynthValue(seed, step, pi, names[s], e);
+    }
+  }
+  out.contents = RankContents{};
+  for (int s = 0; s < 3; ++s)
+    out.contents.datasets.push_back(
+        DatasetSpec::Tensor(std::string(names[s]), DType::kF32, {shard}, state[s]));
+  out.frozen.clear();
+  if (rank == 0) {
+    for (size_t pi = 0; pi < meta.params.size(); ++pi)
+      if (meta.params[pi].frozen) out.frozen.emplace_back();
+    size_t f = 0;
+    for (size_t pi = 0; pi < meta.params.size(); ++pi) {
+      const auto& p = meta.params[pi];
+      if (!p.frozen) continue;
+      auto& values = out.frozen[f++];
+      values.resize(static_cast<size_t>(p.numel));
+      for (int64_t e = 0; e < p.numel; ++e)
+        values[static_cast<size_t>(e)] = FloatToBf16(SynthValue(seed, step, pi, "frozen", e));
+      out.contents.datasets.push_back(DatasetSpec::Tensor(std::string(kFrozenPrefix) + p.name,
+                                                          DType::kBF16, p.shape, values.data()));
+    }
+  }
+  std::mt19937_64 gen(seed * 1000003ull + static_cast<uint64_t>(rank) * 7919ull +
+                      static_cast<uint64_t>(step));
+  std::ostringstream rng;
+  rng << gen;
+  out.rng = rng.str();
+  out.data_pos = nlohmann::json{{"epoch", 0}, {"sample_offset", step * 64}}.dump();
+  out.sched = nlohmann::json{{"kind", "constant"}, {"last_lr", 1e-4}, {"step", step}}.dump();
+  out.contents.datasets.push_back(DatasetSpec::Blob("rng/dropout", "mt19937_64", out.rng));
+  out.contents.datasets.push_back(DatasetSpec::Json(std::string(kDataPosition), out.data_pos));
+  out.contents.datasets.push_back(DatasetSpec::Json(std::string(kScheduler), out.sched));
+}
+
+Result<std::vector<std::string>> WriteSynthetic(const std::string& root, const SynthOptions& o) {
   if (o.tags < 1) return InvalidArgument("--tags must be at least 1");
   std::vector<std::string> tags;
   for (int t = 0; t < o.tags; ++t) {
-    const int64_t step = 100 * (t + 1);
-    Manifest meta;
-    meta.tag = "global_step" + std::to_string(step);
-    meta.counters = {step, step, 0, step * 64, step * 64 * 128};
-    meta.topology.dp_world_size = o.ranks;
-    meta.topology.zero_stage = o.zero_stage;
-    meta.optimizer = {{"type", "adamw"}, {"lr", 1e-4},   {"beta1", 0.9},
-                      {"beta2", 0.999},  {"eps", 1e-8},  {"weight_decay", 0.01}};
-    meta.dtypes = {{"master", "fp32"}, {"exp_avg", "fp32"}, {"exp_avg_sq", "fp32"}};
-    meta.params = SynthParamTable(o.params, o.largest_tensor);
-    CKPT_ASSIGN_OR_RETURN(meta.partition, BuildPartition(meta.params, o.ranks, o.zero_stage),
-                          "synth");
-    meta.client_state = {{"synthetic", true}, {"seed", o.seed}};
-    meta.engine_config = {{"generator", "ckpt synth"}};
-
+    CKPT_ASSIGN_OR_RETURN(const Manifest meta, SynthManifest(o, 100 * (t + 1)), "synth");
     ThreadGroup group(o.ranks);
     auto rank_body = [&](int rank) -> Status {
-      const int64_t shard = meta.partition.shard_numel[static_cast<size_t>(rank)];
-      // In I/O memory, as a trainer's pinned host buffers are: the save writes it with O_DIRECT
-      // from where it lies (direct_write.h).
-      AlignedBuffer buffers[3];
-      float* state[3];
-      const std::string_view names[3] = {kMaster, kExpAvg, kExpAvgSq};
-      for (int s = 0; s < 3; ++s) {
-        buffers[s] = AlignedBuffer(static_cast<size_t>(shard) * sizeof(float));
-        state[s] = buffers[s].as<float>();
-        std::fill_n(state[s], shard, 0.0f);
-      }
-      for (size_t pi = 0; pi < meta.params.size(); ++pi) {
-        for (const auto& r : meta.params[pi].ranges) {
-          if (r.rank != rank) continue;
-          for (int s = 0; s < 3; ++s)
-            for (int64_t e = r.begin; e < r.end; ++e)
-              state[s][static_cast<size_t>(r.shard_offset + e - r.begin)] =
-                  SynthValue(o.seed, step, pi, names[s], e);
-        }
-      }
-      RankContents mine;
-      for (int s = 0; s < 3; ++s)
-        mine.datasets.push_back(
-            DatasetSpec::Tensor(std::string(names[s]), DType::kF32, {shard}, state[s]));
-      std::vector<uint16_t> frozen;
-      if (rank == 0) {
-        for (size_t pi = 0; pi < meta.params.size(); ++pi) {
-          const auto& p = meta.params[pi];
-          if (!p.frozen) continue;
-          frozen.resize(static_cast<size_t>(p.numel));
-          for (int64_t e = 0; e < p.numel; ++e)
-            frozen[static_cast<size_t>(e)] = FloatToBf16(SynthValue(o.seed, step, pi, "frozen", e));
-          mine.datasets.push_back(DatasetSpec::Tensor(std::string(kFrozenPrefix) + p.name,
-                                                      DType::kBF16, p.shape, frozen.data()));
-        }
-      }
-      std::mt19937_64 gen(o.seed * 1000003ull + static_cast<uint64_t>(rank) * 7919ull +
-                          static_cast<uint64_t>(step));
-      std::ostringstream rng;
-      rng << gen;
-      const std::string rng_text = rng.str();
-      const std::string data_pos =
-          nlohmann::json{{"epoch", 0}, {"sample_offset", step * 64}}.dump();
-      const std::string sched =
-          nlohmann::json{{"kind", "constant"}, {"last_lr", 1e-4}, {"step", step}}.dump();
-      mine.datasets.push_back(DatasetSpec::Blob("rng/dropout", "mt19937_64", rng_text));
-      mine.datasets.push_back(DatasetSpec::Json(std::string(kDataPosition), data_pos));
-      mine.datasets.push_back(DatasetSpec::Json(std::string(kScheduler), sched));
+      SynthRankState mine;
+      FillSynthRank(meta, o.seed, rank, mine);
       SaveOptions so;
       so.env = o.env;
       so.compression = o.compression;
       so.keep_last = o.keep_last;
       so.chunk_bytes = o.chunk_bytes;
       so.piece_bytes = o.piece_bytes;
-      Status saved = SaveCheckpoint(root, meta, mine, group.ForRank(rank), so);
-      if (o.on_bytes) o.on_bytes(static_cast<uint64_t>(shard) * 12);
+      Status saved = SaveCheckpoint(root, meta, mine.contents, group.ForRank(rank), so);
+      if (o.on_bytes)
+        o.on_bytes(static_cast<uint64_t>(meta.partition.shard_numel[static_cast<size_t>(rank)]) *
+                   12);
       return saved;
     };
     // A rank thread that runs out of memory (or cannot start) fails cleanly and aborts the

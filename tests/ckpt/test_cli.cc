@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "ckpt_test_helpers.h"
@@ -302,4 +303,104 @@ TEST_CASE("inspect and diff read a universal directory; diff progress on a TTY o
   REQUIRE(RunShell("script -qec '" + cmd + " --json' /dev/null > " + tty + " 2>&1") == 0);
   CHECK(Slurp(tty).find("diff [") == std::string::npos);
   CHECK(RunCkpt("diff " + root + " " + uni).out.find("diff [") == std::string::npos);
+}
+
+TEST_CASE("probe: saves under DIR both ways, says which was faster, leaves DIR as it was", "[io]") {
+  ScratchDir d;
+  const std::string dir = d / "disk";
+  fs::create_directories(dir);
+  {
+    std::ofstream keep(dir + "/keep.txt");
+    keep << "the user's file";
+  }
+  auto r = RunCkpt("probe " + dir + " --size 16MiB --ranks 2 --pairs 2 --json");
+  INFO(r.err);
+  REQUIRE(r.rc == 0);
+  auto j = Json(r);
+  CHECK(j["dir"] == dir);
+  CHECK(j["ranks"] == 2);
+  CHECK(j["pairs"] == 2);
+  CHECK(j["compress"] == "zstd:1+shuffle");
+  // The saves were real: every logical byte was stored by the uncompressed save, fewer by the
+  // compressed one, two of each.
+  const auto bytes = j["bytes"].get<uint64_t>();
+  CHECK(bytes >= (15u << 20));
+  CHECK(bytes <= (16u << 20));
+  for (const char* k : {"none_seconds", "compressed_seconds"}) {
+    CHECK(j["disk"][k]["each"].size() == 2);
+    CHECK(j["disk"][k]["median"].get<double>() > 0);
+  }
+  const auto none_stored = j["disk"]["none_file_bytes"].get<uint64_t>();
+  const auto comp_stored = j["disk"]["compressed_file_bytes"].get<uint64_t>();
+  CHECK(none_stored >= bytes);
+  CHECK(comp_stored > 0);
+  CHECK(comp_stored < none_stored);
+  CHECK(j["compression_ratio"].get<double>() ==
+        Approx(static_cast<double>(none_stored) / static_cast<double>(comp_stored)));
+  // The verdict follows the medians.
+  const double speedup = j["disk"]["speedup"].get<double>();
+  CHECK(speedup == Approx(j["disk"]["none_seconds"]["median"].get<double>() /
+                          j["disk"]["compressed_seconds"]["median"].get<double>()));
+  CHECK(j["recommended"] == (speedup > 1 ? "zstd:1+shuffle" : "none"));
+  // The rule: where compression lost, the compressed save's own rate on this disk.
+  if (speedup > 1)
+    CHECK(j["crossover_bytes_per_s"].is_null());
+  else
+    CHECK(j["crossover_bytes_per_s"].get<double>() ==
+          Approx(static_cast<double>(bytes) /
+                 j["disk"]["compressed_seconds"]["median"].get<double>()));
+  // Memory: ran where /dev/shm is a tmpfs with room, else says why not.
+  if (j["memory"].is_null()) {
+    CHECK_FALSE(j["memory_note"].get<std::string>().empty());
+    CHECK(j["ceiling_bytes_per_s"].is_null());
+  } else {
+    CHECK(j["memory"]["compressed_seconds"]["each"].size() == 2);
+    CHECK(j["memory"]["none_file_bytes"].get<uint64_t>() == none_stored);
+    CHECK(j["ceiling_bytes_per_s"].get<double>() ==
+          Approx(static_cast<double>(bytes) /
+                 j["memory"]["compressed_seconds"]["median"].get<double>()));
+  }
+  // Nothing left behind, the user's file untouched.
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(dir)) left.push_back(e.path().filename().string());
+  CHECK(left == std::vector<std::string>{"keep.txt"});
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/dev/shm", ec))
+    CHECK(e.path().filename().string().rfind(".ckpt-probe-", 0) != 0);
+
+  // No saves without a disk when asked, or where the directory is not in memory.
+  auto off =
+      Json(RunCkpt("probe " + dir + " --size 16MiB --ranks 1 --pairs 1 --memory-dir '' --json"));
+  CHECK(off["memory"].is_null());
+  CHECK(off["memory_note"].get<std::string>().find("not asked") != std::string::npos);
+  auto text = RunCkpt("probe " + dir + " --size 16MiB --ranks 1 --pairs 1 --memory-dir " + dir);
+  REQUIRE(text.rc == 0);
+  CHECK(text.out.find("is not a file system in memory") != std::string::npos);
+  CHECK(text.out.find("here: ") != std::string::npos);
+  CHECK(text.out.find("rule: ") != std::string::npos);
+  CHECK(text.out.find("no save with no disk to wait for: " + dir + " is not a file system") !=
+        std::string::npos);
+  CHECK(text.err.empty());  // no progress when stderr is not a TTY
+}
+
+TEST_CASE("probe: a missing directory, too little room and bad options exit 2", "[io]") {
+  ScratchDir d;
+  auto missing = RunCkpt("probe " + (d / "nope") + " --json");
+  CHECK(missing.rc == 2);
+  CHECK(missing.err.find(d / "nope") != std::string::npos);
+  CHECK(missing.err.find("no such directory") != std::string::npos);
+  const std::string file = d / "file";
+  std::ofstream(file) << "x";
+  CHECK(RunCkpt("probe " + file).rc == 2);
+  auto big = RunCkpt("probe " + d.str() + " --size 1000000TiB");
+  CHECK(big.rc == 2);
+  CHECK(big.err.find("free, a save of the probe needs") != std::string::npos);
+  CHECK(RunCkpt("probe " + d.str() + " --size 1MiB").rc == 2);
+  CHECK(RunCkpt("probe " + d.str() + " --compress none").rc == 2);
+  CHECK(RunCkpt("probe " + d.str() + " --compress lz9").rc == 2);
+  CHECK(RunCkpt("probe " + d.str() + " --pairs 0").rc == 2);
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(d.str()))
+    left.push_back(e.path().filename().string());
+  CHECK(left == std::vector<std::string>{"file"});
 }

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ckpt/aligned_buffer.h"
 #include "ckpt/env.h"
 #include "ckpt/manifest.h"
 #include "ckpt/writer.h"
@@ -40,6 +41,27 @@ std::vector<ParamEntry> SynthParamTable(int64_t params, int64_t largest_tensor);
 // state: "master", "exp_avg", "exp_avg_sq" or "frozen".
 float SynthValue(uint64_t seed, int64_t step, size_t param_index, std::string_view state,
                  int64_t element);
+
+// The manifest of tag global_step<step> (files[] empty: the writer fills it).
+Result<Manifest> SynthManifest(const SynthOptions& o, int64_t step);
+
+// One rank's synthetic state, what SaveCheckpoint takes for it: the fp32 master and Adam
+// moments in I/O memory (as a trainer's pinned host buffers are: the save writes them with
+// O_DIRECT from where they lie), rank 0's frozen bf16 tensors, the RNG, data position and
+// scheduler. contents' datasets point into the object, so it is neither copied nor moved.
+struct SynthRankState {
+  AlignedBuffer state[3];  // master, exp_avg, exp_avg_sq
+  std::vector<std::vector<uint16_t>> frozen;
+  std::string rng, data_pos, sched;
+  RankContents contents;
+
+  SynthRankState() = default;
+  SynthRankState(const SynthRankState&) = delete;
+  SynthRankState& operator=(const SynthRankState&) = delete;
+};
+
+// Fills `out` with rank `rank`'s state at meta's global step (meta from SynthManifest).
+void FillSynthRank(const Manifest& meta, uint64_t seed, int rank, SynthRankState& out);
 
 // Writes the tags; returns their names.
 Result<std::vector<std::string>> WriteSynthetic(const std::string& root, const SynthOptions& o);

@@ -1,0 +1,236 @@
+#include "ckpt/probe.h"
+
+#include <linux/magic.h>
+#include <sys/vfs.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <system_error>
+
+#include "ckpt/collective.h"
+#include "ckpt/env.h"
+#include "ckpt/rank_threads.h"
+#include "ckpt/synth.h"
+#include "ckpt/units.h"
+
+namespace ckpt {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr uint64_t kMinBytes = 16u << 20;
+// Room a save needs beyond its logical bytes: the manifest, HDF5's metadata, the rank files'
+// alignment, and a margin so that the probe never fills a disk.
+constexpr uint64_t kHeadroom = 64u << 20;
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+uint64_t TreeBytes(const std::string& root) {
+  uint64_t total = 0;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(root, ec); !ec && it != fs::end(it);
+       it.increment(ec)) {
+    std::error_code size_ec;
+    if (it->is_regular_file(size_ec)) {
+      const uint64_t n = it->file_size(size_ec);
+      if (!size_ec) total += n;
+    }
+  }
+  return total;
+}
+
+// A fresh directory `parent`/.ckpt-probe-XXXXXX, removed (with what the probe left in it) when
+// the object goes.
+class ProbeDir {
+ public:
+  static Result<std::unique_ptr<ProbeDir>> Create(const std::string& parent) {
+    std::string pattern = (fs::path(parent) / ".ckpt-probe-XXXXXX").string();
+    if (mkdtemp(pattern.data()) == nullptr)
+      return FailedPrecondition(
+          parent + ": cannot create a directory in it for the probe: " + std::strerror(errno));
+    return std::unique_ptr<ProbeDir>(new ProbeDir(std::move(pattern)));
+  }
+  ~ProbeDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  explicit ProbeDir(std::string path) : path_(std::move(path)) {}
+  std::string path_;
+};
+
+// Room for one save of `bytes` under `dir`, or why not.
+Status CheckRoom(const std::string& dir, uint64_t bytes) {
+  std::error_code ec;
+  const fs::space_info space = fs::space(dir, ec);
+  if (ec) return IOError(dir + ": cannot read its free space: " + ec.message());
+  const uint64_t need = bytes + bytes / 16 + kHeadroom;
+  if (space.available < need)
+    return FailedPrecondition(dir + ": " + FormatBytes(space.available) +
+                              " free, a save of the probe needs " + FormatBytes(need) +
+                              " (a smaller --size needs less)");
+  return Status::Ok();
+}
+
+// Whether `dir` is a file system in memory (tmpfs, ramfs): "" if so, else why not.
+std::string NotInMemory(const std::string& dir) {
+  struct statfs st {};
+  if (statfs(dir.c_str(), &st) != 0) return dir + ": " + std::strerror(errno);
+  if (st.f_type == TMPFS_MAGIC || st.f_type == RAMFS_MAGIC) return "";
+  return dir + " is not a file system in memory (tmpfs or ramfs)";
+}
+
+class Prober {
+ public:
+  Prober(const ProbeOptions& o, Manifest meta, std::vector<std::unique_ptr<SynthRankState>> states)
+      : o_(o), meta_(std::move(meta)), states_(std::move(states)) {}
+
+  // o.pairs alternating pairs under `work`: uncompressed first in even pairs.
+  Status Run(const std::string& work, ProbeSide& side) {
+    for (int p = 0; p < o_.pairs; ++p)
+      for (int k = 0; k < 2; ++k) {
+        const bool compressed = (p % 2 == 0) == (k == 1);
+        CKPT_RETURN_IF_ERROR(SaveOnce(work, compressed, side));
+      }
+    return Status::Ok();
+  }
+
+ private:
+  Status SaveOnce(const std::string& work, bool compressed, ProbeSide& side) {
+    const std::string root = work + "/" + std::to_string(++saves_);
+    SaveOptions so;
+    so.compression = compressed ? o_.compression : Compression{};
+    ThreadGroup group(static_cast<int>(states_.size()));
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::vector<Status> results = RunOnThreads(
+        static_cast<int>(states_.size()),
+        [&](int rank) -> Status {
+          const auto& mine = *states_[static_cast<size_t>(rank)];
+          Status saved = SaveCheckpoint(root, meta_, mine.contents, group.ForRank(rank), so);
+          if (saved.ok() && o_.on_bytes)
+            o_.on_bytes(
+                static_cast<uint64_t>(meta_.partition.shard_numel[static_cast<size_t>(rank)]) * 12);
+          return saved;
+        },
+        &group);
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    for (size_t r = 0; r < results.size(); ++r)
+      CKPT_RETURN_IF_ERROR(results[r], "probe save under " + work + ", rank " + std::to_string(r));
+    const uint64_t stored = TreeBytes(root);
+    std::error_code ec;
+    fs::remove_all(root, ec);
+    if (ec) return IOError(root + ": cannot remove the probe's save: " + ec.message());
+    (compressed ? side.compressed_seconds : side.none_seconds).push_back(secs);
+    (compressed ? side.compressed_file_bytes : side.none_file_bytes) = stored;
+    return Status::Ok();
+  }
+
+  const ProbeOptions& o_;
+  const Manifest meta_;
+  const std::vector<std::unique_ptr<SynthRankState>> states_;
+  int saves_ = 0;
+};
+
+}  // namespace
+
+double ProbeSide::NoneMedian() const { return Median(none_seconds); }
+double ProbeSide::CompressedMedian() const { return Median(compressed_seconds); }
+double ProbeSide::Speedup() const {
+  const double c = CompressedMedian();
+  return c > 0 ? NoneMedian() / c : 0;
+}
+
+double ProbeReport::CompressionRatio() const {
+  return disk.compressed_file_bytes ? static_cast<double>(disk.none_file_bytes) /
+                                          static_cast<double>(disk.compressed_file_bytes)
+                                    : 0;
+}
+
+bool ProbeReport::CompressHere() const { return disk.Speedup() > 1; }
+
+double ProbeReport::CrossoverBytesPerSecond() const {
+  const double c = disk.CompressedMedian();
+  return !CompressHere() && c > 0 ? static_cast<double>(bytes) / c : 0;
+}
+
+double ProbeReport::CeilingBytesPerSecond() const {
+  const double c = memory.CompressedMedian();
+  return memory_ran && c > 0 ? static_cast<double>(bytes) / c : 0;
+}
+
+Result<ProbeReport> ProbeCompression(const std::string& dir, const ProbeOptions& o) {
+  if (o.bytes < kMinBytes) return InvalidArgument("--size must be at least 16 MiB");
+  if (o.ranks < 1) return InvalidArgument("--ranks must be at least 1");
+  if (o.pairs < 1) return InvalidArgument("--pairs must be at least 1");
+  if (o.compression.kind == Compression::Kind::kNone)
+    return InvalidArgument("--compress must name a compression to weigh against none");
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) return NotFound(dir + ": no such directory");
+  if (!fs::is_directory(dir, ec)) return FailedPrecondition(dir + ": not a directory");
+  CKPT_RETURN_IF_ERROR(CheckRoom(dir, o.bytes));
+
+  SynthOptions so;
+  so.ranks = o.ranks;
+  so.params = static_cast<int64_t>(o.bytes / 12);  // three fp32 states per parameter
+  CKPT_ASSIGN_OR_RETURN(Manifest meta, SynthManifest(so, 100), "probe");
+  std::vector<std::unique_ptr<SynthRankState>> states(static_cast<size_t>(o.ranks));
+  for (auto& s : states) s = std::make_unique<SynthRankState>();
+  const std::vector<Status> filled = RunOnThreads(o.ranks, [&](int rank) -> Status {
+    FillSynthRank(meta, so.seed, rank, *states[static_cast<size_t>(rank)]);
+    return Status::Ok();
+  });
+  for (const auto& s : filled) CKPT_RETURN_IF_ERROR(s, "probe: generating the state");
+
+  ProbeReport report;
+  report.dir = dir;
+  report.ranks = o.ranks;
+  report.pairs = o.pairs;
+  report.compression = o.compression;
+  for (const auto& s : states)
+    for (const auto& d : s->contents.datasets) {
+      uint64_t n = d.kind == "tensor" ? DTypeSize(d.dtype) : 0;
+      for (auto x : d.shape) n *= static_cast<uint64_t>(x);
+      report.bytes += n;
+    }
+  Prober prober(o, std::move(meta), std::move(states));
+
+  {
+    CKPT_ASSIGN_OR_RETURN(auto work, ProbeDir::Create(dir));
+    const DirectWriteStats before = GetDirectWriteStats();
+    CKPT_RETURN_IF_ERROR(prober.Run(work->path(), report.disk));
+    const DirectWriteStats after = GetDirectWriteStats();
+    report.direct_bytes = after.direct_bytes - before.direct_bytes;
+    report.o_direct_refused = after.refused - before.refused;
+  }
+
+  report.memory_dir = o.memory_dir;
+  if (o.memory_dir.empty()) {
+    report.memory_note = "not asked for (--memory-dir '')";
+  } else if (!fs::is_directory(o.memory_dir, ec)) {
+    report.memory_note = o.memory_dir + ": no such directory";
+  } else if (std::string why = NotInMemory(o.memory_dir); !why.empty()) {
+    report.memory_note = why;
+  } else if (Status room = CheckRoom(o.memory_dir, o.bytes); !room.ok()) {
+    report.memory_note = room.message();
+  } else {
+    CKPT_ASSIGN_OR_RETURN(auto work, ProbeDir::Create(o.memory_dir));
+    CKPT_RETURN_IF_ERROR(prober.Run(work->path(), report.memory));
+    report.memory_ran = true;
+  }
+  return report;
+}
+
+}  // namespace ckpt

@@ -14,6 +14,7 @@
 #include "ckpt/collective.h"
 #include "ckpt/env.h"
 #include "ckpt/rank_threads.h"
+#include "ckpt/state_source.h"
 #include "ckpt/synth.h"
 #include "ckpt/units.h"
 
@@ -90,6 +91,41 @@ std::string NotInMemory(const std::string& dir) {
   if (statfs(dir.c_str(), &st) != 0) return dir + ": " + std::strerror(errno);
   if (st.f_type == TMPFS_MAGIC || st.f_type == RAMFS_MAGIC) return "";
   return dir + " is not a file system in memory (tmpfs or ramfs)";
+}
+
+// The rank states' master and moments from `source`: each state's trainable elements in its
+// table's order, rank 0's shard first, until every shard is full or the source has no more
+// (the rest stays zero).
+Status FillFromSource(StateSource& source, const Manifest& meta,
+                      std::vector<std::unique_ptr<SynthRankState>>& states,
+                      const std::function<void(uint64_t)>& on_bytes) {
+  constexpr int64_t kRead = 4 << 20;  // elements per read (16 MiB)
+  const std::string_view names[3] = {kMaster, kExpAvg, kExpAvgSq};
+  for (int s = 0; s < 3; ++s) {
+    size_t rank = 0;
+    int64_t at = 0;  // the next element of states[rank]'s state s
+    auto next_room = [&] {
+      while (rank < states.size() && at == meta.partition.shard_numel[rank]) {
+        ++rank;
+        at = 0;
+      }
+      return rank < states.size();
+    };
+    for (const auto& p : source.manifest().params) {
+      if (!p.trainable()) continue;
+      for (int64_t b = 0; b < p.numel && next_room();) {
+        const int64_t n = std::min({p.numel - b, meta.partition.shard_numel[rank] - at, kRead});
+        float* out = states[rank]->state[s].as<float>() + at;
+        CKPT_RETURN_IF_ERROR(source.ReadParamRange(p.name, names[s], b, b + n, out),
+                             p.name + " " + std::string(names[s]));
+        if (on_bytes) on_bytes(static_cast<uint64_t>(n) * 4);
+        b += n;
+        at += n;
+      }
+      if (!next_room()) break;
+    }
+  }
+  return Status::Ok();
 }
 
 class Prober {
@@ -180,22 +216,44 @@ Result<ProbeReport> ProbeCompression(const std::string& dir, const ProbeOptions&
   std::error_code ec;
   if (!fs::exists(dir, ec)) return NotFound(dir + ": no such directory");
   if (!fs::is_directory(dir, ec)) return FailedPrecondition(dir + ": not a directory");
-  CKPT_RETURN_IF_ERROR(CheckRoom(dir, o.bytes));
+
+  // The saves' parameters: the first o.bytes / 12 (three fp32 states each), or all of the
+  // `from` checkpoint's when it holds fewer.
+  std::unique_ptr<StateSource> source;
+  int64_t params = static_cast<int64_t>(o.bytes / 12);
+  if (!o.from.empty()) {
+    SourceOptions src_options;
+    src_options.verify_reads = true;
+    CKPT_ASSIGN_OR_RETURN(source, OpenStateSource(o.from, src_options), "--from");
+    int64_t held = 0;
+    for (const auto& p : source->manifest().params)
+      if (p.trainable()) held += p.numel;
+    if (held < params) {
+      if (static_cast<uint64_t>(held) * 12 < kMinBytes)
+        return InvalidArgument(source->dir() + ": holds " +
+                               FormatBytes(static_cast<uint64_t>(held) * 12) +
+                               " of fp32 master and Adam moments; the probe needs at least 16 MiB");
+      params = held;
+    }
+  }
+  CKPT_RETURN_IF_ERROR(CheckRoom(dir, static_cast<uint64_t>(params) * 12));
 
   SynthOptions so;
   so.ranks = o.ranks;
-  so.params = static_cast<int64_t>(o.bytes / 12);  // three fp32 states per parameter
+  so.params = params;
   CKPT_ASSIGN_OR_RETURN(Manifest meta, SynthManifest(so, 100), "probe");
   std::vector<std::unique_ptr<SynthRankState>> states(static_cast<size_t>(o.ranks));
   for (auto& s : states) s = std::make_unique<SynthRankState>();
   const std::vector<Status> filled = RunOnThreads(o.ranks, [&](int rank) -> Status {
-    FillSynthRank(meta, so.seed, rank, *states[static_cast<size_t>(rank)]);
+    FillSynthRank(meta, so.seed, rank, *states[static_cast<size_t>(rank)], source == nullptr);
     return Status::Ok();
   });
   for (const auto& s : filled) CKPT_RETURN_IF_ERROR(s, "probe: generating the state");
+  if (source) CKPT_RETURN_IF_ERROR(FillFromSource(*source, meta, states, o.on_bytes), "--from");
 
   ProbeReport report;
   report.dir = dir;
+  if (source) report.from = source->dir();
   report.ranks = o.ranks;
   report.pairs = o.pairs;
   report.compression = o.compression;

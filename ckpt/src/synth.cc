@@ -105,7 +105,8 @@ Result<Manifest> SynthManifest(const SynthOptions& o, int64_t step) {
   return meta;
 }
 
-void FillSynthRank(const Manifest& meta, uint64_t seed, int rank, SynthRankState& out) {
+void FillSynthRank(const Manifest& meta, uint64_t seed, int rank, SynthRankState& out,
+                   bool values) {
   const int64_t step = meta.counters.global_step;
   const int64_t shard = meta.partition.shard_numel[static_cast<size_t>(rank)];
   const std::string_view names[3] = {kMaster, kExpAvg, kExpAvgSq};
@@ -115,7 +116,7 @@ void FillSynthRank(const Manifest& meta, uint64_t seed, int rank, SynthRankState
     state[s] = out.state[s].as<float>();
     std::fill_n(state[s], shard, 0.0f);
   }
-  for (size_t pi = 0; pi < meta.params.size(); ++pi) {
+  for (size_t pi = 0; values && pi < meta.params.size(); ++pi) {
     for (const auto& r : meta.params[pi].ranges) {
       if (r.rank != rank) continue;
       for (int s = 0; s < 3; ++s)

@@ -6,6 +6,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "ckpt/collective.h"
+#include "ckpt/rank_threads.h"
+#include "ckpt/synth.h"
 #include "ckpt_test_helpers.h"
 #include "test_util.h"
 
@@ -403,4 +406,64 @@ TEST_CASE("probe: a missing directory, too little room and bad options exit 2", 
   for (const auto& e : fs::directory_iterator(d.str()))
     left.push_back(e.path().filename().string());
   CHECK(left == std::vector<std::string>{"file"});
+}
+
+TEST_CASE("probe --from: the saves carry the checkpoint's own master and moments", "[io]") {
+  ScratchDir d;
+  const std::string dir = d / "disk";
+  fs::create_directories(dir);
+  // A checkpoint of 2M parameters whose master and moments are all zero: compressed, its saves
+  // shrink far more than synthetic values (1.2x) ever do.
+  const std::string zeros = d / "zeros";
+  ckpt::SynthOptions so;
+  so.ranks = 2;
+  so.params = 2'000'000;
+  auto meta = ckpt::SynthManifest(so, 100);
+  REQUIRE(meta.ok());
+  ckpt::ThreadGroup group(2);
+  const auto saved = ckpt::RunOnThreads(
+      2,
+      [&](int rank) {
+        ckpt::SynthRankState state;
+        ckpt::FillSynthRank(*meta, 0, rank, state, /*values=*/false);
+        return ckpt::SaveCheckpoint(zeros, *meta, state.contents, group.ForRank(rank));
+      },
+      &group);
+  for (const auto& s : saved) REQUIRE(s.ok());
+
+  auto r =
+      RunCkpt("probe " + dir + " --from " + zeros + " --size 16MiB --ranks 2 --pairs 1 --json");
+  INFO(r.err);
+  REQUIRE(r.rc == 0);
+  auto j = Json(r);
+  CHECK(j["from"] == zeros + "/global_step100");
+  CHECK(j["bytes"].get<uint64_t>() >= (15u << 20));
+  CHECK(j["compression_ratio"].get<double>() > 20);
+  // Synthetic values, for contrast.
+  auto synth = Json(RunCkpt("probe " + dir + " --size 16MiB --ranks 2 --pairs 1 --json"));
+  CHECK(synth["from"].is_null());
+  CHECK(synth["compression_ratio"].get<double>() < 2);
+
+  // A checkpoint smaller than --size gives all it holds: 2M parameters of 12 bytes.
+  auto all = Json(RunCkpt("probe " + dir + " --from " + zeros + " --size 1GiB --pairs 1 --json"));
+  CHECK(all["bytes"].get<uint64_t>() <= 24'000'000);
+  CHECK(all["bytes"].get<uint64_t>() >= 23'000'000);
+
+  // Too small a checkpoint, a damaged one (exit 1: its data is read verified) and none at all.
+  const std::string small = d / "small";
+  REQUIRE(RunCkpt("synth " + small + " --ranks 2 --params 100k").rc == 0);
+  auto tiny = RunCkpt("probe " + dir + " --from " + small);
+  CHECK(tiny.rc == 2);
+  CHECK(tiny.err.find("the probe needs at least 16 MiB") != std::string::npos);
+  const std::string bad = d / "bad";
+  REQUIRE(RunCkpt("synth " + bad + " --ranks 2 --params 2M").rc == 0);
+  const std::string victim = bad + "/global_step100/rank_00000.h5";
+  std::string bytes = Slurp(victim);
+  bytes[bytes.size() / 2] ^= 0x5a;
+  Spit(victim, bytes);
+  auto damaged = RunCkpt("probe " + dir + " --from " + bad + " --size 16MiB --pairs 1");
+  CHECK(damaged.rc == 1);
+  CHECK(damaged.err.find("rank_00000.h5") != std::string::npos);
+  CHECK(RunCkpt("probe " + dir + " --from " + (d / "nothing")).rc == 2);
+  CHECK(fs::is_empty(dir));
 }

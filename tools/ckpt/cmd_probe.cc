@@ -20,6 +20,7 @@ struct ProbeArgs {
   std::string compress = "zstd:1+shuffle";
   int pairs = 3;
   std::string memory_dir = "/dev/shm";
+  std::string from;
   bool json = false;
 };
 
@@ -68,8 +69,11 @@ int Run(const ProbeArgs& a) {
   o.compression = *comp;
   o.pairs = a.pairs;
   o.memory_dir = a.memory_dir;
+  o.from = a.from;
+  // The saves, and the reads of --from (its master and moments, once).
   const int places = a.memory_dir.empty() ? 1 : 2;
-  Progress progress("probe", *size * 2 * static_cast<uint64_t>(a.pairs * places), !a.json);
+  const uint64_t units = 2 * static_cast<uint64_t>(a.pairs * places) + (a.from.empty() ? 0 : 1);
+  Progress progress("probe", *size * units, !a.json);
   o.on_bytes = [&](uint64_t n) { progress.Add(n); };
   auto r = ProbeCompression(a.dir, o);
   progress.Finish();
@@ -80,6 +84,7 @@ int Run(const ProbeArgs& a) {
   auto rate_or_null = [](double x) { return x > 0 ? nlohmann::json(x) : nlohmann::json(); };
   if (a.json) {
     PrintJson({{"dir", r->dir},
+               {"from", r->from.empty() ? nlohmann::json() : nlohmann::json(r->from)},
                {"bytes", r->bytes},
                {"ranks", r->ranks},
                {"pairs", r->pairs},
@@ -96,10 +101,12 @@ int Run(const ProbeArgs& a) {
                {"ceiling_bytes_per_s", rate_or_null(ceiling)}});
     return 0;
   }
+  const std::string what = r->from.empty() ? "synthetic fp32 master and moments"
+                                           : "fp32 master and moments of " + r->from;
   std::printf(
-      "probe of %s: %s of Adam state (synthetic fp32 master and moments) per save, %d "
-      "rank(s) as threads, %d alternating pair(s)\n",
-      r->dir.c_str(), FormatBytes(r->bytes).c_str(), r->ranks, r->pairs);
+      "probe of %s: %s of Adam state (%s) per save, %d rank(s) as threads, %d "
+      "alternating pair(s)\n",
+      r->dir.c_str(), FormatBytes(r->bytes).c_str(), what.c_str(), r->ranks, r->pairs);
   std::printf("  %-7s %-16s %-26s %6s   %s\n", "place", "compression", "seconds: median (range)",
               "GiB/s", "stored");
   auto rows = [&](const char* place, const ProbeSide& s) {
@@ -159,6 +166,9 @@ std::function<int()> SetupProbe(CLI::App& sub) {
   sub.add_option("--memory-dir", a->memory_dir,
                  "file system in memory for the saves with no disk ('': none)")
       ->capture_default_str();
+  sub.add_option("--from", a->from,
+                 "a checkpoint (ckpt, universal or DeepSpeed) whose master and moments the saves "
+                 "carry instead of synthetic values (the first --size of them)");
   sub.add_flag("--json", a->json, "machine-readable output");
   return [a] { return Run(*a); };
 }

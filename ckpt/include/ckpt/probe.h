@@ -27,9 +27,16 @@ namespace ckpt {
 struct ProbeOptions {
   uint64_t bytes = 1ull << 30;  // logical bytes per save (master and moments), at least 16 MiB
   int ranks = 4;
-  Compression compression = {Compression::Kind::kZstd, 1, true};  // zstd:1+shuffle
-  int pairs = 3;                                                  // alternating pairs per place
-  std::string memory_dir = "/dev/shm";                            // empty: no saves without a disk
+  // The compression weighed against none (zstd:1+shuffle by default).
+  Compression compression = {Compression::Kind::kZstd, 1, true};
+  int pairs = 3;  // alternating pairs per place
+  // A file system in memory for the saves with no disk to wait for; empty: none.
+  std::string memory_dir = "/dev/shm";
+  // A checkpoint (ckpt, universal or DeepSpeed; root or tag directory) whose fp32 master and
+  // Adam moments the saves carry instead of synthetic values, so that the compression ratio is
+  // that of the user's own state: the first `bytes` of them (all of them when fewer), read
+  // once before the saves, verified as a load verifies. Empty: ckpt synth's values.
+  std::string from;
   // Called with the logical bytes of each rank's save once it is written (any thread).
   std::function<void(uint64_t)> on_bytes;
 };
@@ -48,6 +55,7 @@ struct ProbeSide {
 
 struct ProbeReport {
   std::string dir;
+  std::string from;    // the tag directory whose state the saves carried; "": synthetic
   uint64_t bytes = 0;  // logical bytes per save
   int ranks = 0;
   int pairs = 0;
@@ -78,7 +86,9 @@ struct ProbeReport {
 // memory_dir/.ckpt-probe-XXXXXX), each removed after it is timed; both directories are removed
 // before returning, on failure too. Nothing else under DIR is touched. Errors: NotFound or
 // FailedPrecondition naming DIR (missing, not a directory, not writable, too little free
-// space), InvalidArgument for the options, and a failed save's own error.
+// space), InvalidArgument for the options (or a `from` checkpoint holding less than 16 MiB of
+// Adam state), the `from` checkpoint's own errors (DataLoss for damaged data), and a failed
+// save's own error.
 Result<ProbeReport> ProbeCompression(const std::string& dir, const ProbeOptions& options);
 
 }  // namespace ckpt

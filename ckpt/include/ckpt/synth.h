@@ -60,8 +60,10 @@ struct SynthRankState {
   SynthRankState& operator=(const SynthRankState&) = delete;
 };
 
-// Fills `out` with rank `rank`'s state at meta's global step (meta from SynthManifest).
-void FillSynthRank(const Manifest& meta, uint64_t seed, int rank, SynthRankState& out);
+// Fills `out` with rank `rank`'s state at meta's global step (meta from SynthManifest). With
+// values false the master and moments are left zero, for a caller that fills them itself.
+void FillSynthRank(const Manifest& meta, uint64_t seed, int rank, SynthRankState& out,
+                   bool values = true);
 
 // Writes the tags; returns their names.
 Result<std::vector<std::string>> WriteSynthetic(const std::string& root, const SynthOptions& o);

@@ -4,7 +4,8 @@
 # safetensors, convert to the universal layout, reshard 4 -> 2 ranks and resume there, then
 # verify the next update and resume parity; then a topology-invariant run trained on 4 ranks and
 # resumed on 3, bitwise; then a PyTorch run (2 ranks, DDP + ZeroRedundancyOptimizer, saved
-# through the ckpt Python package). Ends with a summary table.
+# through the ckpt Python package); last, whether compression pays on this disk (ckpt probe).
+# Ends with a summary table.
 #
 # CKPT_DEMO_DIR (default /tmp/ckpt-demo) holds everything it writes; it is recreated.
 set -euo pipefail
@@ -153,6 +154,10 @@ w = ckpt.Reader(sys.argv[1]).read_param("blocks.0.qkv.weight")
 assert torch.equal(model.blocks[0].qkv.weight.detach(), torch.from_numpy(w)), "export differs"
 PY
 note "torch export-fp32 -> strict load" "ok"
+ckpt_log "15. should checkpoints on this disk be compressed? ckpt probe (256 MiB saves, both ways)"
+"$CKPT" probe "$DEMO" --size 256MiB --pairs 1 > "$DEMO/probe.txt"
+tail -n 2 "$DEMO/probe.txt"
+note "ckpt probe (this disk)" "$(sed -n 's/^here: //p' "$DEMO/probe.txt" | cut -d';' -f1)"
 
 echo
 ckpt_log "summary"

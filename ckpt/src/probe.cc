@@ -207,6 +207,49 @@ double ProbeReport::CeilingBytesPerSecond() const {
   return memory_ran && c > 0 ? static_cast<double>(bytes) / c : 0;
 }
 
+namespace {
+
+nlohmann::json Seconds(const std::vector<double>& v, double median) {
+  return {{"median", median},
+          {"min", *std::min_element(v.begin(), v.end())},
+          {"max", *std::max_element(v.begin(), v.end())},
+          {"each", v}};
+}
+
+nlohmann::json SideJson(const ProbeSide& s, uint64_t bytes) {
+  return {{"none_seconds", Seconds(s.none_seconds, s.NoneMedian())},
+          {"compressed_seconds", Seconds(s.compressed_seconds, s.CompressedMedian())},
+          {"none_bytes_per_s", static_cast<double>(bytes) / s.NoneMedian()},
+          {"compressed_bytes_per_s", static_cast<double>(bytes) / s.CompressedMedian()},
+          {"none_file_bytes", s.none_file_bytes},
+          {"compressed_file_bytes", s.compressed_file_bytes},
+          {"speedup", s.Speedup()}};
+}
+
+nlohmann::json RateOrNull(double x) { return x > 0 ? nlohmann::json(x) : nlohmann::json(); }
+
+}  // namespace
+
+nlohmann::json ProbeReportToJson(const ProbeReport& r) {
+  const std::string setting = r.compression.ToString();
+  return {{"dir", r.dir},
+          {"from", r.from.empty() ? nlohmann::json() : nlohmann::json(r.from)},
+          {"bytes", r.bytes},
+          {"ranks", r.ranks},
+          {"pairs", r.pairs},
+          {"compress", setting},
+          {"disk", SideJson(r.disk, r.bytes)},
+          {"memory", r.memory_ran ? SideJson(r.memory, r.bytes) : nlohmann::json()},
+          {"memory_dir", r.memory_dir},
+          {"memory_note", r.memory_note},
+          {"compression_ratio", r.CompressionRatio()},
+          {"direct_bytes", r.direct_bytes},
+          {"o_direct_refused", r.o_direct_refused},
+          {"recommended", r.CompressHere() ? setting : "none"},
+          {"crossover_bytes_per_s", RateOrNull(r.CrossoverBytesPerSecond())},
+          {"ceiling_bytes_per_s", RateOrNull(r.CeilingBytesPerSecond())}};
+}
+
 Result<ProbeReport> ProbeCompression(const std::string& dir, const ProbeOptions& o) {
   if (o.bytes < kMinBytes) return InvalidArgument("--size must be at least 16 MiB");
   if (o.ranks < 1) return InvalidArgument("--ranks must be at least 1");

@@ -31,6 +31,7 @@ from ._ckpt import (  # noqa: F401  (re-exported)
     load_resharded,
     ls,
     plan,
+    probe,
     read_safetensors as _read_safetensors,
     write_safetensors as _write_safetensors,
     xxh3,
@@ -39,7 +40,7 @@ from . import _ckpt
 
 __all__ = [
     "Error", "CorruptionError", "Reader", "Dataset", "plan", "save_shard", "AsyncSaver", "load_resharded", "ls", "inspect",
-    "check", "xxh3", "Xxh3", "write_safetensors", "read_safetensors", "SingleCollective",
+    "check", "probe", "xxh3", "Xxh3", "write_safetensors", "read_safetensors", "SingleCollective",
 ]
 
 _NUMPY_DTYPES = {

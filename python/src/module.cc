@@ -27,6 +27,7 @@
 #include "ckpt/hash.h"
 #include "ckpt/load_resharded.h"
 #include "ckpt/manifest.h"
+#include "ckpt/probe.h"
 #include "ckpt/reader.h"
 #include "ckpt/root.h"
 #include "ckpt/state_source.h"
@@ -572,6 +573,21 @@ py::object Check(const std::string& path, const std::string& tag, bool deep) {
   return ToPython(CheckReportToJson(problems, dir, deep));
 }
 
+// ckpt.probe: `ckpt probe DIR --json` as a dict (ckpt/probe.h). Takes seconds to minutes (it
+// saves 4 x pairs x size bytes), without the GIL.
+py::object Probe(const std::string& dir, uint64_t size, int ranks, const std::string& compression,
+                 int pairs, const std::string& memory_dir, const std::string& from_checkpoint) {
+  ProbeOptions o;
+  o.bytes = size;
+  o.ranks = ranks;
+  o.compression = ValueOrThrow(Compression::Parse(compression));
+  o.pairs = pairs;
+  o.memory_dir = memory_dir;
+  o.from = from_checkpoint;
+  auto r = WithoutGil([&] { return ProbeCompression(dir, o); });
+  return ToPython(ProbeReportToJson(ValueOrThrow(std::move(r))));
+}
+
 std::string Xxh3Of(py::handle buffer) {
   RawArray a = ToRaw(buffer, "xxh3 input", false);
   py::gil_scoped_release nogil;
@@ -694,6 +710,9 @@ PYBIND11_MODULE(_ckpt, m) {
   m.def("inspect", &Inspect, py::arg("path"), py::arg("tag") = "");
   m.def("check", &Check, py::arg("path"), py::arg("tag") = "", py::arg("deep") = false);
   m.def("agreed_tag_dir", &AgreedTagDir, py::arg("path"), py::arg("tag"));
+  m.def("probe", &Probe, py::arg("dir"), py::kw_only(), py::arg("size") = uint64_t{1} << 30,
+        py::arg("ranks") = 4, py::arg("compression") = "zstd:1+shuffle", py::arg("pairs") = 3,
+        py::arg("memory_dir") = "/dev/shm", py::arg("from_checkpoint") = "");
   m.def("xxh3", &Xxh3Of);
   py::class_<PyXxh3>(m, "Xxh3")
       .def(py::init<>())

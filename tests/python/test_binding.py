@@ -113,6 +113,27 @@ class Binding(unittest.TestCase):
         self.assertTrue(got["ok"])
         self.assertEqual([t["tag"] for t in ckpt.ls(root)["tags"]], ["global_step1", "global_step2"])
 
+    def test_probe(self):
+        d = util.tempdir(self)
+        got = ckpt.probe(d, size=16 << 20, ranks=2, pairs=1, memory_dir="")
+        # The keys and the saves of `ckpt probe --json` (the timings differ run to run).
+        want, rc = util.cli_json("probe", d, "--size", "16MiB", "--ranks", "2", "--pairs", "1",
+                                 "--memory-dir", "")
+        self.assertEqual(rc, 0)
+        self.assertEqual(set(got), set(want))
+        for k in ("dir", "from", "bytes", "ranks", "pairs", "compress", "memory", "memory_note",
+                  "compression_ratio"):
+            self.assertEqual(got[k], want[k], k)
+        self.assertEqual(got["disk"]["none_file_bytes"], want["disk"]["none_file_bytes"])
+        self.assertIn(got["recommended"], ("none", "zstd:1+shuffle"))
+        self.assertEqual(got["recommended"] != "none", got["disk"]["speedup"] > 1)
+        self.assertEqual(os.listdir(d), [])
+        with self.assertRaises(ckpt.Error) as e:
+            ckpt.probe(os.path.join(d, "missing"))
+        self.assertEqual(e.exception.code, "NotFound")
+        with self.assertRaises(ckpt.Error):
+            ckpt.probe(d, compression="none")
+
     def test_errors_are_exceptions(self):
         root = util.tempdir(self)
         with self.assertRaises(ckpt.Error) as e:

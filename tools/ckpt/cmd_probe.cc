@@ -24,23 +24,6 @@ struct ProbeArgs {
   bool json = false;
 };
 
-nlohmann::json Seconds(const std::vector<double>& v, double median) {
-  return {{"median", median},
-          {"min", *std::min_element(v.begin(), v.end())},
-          {"max", *std::max_element(v.begin(), v.end())},
-          {"each", v}};
-}
-
-nlohmann::json SideJson(const ProbeSide& s, uint64_t bytes) {
-  return {{"none_seconds", Seconds(s.none_seconds, s.NoneMedian())},
-          {"compressed_seconds", Seconds(s.compressed_seconds, s.CompressedMedian())},
-          {"none_bytes_per_s", static_cast<double>(bytes) / s.NoneMedian()},
-          {"compressed_bytes_per_s", static_cast<double>(bytes) / s.CompressedMedian()},
-          {"none_file_bytes", s.none_file_bytes},
-          {"compressed_file_bytes", s.compressed_file_bytes},
-          {"speedup", s.Speedup()}};
-}
-
 template <typename... A>
 std::string Fixed(const char* format, A... args) {
   char text[256];
@@ -81,24 +64,8 @@ int Run(const ProbeArgs& a) {
   const std::string setting = r->compression.ToString();
   const double crossover = r->CrossoverBytesPerSecond();
   const double ceiling = r->CeilingBytesPerSecond();
-  auto rate_or_null = [](double x) { return x > 0 ? nlohmann::json(x) : nlohmann::json(); };
   if (a.json) {
-    PrintJson({{"dir", r->dir},
-               {"from", r->from.empty() ? nlohmann::json() : nlohmann::json(r->from)},
-               {"bytes", r->bytes},
-               {"ranks", r->ranks},
-               {"pairs", r->pairs},
-               {"compress", setting},
-               {"disk", SideJson(r->disk, r->bytes)},
-               {"memory", r->memory_ran ? SideJson(r->memory, r->bytes) : nlohmann::json()},
-               {"memory_dir", r->memory_dir},
-               {"memory_note", r->memory_note},
-               {"compression_ratio", r->CompressionRatio()},
-               {"direct_bytes", r->direct_bytes},
-               {"o_direct_refused", r->o_direct_refused},
-               {"recommended", r->CompressHere() ? setting : "none"},
-               {"crossover_bytes_per_s", rate_or_null(crossover)},
-               {"ceiling_bytes_per_s", rate_or_null(ceiling)}});
+    PrintJson(ProbeReportToJson(*r));
     return 0;
   }
   const std::string what = r->from.empty() ? "synthetic fp32 master and moments"

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -90,5 +91,14 @@ struct ProbeReport {
 // Adam state), the `from` checkpoint's own errors (DataLoss for damaged data), and a failed
 // save's own error.
 Result<ProbeReport> ProbeCompression(const std::string& dir, const ProbeOptions& options);
+
+// `ckpt probe --json` (and Python's ckpt.probe): {"dir", "from" (null: synthetic), "bytes",
+// "ranks", "pairs", "compress", "disk" and "memory" (null when it did not run): {"none_seconds",
+// "compressed_seconds": {"median", "min", "max", "each"}, "none_bytes_per_s",
+// "compressed_bytes_per_s", "none_file_bytes", "compressed_file_bytes", "speedup"},
+// "memory_dir", "memory_note", "compression_ratio", "direct_bytes", "o_direct_refused",
+// "recommended" ("none" or the compression), "crossover_bytes_per_s" and "ceiling_bytes_per_s"
+// (null where not measured)}.
+nlohmann::json ProbeReportToJson(const ProbeReport& report);
 
 }  // namespace ckpt

@@ -1,9 +1,12 @@
 #include "ckpt/probe.h"
 
 #include <linux/magic.h>
+#include <signal.h>
 #include <sys/vfs.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -50,12 +53,50 @@ uint64_t TreeBytes(const std::string& root) {
   return total;
 }
 
-// A fresh directory `parent`/.ckpt-probe-XXXXXX, removed (with what the probe left in it) when
-// the object goes.
+// This host's name as it appears in the probe's directory names: letters, digits, '.' and '_'
+// ('-' and anything else become '_'), at most 64 characters.
+std::string HostTag() {
+  char name[256] = {};
+  if (gethostname(name, sizeof name - 1) != 0) return "host";
+  std::string tag;
+  for (const char* c = name; *c && tag.size() < 64; ++c)
+    tag += std::isalnum(static_cast<unsigned char>(*c)) || *c == '.' ? *c : '_';
+  return tag.empty() ? "host" : tag;
+}
+
+// The probe's directories are `parent`/.ckpt-probe-<host>-<pid>-XXXXXX: a probe stopped by a
+// signal (or a crash) leaves its own, and the next probe on the same host removes it once no
+// process of that id runs (another host's, or a live process's, are never touched).
+std::string ProbePrefix() { return ".ckpt-probe-" + HostTag() + "-"; }
+
+std::vector<std::string> RemoveStale(const std::string& parent) {
+  std::vector<std::string> removed;
+  const std::string prefix = ProbePrefix();
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(parent, ec); !ec && it != fs::end(it); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    const size_t dash = name.find('-', prefix.size());
+    const std::string pid_text = name.substr(prefix.size(), dash - prefix.size());
+    if (dash == std::string::npos || pid_text.empty() || pid_text.size() > 9 ||
+        pid_text.find_first_not_of("0123456789") != std::string::npos)
+      continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(pid_text));
+    if (pid == getpid() || kill(pid, 0) == 0 || errno != ESRCH) continue;
+    std::error_code rm;
+    fs::remove_all(it->path(), rm);
+    if (!rm) removed.push_back(it->path().string());
+  }
+  return removed;
+}
+
+// A fresh directory `parent`/.ckpt-probe-<host>-<pid>-XXXXXX, removed (with what the probe left
+// in it) when the object goes.
 class ProbeDir {
  public:
   static Result<std::unique_ptr<ProbeDir>> Create(const std::string& parent) {
-    std::string pattern = (fs::path(parent) / ".ckpt-probe-XXXXXX").string();
+    std::string pattern =
+        (fs::path(parent) / (ProbePrefix() + std::to_string(getpid()) + "-XXXXXX")).string();
     if (mkdtemp(pattern.data()) == nullptr)
       return FailedPrecondition(
           parent + ": cannot create a directory in it for the probe: " + std::strerror(errno));
@@ -247,7 +288,8 @@ nlohmann::json ProbeReportToJson(const ProbeReport& r) {
           {"o_direct_refused", r.o_direct_refused},
           {"recommended", r.CompressHere() ? setting : "none"},
           {"crossover_bytes_per_s", RateOrNull(r.CrossoverBytesPerSecond())},
-          {"ceiling_bytes_per_s", RateOrNull(r.CeilingBytesPerSecond())}};
+          {"ceiling_bytes_per_s", RateOrNull(r.CeilingBytesPerSecond())},
+          {"removed_stale", r.removed_stale}};
 }
 
 Result<ProbeReport> ProbeCompression(const std::string& dir, const ProbeOptions& o) {
@@ -309,6 +351,7 @@ Result<ProbeReport> ProbeCompression(const std::string& dir, const ProbeOptions&
   Prober prober(o, std::move(meta), std::move(states));
 
   {
+    report.removed_stale = RemoveStale(dir);
     CKPT_ASSIGN_OR_RETURN(auto work, ProbeDir::Create(dir));
     const DirectWriteStats before = GetDirectWriteStats();
     CKPT_RETURN_IF_ERROR(prober.Run(work->path(), report.disk));
@@ -327,6 +370,7 @@ Result<ProbeReport> ProbeCompression(const std::string& dir, const ProbeOptions&
   } else if (Status room = CheckRoom(o.memory_dir, o.bytes); !room.ok()) {
     report.memory_note = room.message();
   } else {
+    for (auto& stale : RemoveStale(o.memory_dir)) report.removed_stale.push_back(std::move(stale));
     CKPT_ASSIGN_OR_RETURN(auto work, ProbeDir::Create(o.memory_dir));
     CKPT_RETURN_IF_ERROR(prober.Run(work->path(), report.memory));
     report.memory_ran = true;

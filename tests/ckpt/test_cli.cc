@@ -1,7 +1,10 @@
 // The `ckpt` CLI: exit codes (0 ok, 1 corruption or difference, 2 could not run) and the
 // --json contracts of ls, inspect, check and diff.
 #include <catch2/catch.hpp>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -384,6 +387,41 @@ TEST_CASE("probe: saves under DIR both ways, says which was faster, leaves DIR a
   CHECK(text.out.find("no save with no disk to wait for: " + dir + " is not a file system") !=
         std::string::npos);
   CHECK(text.err.empty());  // no progress when stderr is not a TTY
+}
+
+TEST_CASE("probe: removes what an interrupted probe on this host left, nothing else", "[io]") {
+  ScratchDir d;
+  char host[256] = {};
+  REQUIRE(gethostname(host, sizeof host - 1) == 0);
+  std::string tag;
+  for (const char* c = host; *c && tag.size() < 64; ++c)
+    tag += std::isalnum(static_cast<unsigned char>(*c)) || *c == '.' ? *c : '_';
+  // A process id no process has (above the kernel's pid_max), one that runs (ours: the test
+  // process, not the probe's), and another host's.
+  std::string pid_max = Slurp("/proc/sys/kernel/pid_max");
+  const long dead = std::stol(pid_max) + 1;
+  const std::string stale = ".ckpt-probe-" + tag + "-" + std::to_string(dead) + "-AbC123";
+  const std::string live = ".ckpt-probe-" + tag + "-" + std::to_string(getpid()) + "-AbC123";
+  const std::string other = ".ckpt-probe-otherhost-" + std::to_string(dead) + "-AbC123";
+  for (const auto& name : {stale, live, other}) {
+    fs::create_directories(d / name + "/1");
+    Spit(d / name + "/1/rank_00000.h5", "left behind");
+  }
+  auto r = RunCkpt("probe " + d.str() + " --size 16MiB --ranks 1 --pairs 1 --memory-dir '' --json");
+  INFO(r.err);
+  REQUIRE(r.rc == 0);
+  auto j = Json(r);
+  CHECK(j["removed_stale"] == json::array({d / stale}));
+  CHECK_FALSE(fs::exists(d / stale));
+  CHECK(fs::exists(d / live + "/1/rank_00000.h5"));
+  CHECK(fs::exists(d / other + "/1/rank_00000.h5"));
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(d.str()))
+    left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  std::vector<std::string> want{live, other};
+  std::sort(want.begin(), want.end());
+  CHECK(left == want);
 }
 
 TEST_CASE("probe: a missing directory, too little room and bad options exit 2", "[io]") {

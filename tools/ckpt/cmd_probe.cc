@@ -68,6 +68,8 @@ int Run(const ProbeArgs& a) {
     PrintJson(ProbeReportToJson(*r));
     return 0;
   }
+  for (const auto& stale : r->removed_stale)
+    std::printf("removed %s, left by an interrupted probe\n", stale.c_str());
   const std::string what = r->from.empty() ? "synthetic fp32 master and moments"
                                            : "fp32 master and moments of " + r->from;
   std::printf(

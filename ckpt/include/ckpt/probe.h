@@ -68,6 +68,8 @@ struct ProbeReport {
   std::string memory_note;
   ProbeSide memory;
   uint64_t direct_bytes = 0;  // of the disk saves' data, bytes written with O_DIRECT
+  // Directories an interrupted probe on this host left (its process gone), removed first.
+  std::vector<std::string> removed_stale;
   uint64_t o_direct_refused = 0;
 
   // Logical bytes over the stored bytes of a compressed save.
@@ -83,9 +85,11 @@ struct ProbeReport {
   double CeilingBytesPerSecond() const;
 };
 
-// Runs the probe: the saves go to a fresh directory DIR/.ckpt-probe-XXXXXX (and
-// memory_dir/.ckpt-probe-XXXXXX), each removed after it is timed; both directories are removed
-// before returning, on failure too. Nothing else under DIR is touched. Errors: NotFound or
+// Runs the probe: the saves go to a fresh directory DIR/.ckpt-probe-<host>-<pid>-XXXXXX (and one
+// under memory_dir), each save removed after it is timed; both directories are removed before
+// returning, on failure too. A probe killed by a signal leaves its directory; the next probe on
+// the same host removes it once no process of that id runs (removed_stale). Nothing else under
+// DIR is touched. Errors: NotFound or
 // FailedPrecondition naming DIR (missing, not a directory, not writable, too little free
 // space), InvalidArgument for the options (or a `from` checkpoint holding less than 16 MiB of
 // Adam state), the `from` checkpoint's own errors (DataLoss for damaged data), and a failed
@@ -98,7 +102,7 @@ Result<ProbeReport> ProbeCompression(const std::string& dir, const ProbeOptions&
 // "compressed_bytes_per_s", "none_file_bytes", "compressed_file_bytes", "speedup"},
 // "memory_dir", "memory_note", "compression_ratio", "direct_bytes", "o_direct_refused",
 // "recommended" ("none" or the compression), "crossover_bytes_per_s" and "ceiling_bytes_per_s"
-// (null where not measured)}.
+// (null where not measured), "removed_stale": [paths]}.
 nlohmann::json ProbeReportToJson(const ProbeReport& report);
 
 }  // namespace ckpt

@@ -641,20 +641,14 @@ class FileCollective final : public ckpt::Collective {
 // The manifest of the synthetic state (`ckpt synth`'s table) for save and async.
 ckpt::Manifest BenchManifest(const Args& a) {
   if (a.params < 1) Die(a.op + " needs --params");
-  ckpt::Manifest meta;
-  meta.counters = {kStep, kStep, 0, kStep * 64, kStep * 64 * 128};
-  meta.topology.dp_world_size = a.ranks;
-  meta.topology.zero_stage = a.zero;
-  meta.optimizer = {{"type", "adamw"}, {"lr", 1e-4},  {"beta1", 0.9},
-                    {"beta2", 0.999},  {"eps", 1e-8}, {"weight_decay", 0.01}};
-  meta.dtypes = {{"master", "fp32"}, {"exp_avg", "fp32"}, {"exp_avg_sq", "fp32"}};
-  meta.params = ckpt::SynthParamTable(a.params, 0);
-  auto part = ckpt::BuildPartition(meta.params, a.ranks, a.zero);
-  if (!part.ok()) Die(part.status().ToString());
-  meta.partition = *part;
-  meta.client_state = {{"synthetic", true}, {"seed", 0}};
-  meta.engine_config = {{"generator", "tools/bench/ckpt_io"}};
-  return meta;
+  ckpt::SynthOptions so;
+  so.ranks = a.ranks;
+  so.params = a.params;
+  so.zero_stage = a.zero;
+  auto meta = ckpt::SynthManifest(so, kStep);
+  if (!meta.ok()) Die(meta.status().ToString());
+  meta->engine_config = {{"generator", "tools/bench/ckpt_io"}};
+  return *std::move(meta);
 }
 
 // The paired write floor's buffers: each rank's dataset bytes, concatenated (FloorBuffers).

@@ -169,6 +169,25 @@ Status FillFromSource(StateSource& source, const Manifest& meta,
   return Status::Ok();
 }
 
+nlohmann::json Seconds(const std::vector<double>& v, double median) {
+  return {{"median", median},
+          {"min", *std::min_element(v.begin(), v.end())},
+          {"max", *std::max_element(v.begin(), v.end())},
+          {"each", v}};
+}
+
+nlohmann::json SideJson(const ProbeSide& s, uint64_t bytes) {
+  return {{"none_seconds", Seconds(s.none_seconds, s.NoneMedian())},
+          {"compressed_seconds", Seconds(s.compressed_seconds, s.CompressedMedian())},
+          {"none_bytes_per_s", static_cast<double>(bytes) / s.NoneMedian()},
+          {"compressed_bytes_per_s", static_cast<double>(bytes) / s.CompressedMedian()},
+          {"none_file_bytes", s.none_file_bytes},
+          {"compressed_file_bytes", s.compressed_file_bytes},
+          {"speedup", s.Speedup()}};
+}
+
+nlohmann::json RateOrNull(double x) { return x > 0 ? nlohmann::json(x) : nlohmann::json(); }
+
 class Prober {
  public:
   Prober(const ProbeOptions& o, Manifest meta, std::vector<std::unique_ptr<SynthRankState>> states)
@@ -247,29 +266,6 @@ double ProbeReport::CeilingBytesPerSecond() const {
   const double c = memory.CompressedMedian();
   return memory_ran && c > 0 ? static_cast<double>(bytes) / c : 0;
 }
-
-namespace {
-
-nlohmann::json Seconds(const std::vector<double>& v, double median) {
-  return {{"median", median},
-          {"min", *std::min_element(v.begin(), v.end())},
-          {"max", *std::max_element(v.begin(), v.end())},
-          {"each", v}};
-}
-
-nlohmann::json SideJson(const ProbeSide& s, uint64_t bytes) {
-  return {{"none_seconds", Seconds(s.none_seconds, s.NoneMedian())},
-          {"compressed_seconds", Seconds(s.compressed_seconds, s.CompressedMedian())},
-          {"none_bytes_per_s", static_cast<double>(bytes) / s.NoneMedian()},
-          {"compressed_bytes_per_s", static_cast<double>(bytes) / s.CompressedMedian()},
-          {"none_file_bytes", s.none_file_bytes},
-          {"compressed_file_bytes", s.compressed_file_bytes},
-          {"speedup", s.Speedup()}};
-}
-
-nlohmann::json RateOrNull(double x) { return x > 0 ? nlohmann::json(x) : nlohmann::json(); }
-
-}  // namespace
 
 nlohmann::json ProbeReportToJson(const ProbeReport& r) {
   const std::string setting = r.compression.ToString();
@@ -367,7 +363,7 @@ Result<ProbeReport> ProbeCompression(const std::string& dir, const ProbeOptions&
     report.memory_note = o.memory_dir + ": no such directory";
   } else if (std::string why = NotInMemory(o.memory_dir); !why.empty()) {
     report.memory_note = why;
-  } else if (Status room = CheckRoom(o.memory_dir, o.bytes); !room.ok()) {
+  } else if (Status room = CheckRoom(o.memory_dir, report.bytes); !room.ok()) {
     report.memory_note = room.message();
   } else {
     for (auto& stale : RemoveStale(o.memory_dir)) report.removed_stale.push_back(std::move(stale));

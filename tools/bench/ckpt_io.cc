@@ -73,6 +73,7 @@
 #include "ckpt/manifest.h"
 #include "ckpt/reader.h"
 #include "ckpt/synth.h"
+#include "ckpt/units.h"
 #include "ckpt/writer.h"
 #include "raw_floor.h"
 
@@ -161,8 +162,11 @@ Args Parse(int argc, char** argv) {
       return argv[++i];
     };
     if (k == "--ranks") a.ranks = std::stoi(val());
-    else if (k == "--params") a.params = static_cast<int64_t>(std::stod(val()));
-    else if (k == "--zero") a.zero = std::stoi(val());
+    else if (k == "--params") {
+      auto n = ckpt::ParseCount(val());  // 2M, 1.5B, 350e6 or a plain count, as `ckpt synth`
+      if (!n.ok()) Die("--params: " + n.status().ToString());
+      a.params = *n;
+    } else if (k == "--zero") a.zero = std::stoi(val());
     else if (k == "--to") a.to = std::stoi(val());
     else if (k == "--compress") a.compress = val();
     else if (k == "--chunk-bytes") a.chunk_bytes = static_cast<uint64_t>(std::stod(val()));

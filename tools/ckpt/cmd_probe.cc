@@ -26,8 +26,8 @@ struct ProbeArgs {
 
 template <typename... A>
 std::string Fixed(const char* format, A... args) {
-  char text[256];
-  std::snprintf(text, sizeof text, format, args...);
+  std::string text(static_cast<size_t>(std::snprintf(nullptr, 0, format, args...)), '\0');
+  std::snprintf(text.data(), text.size() + 1, format, args...);
   return text;
 }
 

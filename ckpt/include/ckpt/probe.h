@@ -8,10 +8,10 @@
 // in alternating pairs, with ranks as threads as `ckpt synth` saves, and says which was faster
 // on this disk. Where compression lost, the compressed save's rate here estimates the disk rate
 // below which it pays (on the development VM's disk throttled to chosen rates the crossover lay
-// at an uncompressed save rate of 0.46-0.60 GiB/s, and the compressed save ran at 0.61 GiB/s
-// unthrottled). Where a memory file system has room (/dev/shm by default) the probe also saves
-// both ways there, with no disk to wait for: the compressed save's rate there is the most any
-// disk could make compression pay at on this machine.
+// at an uncompressed save rate of about 0.55-0.59 GiB/s, and the estimate came within 5 % below
+// and 25 % above it). Where a memory file system has room (/dev/shm by default) the probe also
+// saves both ways there, with no disk to wait for: the compressed save's rate there is the most
+// any disk could make compression pay at on this machine.
 #pragma once
 
 #include <cstdint>
@@ -38,7 +38,8 @@ struct ProbeOptions {
   // that of the user's own state: the first `bytes` of them (all of them when fewer), read
   // once before the saves, verified as a load verifies. Empty: ckpt synth's values.
   std::string from;
-  // Called with the logical bytes of each rank's save once it is written (any thread).
+  // Called with the logical bytes of each rank's save once it is written, and of each read of
+  // `from` (any thread): progress.
   std::function<void(uint64_t)> on_bytes;
 };
 
@@ -46,7 +47,7 @@ struct ProbeOptions {
 struct ProbeSide {
   std::vector<double> none_seconds;        // per uncompressed save, in the order run
   std::vector<double> compressed_seconds;  // per compressed save
-  uint64_t none_file_bytes = 0;            // the rank files' bytes, last save
+  uint64_t none_file_bytes = 0;  // the bytes of the last save's files (rank files, manifest)
   uint64_t compressed_file_bytes = 0;
   double NoneMedian() const;
   double CompressedMedian() const;

@@ -13,6 +13,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import throttle  # noqa: E402
 
 MiB = 1 << 20
+GiB = 1 << 30
 
 
 def test_crossover():
@@ -64,6 +65,15 @@ def test_rule_report():
     assert "1.228x smaller" in text, text
     c2 = dict(c, crossover_bytes_per_s=None, crossover_note="compression won at every rate")
     assert "no crossover: compression won at every rate" in bench.compress_rule_text(c2)
+    # ckpt probe's estimate beside the measured crossover, or why it did not run.
+    c3 = dict(c, probe={"recommended": "none", "crossover_bytes_per_s": 1.1 * x,
+                        "ceiling_bytes_per_s": 1.0 * GiB, "compression_ratio": 1.23,
+                        "speedup": 0.55})
+    for out in (bench.compress_rule_text(c3), bench.compress_rule_text(c3, md=True)):
+        assert "ckpt probe of the same state on the unthrottled disk: do not compress" in out, out
+        assert "(1.10x the measured crossover), ceiling 1.00 GiB/s" in out, out
+    c4 = dict(c, probe_note="ckpt probe not run: half of --size is under its 16 MiB")
+    assert "ckpt probe not run" in bench.compress_rule_text(c4)
 
 
 def test_disk_of(path):

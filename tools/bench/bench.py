@@ -1001,7 +1001,7 @@ def main():
     if "rule" not in skip:
         try:
             ph["compress_rule"] = compress_rule(a, [int(x * MiB) for x in rule_rates], work,
-                                                ckpt_io, R)
+                                                ckpt_io, ckpt, R)
         except throttle.Unavailable as e:
             res["notes"].append("phase compress_rule skipped: %s" % e)
             log(res["notes"][-1])
@@ -1112,12 +1112,14 @@ def main():
     return 0
 
 
-def compress_rule(a, rates, work, ckpt_io, R):
+def compress_rule(a, rates, work, ckpt_io, ckpt, R):
     """The compress_rule phase: at each of `rates` (--rule-rates as main checked them, in bytes
     per second of writes the work directory's disk is throttled to; 0: unthrottled), --reps2
     (at least 3) alternating pairs of an uncompressed and a --compress save (ckpt_io save,
     ranks as threads) of half of --size (at least a second at 400 MiB/s for 1 GiB: the kernel
     lets a throttled stream run ahead of its limit for about a tenth of a second).
+    Then `ckpt probe` of the same bytes on the unthrottled disk (--reps2 pairs, at least 3): the
+    crossover a user's probe estimates, beside the one measured here (its accuracy).
     Raises throttle.Unavailable where the disk cannot be throttled."""
     slow = throttle.Throttle(work, name="ckpt-rule")
     params = max(64, a.size // 2 // 12)
@@ -1151,6 +1153,22 @@ def compress_rule(a, rates, work, ckpt_io, R):
                 "%.0f MiB/s" % (rate / MiB) if rate else "full speed",
                 row["none_seconds"]["median"], a.compress, row["compressed_seconds"]["median"],
                 row["speedup"]))
+        half = a.size // 2
+        if half >= 16 * MiB:
+            shutil.rmtree(root, ignore_errors=True)
+            os.makedirs(root)
+            slow.set(write_bps=0)
+            j, _, _ = R.json([ckpt, "probe", root, "--size", str(half), "--ranks", str(a.ranks),
+                              "--compress", a.compress, "--pairs", str(reps), "--json"],
+                             preexec=slow.preexec)
+            out["probe"] = {k: j[k] for k in ("recommended", "crossover_bytes_per_s",
+                                               "ceiling_bytes_per_s", "compression_ratio")}
+            out["probe"]["speedup"] = j["disk"]["speedup"]
+            log("compress_rule: ckpt probe recommends %s (estimate %s)" % (
+                j["recommended"], "%.2f GiB/s" % (j["crossover_bytes_per_s"] / GiB)
+                if j["crossover_bytes_per_s"] else "none: compression won"))
+        else:
+            out["probe_note"] = "ckpt probe not run: half of --size is under its 16 MiB"
     finally:
         shutil.rmtree(root, ignore_errors=True)
         slow.close()
@@ -1417,6 +1435,18 @@ def compress_rule_text(c, md=False):
     if c.get("compressed_save_bytes_per_s"):
         rule += "; unthrottled the compressed save ran at %.2f GiB/s, the uncompressed at %.2f" % (
             c["compressed_save_bytes_per_s"] / GiB, c["uncompressed_save_bytes_per_s"] / GiB)
+    p = c.get("probe")
+    if p:
+        est = p["crossover_bytes_per_s"]
+        rule += ". ckpt probe of the same state on the unthrottled disk: %s, %s" % (
+            "compress" if p["recommended"] != "none" else "do not compress",
+            "estimate %.2f GiB/s%s" % (est / GiB, " (%.2fx the measured crossover)" % (est / x)
+                                       if x else "")
+            if est else "no estimate (compression won there)")
+        if p.get("ceiling_bytes_per_s"):
+            rule += ", ceiling %.2f GiB/s" % (p["ceiling_bytes_per_s"] / GiB)
+    elif c.get("probe_note"):
+        rule += ". " + c["probe_note"]
     if md:
         L.append("")
     L.append(("" if md else "  ") + rule)

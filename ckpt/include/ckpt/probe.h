@@ -9,9 +9,9 @@
 // on this disk. Where compression lost, the compressed save's rate here estimates the disk rate
 // below which it pays (on the development VM's disk throttled to chosen rates the crossover lay
 // at an uncompressed save rate of about 0.55-0.59 GiB/s, and the estimate came within about a
-// quarter of it, above or below). Where a memory file system has room (/dev/shm by default) the probe also
-// saves both ways there, with no disk to wait for: the compressed save's rate there is the most
-// any disk could make compression pay at on this machine.
+// quarter of it, above or below). Where a memory file system has room (/dev/shm by default) the
+// probe also saves both ways there, with no disk to wait for: the compressed save's rate there
+// is the most any disk could make compression pay at on this machine.
 #pragma once
 
 #include <cstdint>

@@ -137,12 +137,12 @@ void FillSynthRank(const Manifest& meta, uint64_t seed, int rank, SynthRankState
     for (size_t pi = 0; pi < meta.params.size(); ++pi) {
       const auto& p = meta.params[pi];
       if (!p.frozen) continue;
-      auto& values = out.frozen[f++];
-      values.resize(static_cast<size_t>(p.numel));
+      auto& table = out.frozen[f++];
+      table.resize(static_cast<size_t>(p.numel));
       for (int64_t e = 0; e < p.numel; ++e)
-        values[static_cast<size_t>(e)] = FloatToBf16(SynthValue(seed, step, pi, "frozen", e));
+        table[static_cast<size_t>(e)] = FloatToBf16(SynthValue(seed, step, pi, "frozen", e));
       out.contents.datasets.push_back(DatasetSpec::Tensor(std::string(kFrozenPrefix) + p.name,
-                                                          DType::kBF16, p.shape, values.data()));
+                                                          DType::kBF16, p.shape, table.data()));
     }
   }
   std::mt19937_64 gen(seed * 1000003ull + static_cast<uint64_t>(rank) * 7919ull +

@@ -1158,15 +1158,24 @@ def compress_rule(a, rates, work, ckpt_io, ckpt, R):
             shutil.rmtree(root, ignore_errors=True)
             os.makedirs(root)
             slow.set(write_bps=0)
-            j, _, _ = R.json([ckpt, "probe", root, "--size", str(half), "--ranks", str(a.ranks),
-                              "--compress", a.compress, "--pairs", str(reps), "--json"],
-                             preexec=slow.preexec)
-            out["probe"] = {k: j[k] for k in ("recommended", "crossover_bytes_per_s",
-                                               "ceiling_bytes_per_s", "compression_ratio")}
-            out["probe"]["speedup"] = j["disk"]["speedup"]
-            log("compress_rule: ckpt probe recommends %s (estimate %s)" % (
-                j["recommended"], "%.2f GiB/s" % (j["crossover_bytes_per_s"] / GiB)
-                if j["crossover_bytes_per_s"] else "none: compression won"))
+            # A failed probe (its --json error object) is a note, not the end of the bench.
+            o, e, _, _, rc = R.run([ckpt, "probe", root, "--size", str(half), "--ranks",
+                                    str(a.ranks), "--compress", a.compress, "--pairs", str(reps),
+                                    "--json"], check=False, preexec=slow.preexec)
+            try:
+                j = json.loads(o)
+            except ValueError:
+                j = {"error": {"message": "exit %d: %s" % (rc, e.strip()[-300:])}}
+            if "error" in j:
+                out["probe_note"] = "ckpt probe failed: %s" % j["error"].get("message")
+                log("compress_rule: " + out["probe_note"])
+            else:
+                out["probe"] = {k: j[k] for k in ("recommended", "crossover_bytes_per_s",
+                                                   "ceiling_bytes_per_s", "compression_ratio")}
+                out["probe"]["speedup"] = j["disk"]["speedup"]
+                log("compress_rule: ckpt probe recommends %s (estimate %s)" % (
+                    j["recommended"], "%.2f GiB/s" % (j["crossover_bytes_per_s"] / GiB)
+                    if j["crossover_bytes_per_s"] else "none: compression won"))
         else:
             out["probe_note"] = "ckpt probe not run: half of --size is under its 16 MiB"
     finally:

@@ -18,17 +18,6 @@ constexpr const char* kDeepSpeedNote =
     "DeepSpeed stores no checksums: checked the layout, every zip record's CRC-32 and that "
     "every tensor reads";
 
-// printf into a std::string.
-template <typename... Args>
-void Appendf(std::string& out, const char* fmt, Args... args) {
-  const int n = std::snprintf(nullptr, 0, fmt, args...);
-  if (n <= 0) return;
-  std::string buf(static_cast<size_t>(n) + 1, '\0');
-  std::snprintf(buf.data(), buf.size(), fmt, args...);
-  buf.resize(static_cast<size_t>(n));
-  out += buf;
-}
-
 // A universal checkpoint: its manifest, file size and, with deep, the file and every dataset
 // checksum.
 std::vector<Problem> CheckUniversal(const std::string& dir, bool deep, Env* env, bool progress) {
@@ -114,37 +103,36 @@ std::string InspectSourceToText(const StateSource& source) {
   const Manifest& m = source.manifest();
   const DeepSpeedInfo* ds = source.deepspeed();
   std::string out;
-  Appendf(out, "tag            %s  (%s)\n", m.tag.c_str(), source.dir().c_str());
+  out += StrFormat("tag            %s  (%s)\n", m.tag.c_str(), source.dir().c_str());
   if (ds) {
-    Appendf(out,
-            "format         DeepSpeed %s ZeRO checkpoint (%s, %s training); no checksums "
-            "(DeepSpeed records none)\n",
-            ds->ds_version.c_str(), ds->optimizer.c_str(), ds->model_dtype.c_str());
-    Appendf(out, "files          %zu model-states + %zu optimizer file(s)\n",
-            ds->model_files.size(), ds->optim_files.size());
+    out += StrFormat(
+        "format         DeepSpeed %s ZeRO checkpoint (%s, %s training); no checksums "
+        "(DeepSpeed records none)\n",
+        ds->ds_version.c_str(), ds->optimizer.c_str(), ds->model_dtype.c_str());
+    out += StrFormat("files          %zu model-states + %zu optimizer file(s)\n",
+                     ds->model_files.size(), ds->optim_files.size());
     if (!ds->buffers.empty())
-      Appendf(out, "buffers        %zu (listed as frozen)\n", ds->buffers.size());
+      out += StrFormat("buffers        %zu (listed as frozen)\n", ds->buffers.size());
     if (!ds->lr_scheduler.is_null())
-      Appendf(out, "lr_scheduler   %s\n", ds->lr_scheduler.dump().c_str());
+      out += StrFormat("lr_scheduler   %s\n", ds->lr_scheduler.dump().c_str());
   } else {
-    Appendf(out, "format         %s %d.%d%s, written by %s at %s\n", m.format.c_str(),
-            m.version_major, m.version_minor,
-            source.kind() == SourceKind::kUniversal ? " (universal layout)" : "",
-            m.writer.c_str(), m.created_utc.c_str());
+    out += StrFormat("format         %s %d.%d%s, written by %s at %s\n", m.format.c_str(),
+                     m.version_major, m.version_minor,
+                     source.kind() == SourceKind::kUniversal ? " (universal layout)" : "",
+                     m.writer.c_str(), m.created_utc.c_str());
   }
-  Appendf(out,
-          "counters       global_step %lld, micro_step %lld, skipped %lld, samples %lld, "
-          "tokens %lld\n",
-          static_cast<long long>(m.counters.global_step),
-          static_cast<long long>(m.counters.micro_step),
-          static_cast<long long>(m.counters.skipped_steps),
-          static_cast<long long>(m.counters.samples_seen),
-          static_cast<long long>(m.counters.tokens_seen));
-  Appendf(out, "topology       dp %d, tp %d, pp %d, ZeRO-%d (%s partition, alignment %lld)%s\n",
-          m.topology.dp_world_size, m.topology.tp, m.topology.pp, m.topology.zero_stage,
-          m.partition.scheme.c_str(), static_cast<long long>(m.partition.alignment),
-          source.kind() == SourceKind::kUniversal ? " of the source" : "");
-  Appendf(out, "optimizer      %s\n", m.optimizer.dump().c_str());
+  out += StrFormat(
+      "counters       global_step %lld, micro_step %lld, skipped %lld, samples %lld, "
+      "tokens %lld\n",
+      static_cast<long long>(m.counters.global_step), static_cast<long long>(m.counters.micro_step),
+      static_cast<long long>(m.counters.skipped_steps),
+      static_cast<long long>(m.counters.samples_seen),
+      static_cast<long long>(m.counters.tokens_seen));
+  out += StrFormat("topology       dp %d, tp %d, pp %d, ZeRO-%d (%s partition, alignment %lld)%s\n",
+                   m.topology.dp_world_size, m.topology.tp, m.topology.pp, m.topology.zero_stage,
+                   m.partition.scheme.c_str(), static_cast<long long>(m.partition.alignment),
+                   source.kind() == SourceKind::kUniversal ? " of the source" : "");
+  out += StrFormat("optimizer      %s\n", m.optimizer.dump().c_str());
   if (!ds) {
     uint64_t bytes = 0;
     std::string comp;
@@ -152,23 +140,23 @@ std::string InspectSourceToText(const StateSource& source) {
       bytes += f.bytes;
       comp = f.compression;
     }
-    Appendf(out, "files          %zu %s, %s, compression %s\n", m.files.size(),
-            source.kind() == SourceKind::kUniversal ? "universal file(s)" : "rank files",
-            FormatBytes(bytes).c_str(), comp.c_str());
+    out += StrFormat("files          %zu %s, %s, compression %s\n", m.files.size(),
+                     source.kind() == SourceKind::kUniversal ? "universal file(s)" : "rank files",
+                     FormatBytes(bytes).c_str(), comp.c_str());
   }
-  Appendf(out, "parameters     %lld unique\n", static_cast<long long>(m.UniqueParamCount()));
-  Appendf(out, "  %-36s %-18s %-6s %12s  %s\n", "NAME", "SHAPE", "DTYPE", "NUMEL", "NOTE");
+  out += StrFormat("parameters     %lld unique\n", static_cast<long long>(m.UniqueParamCount()));
+  out += StrFormat("  %-36s %-18s %-6s %12s  %s\n", "NAME", "SHAPE", "DTYPE", "NUMEL", "NOTE");
   for (const auto& p : m.params) {
     std::string note = p.frozen ? "frozen" : "";
     if (!p.tied_to.empty()) note = "tied to " + p.tied_to;
     if (p.trainable() && !p.ranges.empty())
       note = std::to_string(p.ranges.size()) + " owner range(s)";
-    Appendf(out, "  %-36s %-18s %-6s %12lld  %s\n", p.name.c_str(), ShapeText(p.shape).c_str(),
-            std::string(DTypeName(p.dtype)).c_str(), static_cast<long long>(p.numel),
-            note.c_str());
+    out += StrFormat("  %-36s %-18s %-6s %12lld  %s\n", p.name.c_str(), ShapeText(p.shape).c_str(),
+                     std::string(DTypeName(p.dtype)).c_str(), static_cast<long long>(p.numel),
+                     note.c_str());
   }
   if (!m.client_state.empty())
-    Appendf(out, "client_state   %s\n", m.client_state.dump().c_str());
+    out += StrFormat("client_state   %s\n", m.client_state.dump().c_str());
   return out;
 }
 
@@ -216,18 +204,18 @@ std::string SourceCheckToText(const SourceCheck& c) {
                            ? kDeepSpeedNote
                            : c.deep ? "structure, sizes and every checksum"
                                     : "structure and sizes; --deep for checksums";
-    Appendf(out, "ok: %s (%s)\n", c.dir.c_str(), what);
+    out += StrFormat("ok: %s (%s)\n", c.dir.c_str(), what);
     return out;
   }
-  Appendf(out, "CORRUPT: %zu problem(s)\n", c.problems.size());
+  out += StrFormat("CORRUPT: %zu problem(s)\n", c.problems.size());
   const char* sep = c.kind == SourceKind::kDeepSpeed ? " parameter " : " /";
   for (const auto& p : c.problems) {
     if (p.file.empty() && p.dataset.empty()) {  // the message names the file (a layout problem)
-      Appendf(out, "  %s\n", p.what.c_str());
+      out += StrFormat("  %s\n", p.what.c_str());
       continue;
     }
-    Appendf(out, "  %s%s%s: %s\n", p.file.c_str(), p.dataset.empty() ? "" : sep,
-            p.dataset.c_str(), p.what.c_str());
+    out += StrFormat("  %s%s%s: %s\n", p.file.c_str(), p.dataset.empty() ? "" : sep,
+                     p.dataset.c_str(), p.what.c_str());
   }
   return out;
 }

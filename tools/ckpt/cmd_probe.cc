@@ -24,13 +24,6 @@ struct ProbeArgs {
   bool json = false;
 };
 
-template <typename... A>
-std::string Fixed(const char* format, A... args) {
-  std::string text(static_cast<size_t>(std::snprintf(nullptr, 0, format, args...)), '\0');
-  std::snprintf(text.data(), text.size() + 1, format, args...);
-  return text;
-}
-
 void PrintRow(const char* place, const std::string& setting, const std::vector<double>& secs,
               double median, uint64_t bytes, uint64_t stored) {
   char range[64];
@@ -103,16 +96,16 @@ int Run(const ProbeArgs& a) {
         "rule: compression pays where an uncompressed save writes slower than the "
         "compressed one ran here: below about %.2f GiB/s; %s\n",
         crossover / kGiB,
-        ceiling > 0 ? Fixed("with no disk to wait for (%s) it ran at %.2f GiB/s",
-                            r->memory_dir.c_str(), ceiling / kGiB)
+        ceiling > 0 ? StrFormat("with no disk to wait for (%s) it ran at %.2f GiB/s",
+                                r->memory_dir.c_str(), ceiling / kGiB)
                           .c_str()
                     : no_memory.c_str());
   else
     std::printf("rule: here the disk is the limit (the uncompressed save wrote %.2f GiB/s); %s\n",
                 static_cast<double>(r->bytes) / r->disk.NoneMedian() / kGiB,
-                ceiling > 0 ? Fixed("on a faster disk compression stops paying somewhere below "
-                                    "%.2f GiB/s, its rate with no disk to wait for (%s)",
-                                    ceiling / kGiB, r->memory_dir.c_str())
+                ceiling > 0 ? StrFormat("on a faster disk compression stops paying somewhere below "
+                                        "%.2f GiB/s, its rate with no disk to wait for (%s)",
+                                        ceiling / kGiB, r->memory_dir.c_str())
                                   .c_str()
                             : no_memory.c_str());
   return 0;

@@ -16,5 +16,8 @@ Result<int64_t> ParseCount(std::string_view text);
 Result<uint64_t> ParseByteSize(std::string_view text);
 // 1536 -> "1.50 KiB"
 std::string FormatBytes(uint64_t bytes);
+// printf into a std::string. glibc's %f rounds the exact binary value half-to-even, as Python's
+// format() does, which is what makes estimate's DeepSpeed tables reproducible digit for digit.
+__attribute__((format(printf, 1, 2))) std::string StrFormat(const char* fmt, ...);
 
 }  // namespace ckpt

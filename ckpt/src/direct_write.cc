@@ -73,7 +73,7 @@ Status DirectWriter::Write(uint64_t offset, std::string_view data,
                            const RandomWriteFile::PieceFn& before) {
   const auto* src = reinterpret_cast<const uint8_t*>(data.data());
   const uint64_t end = offset + data.size();
-  // Pieces of [from, to) of the range: `before`, then pwrite (the unaligned head and tail).
+  // Pieces of [from, to) of the range: `before`, then pwrite (a range that goes without O_DIRECT).
   auto buffered = [&](uint64_t from, uint64_t to) -> Status {
     for (uint64_t at = from; at < to;) {
       const size_t n =
@@ -88,8 +88,8 @@ Status DirectWriter::Write(uint64_t offset, std::string_view data,
     return Status::Ok();
   };
   const int dfd = direct_.Get(fd_, O_WRONLY, &g_refused);
-  if (dfd < 0) return buffered(offset, end);
   const AlignedMiddle mid(offset, data.size());
+  if (dfd < 0 || mid.empty()) return buffered(offset, end);
   const uint64_t lo = mid.lo, hi = mid.hi;  // plain locals: lambdas below capture them
   // As many slots as the range has blocks, up to kSlots: staging buffers, or with `in_place`
   // places in the caller's memory. Staging memory that cannot be had is no error: the range
@@ -102,7 +102,11 @@ Status DirectWriter::Write(uint64_t offset, std::string_view data,
     staging_.clear();
     return buffered(offset, end);
   }
-  CKPT_RETURN_IF_ERROR(buffered(offset, lo), "");
+  // The unaligned head and tail (under 4 KiB each) are handed to `before` in order with the
+  // rest and written with pwrite once the middle's blocks are with the writers, not on either
+  // side of them: each small write through the page cache took 0.1-0.4 ms on the development
+  // VM with the disk idle (docs/performance.md, 2026-12-06 08:00).
+  if (before && lo > offset) before(src, static_cast<size_t>(lo - offset));
 
   // The middle: the caller's thread hashes (before) block i and copies it into slot i % slots
   // (in place: the block stays where it is); kWriters helper threads write the filled slots, in
@@ -187,16 +191,24 @@ Status DirectWriter::Write(uint64_t offset, std::string_view data,
       }
       const uint64_t len = std::min(kBlock, hi - pos);
       uint8_t* slot = in_place ? nullptr : staging_[static_cast<size_t>(k)].data();
-      for (uint64_t at = 0; at < len; at += RandomWriteFile::kWritePiece) {
-        const size_t n =
-            static_cast<size_t>(std::min<uint64_t>(len - at, RandomWriteFile::kWritePiece));
-        const uint8_t* p = src + (pos + at - offset);
-        if (before) before(p, n);
-        if (slot) std::memcpy(slot + at, p, n);
-      }
+      // `before` (the output's hash) and the copy into staging for a staged block, before its
+      // write; after it is handed to a writer for a block written in place, whose bytes the
+      // write only reads: the hash of 8 MiB (0.55 ms) before each write left the disk idle
+      // that long per block of an export (docs/performance.md, 2026-12-06 08:00).
+      auto pieces = [&] {
+        for (uint64_t at = 0; at < len; at += RandomWriteFile::kWritePiece) {
+          const size_t n =
+              static_cast<size_t>(std::min<uint64_t>(len - at, RandomWriteFile::kWritePiece));
+          const uint8_t* p = src + (pos + at - offset);
+          if (before) before(p, n);
+          if (slot) std::memcpy(slot + at, p, n);
+        }
+      };
+      if (!in_place) pieces();
       const auto* from = reinterpret_cast<const char*>(in_place ? src + (pos - offset) : slot);
       const Job j{pos, len, k, from};
       if (helpers.started() == 0) {
+        if (in_place) pieces();
         status = write_block(j);
         if (!status.ok()) break;
         continue;
@@ -207,6 +219,17 @@ Status DirectWriter::Write(uint64_t offset, std::string_view data,
         queue.push_back(j);
       }
       cv.notify_all();
+      if (in_place) pieces();
+    }
+    if (status.ok() && lo > offset) {
+      status = PwriteAll(fd_, offset, std::string_view(data.data(), lo - offset), path_);
+      g_buffered_bytes += lo - offset;
+    }
+    if (status.ok() && end > hi) {
+      const char* tail = data.data() + (hi - offset);
+      if (before) before(reinterpret_cast<const uint8_t*>(tail), static_cast<size_t>(end - hi));
+      status = PwriteAll(fd_, hi, std::string_view(tail, end - hi), path_);
+      g_buffered_bytes += end - hi;
     }
   } catch (const std::bad_alloc&) {
     status = ResourceExhausted(path_ + ": " + OutOfMemoryText());
@@ -218,8 +241,7 @@ Status DirectWriter::Write(uint64_t offset, std::string_view data,
   cv.notify_all();
   helpers.Join();
   if (status.ok()) status = failed;
-  CKPT_RETURN_IF_ERROR(status, "");
-  return buffered(hi, end);
+  return status;
 }
 
 }  // namespace internal

@@ -9,7 +9,8 @@
 // (AllocateIoMemory) and writes them with O_DIRECT on two helper threads while the caller
 // hashes and copies the next ones; 2 MiB pages let a request reach the device's 4 MiB limit.
 // Bytes that already lie in such memory (IsIoMemory), at their file offset's position within a
-// 4 KiB block, are written from where they are: no copy, no staging.
+// 4 KiB block, are written from where they are: no copy, no staging, and the caller hashes
+// them while a writer writes them.
 // Only whole 4 KiB blocks inside the range go this way (the writer aligns large datasets to
 // 4 KiB); the unaligned head and tail use pwrite. A file system that refuses O_DIRECT (at open
 // or at the first write) gets pwrite from the same staging buffer, and every later range of

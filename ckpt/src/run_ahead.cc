@@ -171,19 +171,24 @@ std::vector<Status> ForEachOnThreads(size_t n, int threads,
 }
 
 Status RunAhead(uint64_t n, int slots, const std::function<Status(uint64_t i, int slot)>& produce,
-                const std::function<Status(uint64_t i, int slot)>& consume, int producers) {
+                const std::function<Status(uint64_t i, int slot)>& consume, int producers,
+                int held) {
   return RunAheadOnProducers(
-      n, slots, [&](uint64_t i, int slot, int) { return produce(i, slot); }, consume, producers);
+      n, slots, [&](uint64_t i, int slot, int) { return produce(i, slot); }, consume, producers,
+      held);
 }
 
-Status RunAheadOnProducers(
-    uint64_t n, int slots, const std::function<Status(uint64_t i, int slot, int producer)>& produce,
-    const std::function<Status(uint64_t i, int slot)>& consume, int producers) {
+Status RunAheadOnProducers(uint64_t n, int slots,
+                           const std::function<Status(uint64_t i, int slot, int producer)>& produce,
+                           const std::function<Status(uint64_t i, int slot)>& consume,
+                           int producers, int held) {
   const uint64_t depth = static_cast<uint64_t>(std::max(slots, 1));
+  // Items consumed but still holding their slot (their consumer's work may still run on it).
+  const uint64_t behind = std::min<uint64_t>(static_cast<uint64_t>(std::max(held, 0)), depth - 1);
   std::mutex mu;
   std::condition_variable cv;
   uint64_t next = 0;      // the next item a producer claims
-  uint64_t consumed = 0;  // items [0, consumed) are done; their slots are free
+  uint64_t released = 0;  // items [0, released) are done; their slots are free
   bool stop = false;      // no further item is claimed (an error, or the consumer is done)
   // Per slot: the item it holds once produced (n: none yet) and how its production went.
   std::vector<uint64_t> done(depth, n);
@@ -194,7 +199,7 @@ Status RunAheadOnProducers(
       uint64_t i;
       {
         std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] { return stop || next >= n || next < consumed + depth; });
+        cv.wait(lock, [&] { return stop || next >= n || next < released + depth; });
         if (stop || next >= n) return;
         i = next++;
       }
@@ -230,7 +235,7 @@ Status RunAheadOnProducers(
     }
     if (status.ok()) status = consume(i, static_cast<int>(i % depth));
     std::lock_guard<std::mutex> lock(mu);
-    consumed = i + 1;
+    released = i + 1 >= behind ? i + 1 - behind : 0;
     done[i % depth] = n;
     if (!status.ok()) stop = true;
     cv.notify_all();

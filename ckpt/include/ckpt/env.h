@@ -36,7 +36,9 @@ class WritableFile {
   // Append that hands `data` to `before` (may be empty) in consecutive pieces of at most
   // kAppendPiece bytes, in order, each before it is written: the caller hashes the bytes while
   // the disk takes the ones before them (PosixEnv's large appends, which leave with O_DIRECT
-  // several requests at a time). The default hands a piece over, then appends it.
+  // several requests at a time). The default hands a piece over, then appends it. Bytes that
+  // leave with O_DIRECT from where they lie (I/O memory, DirectWriteStats::in_place_bytes) are
+  // handed over while they are written, each in order and before the call returns.
   virtual Status AppendThrough(std::string_view data, const PieceFn& before);
   virtual Status Sync() = 0;   // fsync (data and metadata)
   virtual Status Close() = 0;
@@ -123,10 +125,10 @@ class RandomWriteFile {
   virtual Status Write(uint64_t offset, std::string_view data) = 0;
   // Writes `data` at `offset`, handing each consecutive piece of at most kWritePiece bytes to
   // `before` (may be empty) in order just before it is written (the writer hashes it while it
-  // is in cache). The default writes piece by piece through Write and starts each piece's
-  // writeback. With CKPT_DIRECT_IO=on PosixEnv moves the 4 KiB-aligned middle of a large range
-  // with O_DIRECT from aligned staging buffers in huge pages (DirectWriteStats). Durable only
-  // after Sync().
+  // is in cache), or while it is written where it leaves from where it lies (as AppendThrough).
+  // The default writes piece by piece through Write and starts each piece's writeback. With
+  // CKPT_DIRECT_IO=on PosixEnv moves the 4 KiB-aligned middle of a large range with O_DIRECT
+  // from aligned staging buffers in huge pages (DirectWriteStats). Durable only after Sync().
   virtual Status WriteThrough(uint64_t offset, std::string_view data, const PieceFn& before);
   // Reads back exactly n bytes at offset (DataLoss when the file ends first).
   virtual Status Read(uint64_t offset, size_t n, void* out) = 0;

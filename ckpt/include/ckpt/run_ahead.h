@@ -21,14 +21,22 @@ namespace ckpt {
 // were consumed (no later item is claimed); a consumer's error stops the producers. When no
 // thread can be started, or n is 1, the items are produced and consumed alternately on the
 // calling thread. slots and producers below 1 count as 1.
+//
+// held > 0 (less than slots): item i keeps its slot until the end of consume(i + held), not of
+// consume(i), so that consume may leave work on its slot running when it returns (export's
+// write of a piece, on a helper thread while the next piece is consumed) provided that consume
+// (i + held) waits for it; the caller waits for what is still running on the last items' slots
+// after RunAhead returns, and before it on an error.
 Status RunAhead(uint64_t n, int slots, const std::function<Status(uint64_t i, int slot)>& produce,
-                const std::function<Status(uint64_t i, int slot)>& consume, int producers = 1);
+                const std::function<Status(uint64_t i, int slot)>& consume, int producers = 1,
+                int held = 0);
 
 // As RunAhead; produce also gets the index of the producer running it, 0 .. producers - 1 (0
 // on the calling thread), for state kept per producer thread (a zstd context).
-Status RunAheadOnProducers(
-    uint64_t n, int slots, const std::function<Status(uint64_t i, int slot, int producer)>& produce,
-    const std::function<Status(uint64_t i, int slot)>& consume, int producers);
+Status RunAheadOnProducers(uint64_t n, int slots,
+                           const std::function<Status(uint64_t i, int slot, int producer)>& produce,
+                           const std::function<Status(uint64_t i, int slot)>& consume,
+                           int producers, int held = 0);
 
 // Tasks on kept helper threads (the ones RunAhead's producers run on), waited for together.
 // Start runs a task on an idle kept thread or, when none is idle, on a new one (which is kept

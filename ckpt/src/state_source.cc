@@ -156,7 +156,13 @@ class ShardedSource final : public StateSource {
         verify_(verify),
         verify_reads_(verify_reads),
         defer_(verify && defer),
-        open_ahead_(open_ahead) {}
+        open_ahead_(open_ahead) {
+    // Rank 0's file is opened while the caller plans, before its first read: its seal and
+    // HDF5's structure (and HDF5's own start, 1.6-2.4 ms in a process's first open) took 3.5-4 ms
+    // of export-fp32's 11-12 ms before its first large request (docs/performance.md,
+    // 2026-12-06 08:00).
+    if (open_ahead_) OpenAheadOf(0);
+  }
 
   SourceKind kind() const override { return SourceKind::kSharded; }
   const Manifest& manifest() const override { return reader_.manifest(); }
@@ -312,7 +318,10 @@ class ShardedSource final : public StateSource {
   void Reaching(int rank) {
     if (!open_ahead_ || rank == reached_) return;
     reached_ = rank;
-    const int next = rank + 1;
+    OpenAheadOf(rank + 1);
+  }
+
+  void OpenAheadOf(int next) {
     if (!manifest().FileForRank(next)) return;
     std::lock_guard<std::mutex> lock(ahead_mu_);
     ahead_wanted_ = next;

@@ -67,7 +67,8 @@ struct SourceOptions {
   // A sharded source whose reads reach rank r's file for the first time opens rank r + 1's on a
   // helper thread (CheckpointReader::OpenAhead), so that a reader going through the ranks in
   // order does not wait for each file's structure (export-fp32: 1-4 ms per rank file with no
-  // request at the disk; docs/performance.md, 2026-12-04 15:10).
+  // request at the disk; docs/performance.md, 2026-12-04 15:10); rank 0's is opened that way
+  // as soon as the source is open (2026-12-06 08:00).
   bool open_ahead = false;
   // Every ReadParamRange is verified before it returns: a dataset that records piece digests
   // (format 1.3) by the pieces the range touches, an older one (and a DeepSpeed zip record) by

@@ -221,11 +221,16 @@ Status DirectWriter::Write(uint64_t offset, std::string_view data,
       cv.notify_all();
       if (in_place) pieces();
     }
-    if (status.ok() && lo > offset) {
+    bool middle_failed;  // a writer's error: the head and tail need not go out
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      middle_failed = !failed.ok();
+    }
+    if (status.ok() && !middle_failed && lo > offset) {
       status = PwriteAll(fd_, offset, std::string_view(data.data(), lo - offset), path_);
       g_buffered_bytes += lo - offset;
     }
-    if (status.ok() && end > hi) {
+    if (status.ok() && !middle_failed && end > hi) {
       const char* tail = data.data() + (hi - offset);
       if (before) before(reinterpret_cast<const uint8_t*>(tail), static_cast<size_t>(end - hi));
       status = PwriteAll(fd_, hi, std::string_view(tail, end - hi), path_);

@@ -73,16 +73,21 @@ Status DirectWriter::Write(uint64_t offset, std::string_view data,
                            const RandomWriteFile::PieceFn& before) {
   const auto* src = reinterpret_cast<const uint8_t*>(data.data());
   const uint64_t end = offset + data.size();
-  // Pieces of [from, to) of the range: `before`, then pwrite (a range that goes without O_DIRECT).
+  // pwrite of bytes [at, at + n) of the file, counted as buffered.
+  auto put = [&](uint64_t at, size_t n) -> Status {
+    CKPT_RETURN_IF_ERROR(
+        PwriteAll(fd_, at, std::string_view(data.data() + (at - offset), n), path_), "");
+    g_buffered_bytes += n;
+    return Status::Ok();
+  };
+  // Pieces of [from, to) of the range: `before`, then pwrite (a range that goes without
+  // O_DIRECT, and the unaligned tail of one that does).
   auto buffered = [&](uint64_t from, uint64_t to) -> Status {
     for (uint64_t at = from; at < to;) {
       const size_t n =
           static_cast<size_t>(std::min<uint64_t>(to - at, RandomWriteFile::kWritePiece));
-      const uint8_t* p = src + (at - offset);
-      if (before) before(p, n);
-      CKPT_RETURN_IF_ERROR(
-          PwriteAll(fd_, at, std::string_view(reinterpret_cast<const char*>(p), n), path_), "");
-      g_buffered_bytes += n;
+      if (before) before(src + (at - offset), n);
+      CKPT_RETURN_IF_ERROR(put(at, n), "");
       at += n;
     }
     return Status::Ok();
@@ -226,16 +231,10 @@ Status DirectWriter::Write(uint64_t offset, std::string_view data,
       std::lock_guard<std::mutex> lock(mu);
       middle_failed = !failed.ok();
     }
-    if (status.ok() && !middle_failed && lo > offset) {
-      status = PwriteAll(fd_, offset, std::string_view(data.data(), lo - offset), path_);
-      g_buffered_bytes += lo - offset;
-    }
-    if (status.ok() && !middle_failed && end > hi) {
-      const char* tail = data.data() + (hi - offset);
-      if (before) before(reinterpret_cast<const uint8_t*>(tail), static_cast<size_t>(end - hi));
-      status = PwriteAll(fd_, hi, std::string_view(tail, end - hi), path_);
-      g_buffered_bytes += end - hi;
-    }
+    // The head, handed to `before` above; the tail, handed over and written now.
+    if (status.ok() && !middle_failed && lo > offset)
+      status = put(offset, static_cast<size_t>(lo - offset));
+    if (status.ok() && !middle_failed) status = buffered(hi, end);
   } catch (const std::bad_alloc&) {
     status = ResourceExhausted(path_ + ": " + OutOfMemoryText());
   }

@@ -9,7 +9,9 @@
 # runs tools/bench/bench.py, which prints the table and PASS/MISS against the targets
 # (`tools/bench.sh --help` lists every option). Never fails on a timing; exit 2 if it cannot run.
 # Run as root to drop the page cache between phases (otherwise reads may come from memory and
-# the report says so). docs/performance.md holds the latest figures.
+# the report says so). docs/performance.md holds the latest figures. Other disks, as root:
+# --throttle W[,R] a slow one (tools/bench/throttle.py); --memory-disk SIZE a fast one, ext4 on
+# a loop device over a tmpfs file mounted at the work directory (tools/bench/memdisk.py).
 #
 # On a machine without the Debian packages (a lent GPU machine: quiet, 16 cores, its own disk),
 # the binaries are built here and carried there, as tools/bench/gpu.sh does:

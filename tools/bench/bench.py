@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 
+import memdisk
 import throttle
 
 GiB = 1024.0 ** 3
@@ -219,9 +220,15 @@ def machine_info(work_dir):
         info["disk"] = df.splitlines()[-1]
         dev = df.splitlines()[-1].split()[0]
         base = os.path.basename(dev)
-        rot = "/sys/block/%s/queue/rotational" % re.sub(r"p?[0-9]+$", "", base)
+        # A whole disk as it is (loop3, nvme0n1), a partition by its disk (sda1, nvme0n1p1).
+        if not os.path.exists("/sys/block/" + base):
+            base = re.sub(r"p?[0-9]+$", "", base)
+        rot = "/sys/block/%s/queue/rotational" % base
         if os.path.exists(rot):
             info["disk_rotational"] = open(rot).read().strip() == "1"
+        backing = memdisk.backing_file(base)  # a loop device: the file it is made of
+        if backing:
+            info["disk_backing_file"] = backing
     except (OSError, IndexError):
         pass
     info["loadavg_at_start"] = os.getloadavg()
@@ -260,6 +267,12 @@ def main():
                     help="disk write rates (MiB/s; 0: unthrottled) at which the compress_rule "
                          "phase times an uncompressed and a --compress save of half of "
                          "--size; the rule is the rate below which the compressed one is faster")
+    ap.add_argument("--memory-disk", type=parse_size, default=None, metavar="SIZE",
+                    help="run every phase on a disk in memory: an ext4 file system of SIZE (e.g. "
+                         "6GiB) on a loop device over a tmpfs file in /dev/shm, mounted at the "
+                         "work directory; a disk faster than the cores, where ckpt's CPU costs "
+                         "show (the loop driver's copies take CPU too). With --throttle, the "
+                         "throttle applies to it (root: memdisk.py)")
     ap.add_argument("--bin", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     root_dir = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -278,6 +291,13 @@ def main():
                         "deepspeed": "torch under /usr/bin/python3"})
     skipped_for_want = sorted(p for p in missing if p not in skip)
     skip |= set(missing)
+    if os.path.ismount(work):
+        # rmtree would empty someone's disk: a memory disk left by a run stopped by SIGKILL?
+        src = (memdisk.mount_of(work) or ("?",))[0]
+        backing = memdisk.backing_file(src)
+        ap.error("the work directory %s is a mount point (of %s%s): unmount it first%s" % (
+            work, src, ", over %s" % backing if backing else "",
+            " (umount %s; losetup -d %s; rm %s)" % (work, src, backing) if backing else ""))
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     try:
@@ -286,6 +306,15 @@ def main():
         rule_rates = []
     if not rule_rates or min(rule_rates) < 0:
         ap.error("--rule-rates takes MiB/s, 0 for unthrottled, e.g. 100,400,0")
+    # --memory-disk: mounted at the work directory before the throttle looks for its disk (so a
+    # throttle applies to the loop device) and before machine_info describes it.
+    mem = None
+    if a.memory_disk:
+        try:
+            mem = memdisk.MemoryDisk(work, a.memory_disk)
+        except (memdisk.Unavailable, OSError) as e:
+            ap.error("--memory-disk: %s" % e)
+        atexit.register(mem.close)  # also when a phase fails
     slow = None  # --throttle: this process's cgroup, its children in it too
     if a.throttle:
         try:
@@ -312,6 +341,10 @@ def main():
            "size_bytes": a.size, "ranks": a.ranks, "reps": a.reps, "reps2": a.reps2,
            "machine": machine_info(work), "phases": {}, "targets": [], "notes": []}
     ph = res["phases"]
+    if mem:
+        res["memory_disk"] = {"size_bytes": mem.size_bytes, "dev": mem.dev,
+                              "backing": mem.backing, "text": mem.describe()}
+        log(mem.describe())
     if slow:
         res["throttle"] = {"write_bytes_per_s": slow.write_bps, "read_bytes_per_s": slow.read_bps,
                            "disk": slow.dev, "cgroup": slow.kind, "text": slow.describe()}
@@ -325,6 +358,7 @@ def main():
                 json.dump(res, f, indent=1)
             log("interrupted; wrote the finished phases to %s" % a.json)
         throttle.close_all()  # --throttle's cgroup, and compress_rule's if it was running
+        memdisk.close_all()  # --memory-disk: unmounted, detached, its file removed
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_term)
@@ -1106,6 +1140,8 @@ def main():
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
         log("wrote %s" % a.json)
+    if mem:
+        mem.close()  # the work directory's files go with the disk
     shutil.rmtree(work, ignore_errors=True)
     if slow:
         slow.close()
@@ -1214,6 +1250,12 @@ def save_tag(root):
     return open(os.path.join(root, "latest")).read().split("\n")[0].strip()  # line 1: the tag
 
 
+def memory_disk_text(res):
+    """--memory-disk's description for the reports, after their own "on a memory disk: "."""
+    text = res["memory_disk"]["text"]
+    return text[len("a memory disk: "):] if text.startswith("a memory disk: ") else text
+
+
 def print_table(res):
     ph = res["phases"]
     m = res["machine"]
@@ -1224,6 +1266,8 @@ def print_table(res):
           (m.get("cpu", "?"), m.get("nproc"), m.get("mem_gib"), m.get("disk", "?"),
            "%.1f" % m["loadavg_at_start"][0], "%.1f" % m["loadavg_at_end"][0]))
     print("page cache: %s" % res["drop_caches"])
+    if "memory_disk" in res:
+        print("every phase on a memory disk: %s" % memory_disk_text(res))
     if "throttle" in res:
         print("every phase on a throttled disk: %s" % res["throttle"]["text"])
     st = m.get("ckpt_start")
@@ -1471,6 +1515,9 @@ def markdown(res):
                  res["command"], res["when_utc"], m.get("cpu", "?"), m.get("nproc"),
                  m.get("mem_gib"), " ".join(m.get("disk", "?").split()[:2]),
                  m["loadavg_at_start"][0], m["loadavg_at_end"][0], res["drop_caches"]))
+    if "memory_disk" in res:
+        L.append("")
+        L.append("Every phase ran on a memory disk: %s." % memory_disk_text(res))
     if "throttle" in res:
         L.append("")
         L.append("Every phase ran on a throttled disk: %s." % res["throttle"]["text"])

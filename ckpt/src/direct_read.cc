@@ -32,12 +32,13 @@ Mode ModeFromEnvironment() {
   return Mode::kAuto;
 }
 
-// Aligned kBlock buffers, kept for the next read: a fresh buffer costs its page faults (6 ms
-// for 24 MiB here), a noticeable share of a 100 MiB read. At most kKeep are kept (48 MiB:
-// two reads' worth; one rank process reads one range at a time).
+// Aligned kBlock buffers, kept for the next transfer: a fresh buffer costs its page faults (6 ms
+// for 24 MiB here), a noticeable share of a 100 MiB read, and a save's staging (four per rank
+// file written) paid them at every save. At most kKeep are kept (128 MiB: four ranks' staging
+// as threads, or a read's and a few files' written at once).
 class BufferPool {
  public:
-  static constexpr size_t kKeep = 6;
+  static constexpr size_t kKeep = 16;
   void* Get() {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -178,7 +179,9 @@ Status PreadExact(int fd, uint64_t offset, size_t n, void* out, const std::strin
 void CountBufferedRead(uint64_t n) { g_buffered_bytes += n; }
 
 bool DirectIoOff() { return ModeFromEnvironment() == Mode::kOff; }
-bool DirectIoOn() { return ModeFromEnvironment() == Mode::kOn; }
+
+void* GetIoBlock() { return Pool().Get(); }
+void PutIoBlock(void* p) { Pool().Put(p); }
 
 int DirectDescriptor::Get(int file, int flags, std::atomic<uint64_t>* refusals) {
   if (!opened_) {

@@ -108,10 +108,14 @@ struct AlignedMiddle {
   uint64_t bytes() const { return empty() ? 0 : hi - lo; }
 };
 
-// Whether CKPT_DIRECT_IO=off (or 0) switches O_DIRECT off for reads and writes, and whether
-// CKPT_DIRECT_IO=on (or 1) asks for it where it is not the default (the rank files' saves).
+// Whether CKPT_DIRECT_IO=off (or 0) switches O_DIRECT off for reads and writes.
 bool DirectIoOff();
-bool DirectIoOn();
+
+// A DirectReader::kBlock buffer of I/O memory for an O_DIRECT transfer (a read's slot, a
+// write's staging), from those kept by earlier transfers when there is one; nullptr when none
+// can be had. PutIoBlock hands it back to be kept (up to a bound) or freed.
+void* GetIoBlock();
+void PutIoBlock(void* p);
 
 // pread of exactly n bytes (DataLoss naming `path` at the end of the file).
 Status PreadExact(int fd, uint64_t offset, size_t n, void* out, const std::string& path);

@@ -54,7 +54,9 @@ Status PwriteAll(int fd, uint64_t offset, std::string_view data, const std::stri
 void CountBufferedWrite(uint64_t n) { g_buffered_bytes += n; }
 
 DirectWriter::DirectWriter(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
-DirectWriter::~DirectWriter() = default;
+DirectWriter::~DirectWriter() {
+  for (uint8_t* p : staging_) PutIoBlock(p);
+}
 
 bool DirectWriter::Wanted(uint64_t offset, std::string_view data) const {
   if (direct_.refused() || DirectIoOff()) return false;
@@ -101,11 +103,20 @@ Status DirectWriter::Write(uint64_t offset, std::string_view data,
   // goes through pwrite, as it did before staging existed.
   const bool in_place = InPlace(offset, data);
   const int slots = static_cast<int>(std::min<uint64_t>(kSlots, (hi - lo + kBlock - 1) / kBlock));
-  try {
-    while (!in_place && staging_.size() < static_cast<size_t>(slots)) staging_.emplace_back(kBlock);
-  } catch (const std::bad_alloc&) {
-    staging_.clear();
-    return buffered(offset, end);
+  static_assert(kBlock == DirectReader::kBlock, "staging comes from the I/O blocks");
+  while (!in_place && staging_.size() < static_cast<size_t>(slots)) {
+    auto* p = static_cast<uint8_t*>(GetIoBlock());
+    if (!p) {
+      for (uint8_t* q : staging_) PutIoBlock(q);
+      staging_.clear();
+      return buffered(offset, end);
+    }
+    try {
+      staging_.push_back(p);
+    } catch (const std::bad_alloc&) {
+      PutIoBlock(p);
+      return buffered(offset, end);
+    }
   }
   // The unaligned head and tail (under 4 KiB each) are handed to `before` in order with the
   // rest and written with pwrite once the middle's blocks are with the writers, not on either
@@ -195,7 +206,7 @@ Status DirectWriter::Write(uint64_t offset, std::string_view data,
         if (!failed.ok()) break;
       }
       const uint64_t len = std::min(kBlock, hi - pos);
-      uint8_t* slot = in_place ? nullptr : staging_[static_cast<size_t>(k)].data();
+      uint8_t* slot = in_place ? nullptr : staging_[static_cast<size_t>(k)];
       // `before` (the output's hash) and the copy into staging for a staged block, before its
       // write; after it is handed to a writer for a block written in place, whose bytes the
       // write only reads: the hash of 8 MiB (0.55 ms) before each write left the disk idle

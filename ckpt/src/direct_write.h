@@ -1,16 +1,16 @@
 // Large writes that bypass the page cache (issue 19): PosixWritableFile's large appends (an
-// export's tensor pieces) and, with CKPT_DIRECT_IO=on, PosixRandomWriteFile::WriteThrough (a
-// rank file's data). Private to the format library (env_posix.cc).
+// export's tensor pieces) and PosixRandomWriteFile::WriteThrough (a rank file's data). Private
+// to the format library (env_posix.cc).
 //
 // A save through the page cache hands every byte to the kernel twice over on a small machine:
 // copied into the cache, then written back in requests no larger than the page cache's
 // scattered 4 KiB pages allow (about 1 MiB on the development VM's virtio disk, 254 segments).
 // DirectWriter copies the caller's bytes into aligned staging buffers in huge pages
-// (AllocateIoMemory) and writes them with O_DIRECT on two helper threads while the caller
-// hashes and copies the next ones; 2 MiB pages let a request reach the device's 4 MiB limit.
-// Bytes that already lie in such memory (IsIoMemory), at their file offset's position within a
-// 4 KiB block, are written from where they are: no copy, no staging, and the caller hashes
-// them while a writer writes them.
+// (GetIoBlock: kept from one file to the next) and writes them with O_DIRECT on two helper
+// threads while the caller hashes and copies the next ones; 2 MiB pages let a request reach the
+// device's 4 MiB limit. Bytes that already lie in such memory (IsIoMemory), at their file
+// offset's position within a 4 KiB block, are written from where they are: no copy, no
+// staging, and the caller hashes them while a writer writes them.
 // Only whole 4 KiB blocks inside the range go this way (the writer aligns large datasets to
 // 4 KiB); the unaligned head and tail use pwrite. A file system that refuses O_DIRECT (at open
 // or at the first write) gets pwrite from the same staging buffer, and every later range of
@@ -39,6 +39,8 @@ class DirectWriter {
   // `fd` is the file's ordinary descriptor (not owned); `path` names it in errors.
   DirectWriter(int fd, std::string path);
   ~DirectWriter();
+  DirectWriter(const DirectWriter&) = delete;
+  DirectWriter& operator=(const DirectWriter&) = delete;
 
   // Whether Write takes `data` at `offset`: O_DIRECT not refused for this file, not switched
   // off by CKPT_DIRECT_IO=off, and at least one whole block in the aligned middle, or
@@ -60,9 +62,9 @@ class DirectWriter {
   int fd_;
   std::string path_;
   DirectDescriptor direct_;  // refused() read and Refuse() called under Write's lock
-  // Staging buffers, kept for the file's later ranges (a rank file has a few large datasets):
-  // allocating them costs their page faults once.
-  std::vector<AlignedBuffer> staging_;
+  // Staging buffers (GetIoBlock), kept for the file's later ranges (a rank file has a few large
+  // datasets), then handed back for the next file's: a fresh one costs its page faults.
+  std::vector<uint8_t*> staging_;
 };
 
 // pwrite of all of `data` at `offset` (EINTR and short writes retried).

@@ -112,15 +112,14 @@ class PosixRandomWriteFile final : public RandomWriteFile {
   Status Write(uint64_t offset, std::string_view data) override {
     return PwriteAll(fd_.get(), offset, data, path_);
   }
-  // A rank file's data goes through the page cache unless CKPT_DIRECT_IO=on or it lies in I/O
-  // memory: five saves of 1 GiB over 4 ranks in one process took 0.68-0.96 s from the second
-  // on that way against 0.87-1.13 s with O_DIRECT through staging (whose first save is no
-  // slower than the rest, where the page cache's first took 1.66-2.09 s; docs/performance.md,
-  // 2026-12-02 05:40). From I/O memory nothing is copied at all (2026-12-02 20:40).
+  // A rank file's data leaves past the page cache (DirectWriter): from where it lies when it is
+  // in I/O memory, else through staging. The page cache is 3-6x slower than the disk where the
+  // disk is fast (a save from heap memory 0.33 s against 0.22 s through staging on a memory
+  // disk, its first 1.2-2.2 s against 0.23-0.85) and no faster on the development VM's (1.04
+  // against 0.91 s, first 1.7-2.1 against 0.9-1.2; docs/performance.md, 2026-12-06 12:00).
+  // CKPT_DIRECT_IO=off keeps it in the page cache.
   Status WriteThrough(uint64_t offset, std::string_view data, const PieceFn& before) override {
-    if (direct_.Wanted(offset, data) &&
-        (internal::DirectIoOn() || internal::DirectWriter::InPlace(offset, data)))
-      return direct_.Write(offset, data, before);
+    if (direct_.Wanted(offset, data)) return direct_.Write(offset, data, before);
     internal::CountBufferedWrite(data.size());
     return RandomWriteFile::WriteThrough(offset, data, before);
   }

@@ -6,6 +6,7 @@
 
 #include <hdf5.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -375,5 +376,88 @@ TEST_CASE("read accounting: 4 -> 3 and 4 -> 2 read about what each new rank owns
     }
     // Together the new ranks read each source byte about once.
     CHECK(static_cast<double>(read) <= 1.1 * static_cast<double>(total));
+  }
+}
+
+namespace {
+
+// Records the length of every ReadLarge call on the checkpoint files it opens.
+class LargeReadLog : public EnvWrapper {
+ public:
+  LargeReadLog() : EnvWrapper(nullptr) {}
+  Result<std::unique_ptr<RandomAccessFile>> NewCheckpointFile(const std::string& path) override {
+    CKPT_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> f, target()->NewCheckpointFile(path));
+    return std::unique_ptr<RandomAccessFile>(new File(std::move(f), &lengths));
+  }
+  std::vector<uint64_t> lengths;
+
+ private:
+  class File : public RandomAccessFile {
+   public:
+    File(std::unique_ptr<RandomAccessFile> f, std::vector<uint64_t>* log)
+        : f_(std::move(f)), log_(log) {}
+    Status Read(uint64_t offset, size_t n, void* out) const override {
+      return f_->Read(offset, n, out);
+    }
+    uint64_t size() const override { return f_->size(); }
+    Status ReadLarge(uint64_t offset, uint64_t n, void* out,
+                     const PartFn& on_filled) const override {
+      log_->push_back(n);
+      return f_->ReadLarge(offset, n, out, on_filled);
+    }
+    Status Scan(uint64_t offset, uint64_t n, const PartFn& consume) const override {
+      return f_->Scan(offset, n, consume);
+    }
+
+   private:
+    std::unique_ptr<RandomAccessFile> f_;
+    std::vector<uint64_t>* log_;
+  };
+};
+
+}  // namespace
+
+TEST_CASE("A verified slice reads its whole pieces in one large read, each piece checked", "[io]") {
+  ScratchDir dir("slice-run");
+  const std::string tag = WriteRoot(dir / "src", 1, 1);
+  const std::string file = tag + "/rank_00000.h5";
+  const int64_t offset = 10, count = 2000;    // bytes [40, 8040): pieces 0 and 31 in part
+  const uint64_t k0 = 1, k1 = 8040 / kPiece;  // pieces 1..30 whole
+  std::vector<float> want(count);
+  {
+    auto r = CheckpointReader::Open(tag);
+    REQUIRE(r.ok());
+    REQUIRE(r->ReadSliceUnverified(0, "exp_avg", offset, count, want.data()).ok());
+  }
+  auto read = [&](LargeReadLog* log, std::vector<float>* got) {
+    OpenOptions o;
+    o.env = log;
+    auto r = CheckpointReader::Open(tag, "", o);
+    REQUIRE(r.ok());
+    got->assign(count, -1.0f);
+    return r->ReadSlice(0, "exp_avg", offset, count, got->data());
+  };
+  {
+    LargeReadLog log;
+    std::vector<float> got;
+    REQUIRE(read(&log, &got).ok());
+    CHECK(std::memcmp(got.data(), want.data(), count * sizeof(float)) == 0);
+    // One read for the run of whole pieces, one for each partly wanted piece at the ends.
+    CHECK(std::count(log.lengths.begin(), log.lengths.end(), (k1 - k0) * kPiece) == 1);
+    CHECK(std::count(log.lengths.begin(), log.lengths.end(), kPiece) == 2);
+  }
+  // Damage inside the run and at an edge: each named by its piece.
+  const uint64_t base = DataOffset(file, "exp_avg");
+  for (uint64_t piece : {uint64_t{17}, uint64_t{0}, uint64_t{31}}) {
+    INFO("damage in piece " << piece);
+    REQUIRE(XorByteAt(file, base + piece * kPiece + 100, 0x08));
+    LargeReadLog log;
+    std::vector<float> got;
+    const Status s = read(&log, &got);
+    REQUIRE(XorByteAt(file, base + piece * kPiece + 100, 0x08));  // undone for the next
+    REQUIRE(!s.ok());
+    CHECK(s.code() == StatusCode::kDataLoss);
+    CHECK(s.message().find("rank_00000.h5: dataset /exp_avg: checksum mismatch in piece " +
+                           std::to_string(piece) + " of") != std::string::npos);
   }
 }

@@ -54,14 +54,26 @@ Status PwriteAll(int fd, uint64_t offset, std::string_view data, const std::stri
 void CountBufferedWrite(uint64_t n) { g_buffered_bytes += n; }
 
 DirectWriter::DirectWriter(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+
 DirectWriter::~DirectWriter() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closing_ = true;
+  }
+  cv_.notify_all();
+  writers_.Join();  // they leave once the queue is empty: every deferred block written
   for (uint8_t* p : staging_) PutIoBlock(p);
 }
 
-bool DirectWriter::Wanted(uint64_t offset, std::string_view data) const {
-  if (direct_.refused() || DirectIoOff()) return false;
-  return AlignedMiddle(offset, data.size()).bytes() >=
-         (InPlace(offset, data) ? kMinInPlace : kBlock);
+bool DirectWriter::Wanted(uint64_t offset, std::string_view data, bool deferred) const {
+  {
+    std::lock_guard<std::mutex> lock(mu_);  // a writer may refuse O_DIRECT meanwhile
+    if (direct_.refused()) return false;
+  }
+  if (DirectIoOff()) return false;
+  const uint64_t middle = AlignedMiddle(offset, data.size()).bytes();
+  if (InPlace(offset, data)) return middle >= kMinInPlace;
+  return middle >= (deferred ? kMinDeferred : kBlock);
 }
 
 bool DirectWriter::InPlace(uint64_t offset, std::string_view data) {
@@ -71,8 +83,97 @@ bool DirectWriter::InPlace(uint64_t offset, std::string_view data) {
   return !mid.empty() && IsIoMemory(data.data() + (mid.lo - offset), mid.bytes());
 }
 
+Status DirectWriter::WriteBlock(const Job& j) {
+  bool direct;
+  int dfd;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    direct = !direct_.refused();
+    dfd = dfd_;
+  }
+  if (direct) {
+    uint64_t done = 0;
+    while (done < j.len) {
+      const ssize_t w = ::pwrite(dfd, j.buf + done, j.len - done, static_cast<off_t>(j.pos + done));
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0 && errno == EINVAL && done == 0) {  // accepted at open, refused for writes
+        std::lock_guard<std::mutex> lock(mu_);
+        direct_.Refuse(&g_refused);
+        break;
+      }
+      if (w < 0) return PosixError("write " + path_, errno);
+      done += static_cast<uint64_t>(w);
+      if (done < j.len && done % kAlign != 0) break;  // a short write off the alignment
+    }
+    g_direct_bytes += done;
+    if (j.in_place) g_in_place_bytes += done;
+    if (done == j.len) return Status::Ok();
+    g_buffered_bytes += j.len - done;
+    return PwriteAll(fd_, j.pos + done, std::string_view(j.buf + done, j.len - done), path_);
+  }
+  g_buffered_bytes += j.len;
+  return PwriteAll(fd_, j.pos, std::string_view(j.buf, j.len), path_);
+}
+
+void DirectWriter::WriterLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return closing_ || !queue_.empty(); });
+    if (queue_.empty()) return;
+    const Job j = queue_.front();
+    queue_.pop_front();
+    lock.unlock();
+    Status s = Status::Ok();
+    try {
+      s = WriteBlock(j);
+    } catch (const std::bad_alloc&) {  // an error message that could not be built
+      s = ResourceExhausted("out of memory");
+    }
+    lock.lock();
+    if (!s.ok() && failed_.ok()) failed_ = std::move(s);
+    busy_[j.slot] = false;
+    for (auto it = pending_.begin(); it != pending_.end(); ++it) {
+      if (it->pos == j.pos && it->len == j.len) {
+        pending_.erase(it);
+        break;
+      }
+    }
+    cv_.notify_all();
+  }
+}
+
+bool DirectWriter::StartWriters() {
+  if (!writers_tried_) {
+    writers_tried_ = true;
+    for (int t = 0; t < kWriters; ++t) {
+      if (!writers_.Start([this] { WriterLoop(); })) break;
+    }
+  }
+  return writers_.started() > 0;
+}
+
+Status DirectWriter::WaitFor(uint64_t offset, uint64_t n) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] {
+    for (const Job& j : pending_)
+      if (j.pos < offset + n && offset < j.pos + j.len) return false;
+    return true;
+  });
+  return failed_;
+}
+
+Status DirectWriter::Drain() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return pending_.empty(); });
+  return failed_;
+}
+
 Status DirectWriter::Write(uint64_t offset, std::string_view data,
-                           const RandomWriteFile::PieceFn& before) {
+                           const RandomWriteFile::PieceFn& before, bool defer) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!failed_.ok()) return failed_;  // an earlier deferred block's error
+  }
   const auto* src = reinterpret_cast<const uint8_t*>(data.data());
   const uint64_t end = offset + data.size();
   // pwrite of bytes [at, at + n) of the file, counted as buffered.
@@ -94,29 +195,39 @@ Status DirectWriter::Write(uint64_t offset, std::string_view data,
     }
     return Status::Ok();
   };
-  const int dfd = direct_.Get(fd_, O_WRONLY, &g_refused);
+  int dfd;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    dfd = direct_.Get(fd_, O_WRONLY, &g_refused);  // -1 once refused; dfd_ stays open
+    if (dfd >= 0) dfd_ = dfd;
+  }
   const AlignedMiddle mid(offset, data.size());
-  if (dfd < 0 || mid.empty()) return buffered(offset, end);
+  if (dfd < 0 || mid.empty()) {
+    CKPT_RETURN_IF_ERROR(Drain(), "");  // in order with what went before
+    return buffered(offset, end);
+  }
   const uint64_t lo = mid.lo, hi = mid.hi;  // plain locals: lambdas below capture them
-  // As many slots as the range has blocks, up to kSlots: staging buffers, or with `in_place`
-  // places in the caller's memory. Staging memory that cannot be had is no error: the range
-  // goes through pwrite, as it did before staging existed.
+  // Slots: staging buffers, or with `in_place` places in the caller's memory, as many as the
+  // range has blocks up to kSlots (a staged range takes any free staging buffer, some of which
+  // may still hold an earlier range's deferred blocks). Staging memory that cannot be had is no
+  // error: the range goes through pwrite, as it did before staging existed.
   const bool in_place = InPlace(offset, data);
-  const int slots = static_cast<int>(std::min<uint64_t>(kSlots, (hi - lo + kBlock - 1) / kBlock));
+  const int want = static_cast<int>(std::min<uint64_t>(kSlots, (hi - lo + kBlock - 1) / kBlock));
   static_assert(kBlock == DirectReader::kBlock, "staging comes from the I/O blocks");
-  while (!in_place && staging_.size() < static_cast<size_t>(slots)) {
+  while (!in_place && staging_.size() < static_cast<size_t>(want)) {
     auto* p = static_cast<uint8_t*>(GetIoBlock());
-    if (!p) {
-      for (uint8_t* q : staging_) PutIoBlock(q);
-      staging_.clear();
-      return buffered(offset, end);
-    }
+    if (!p) break;
     try {
       staging_.push_back(p);
     } catch (const std::bad_alloc&) {
       PutIoBlock(p);
-      return buffered(offset, end);
+      break;
     }
+  }
+  const int slots = in_place ? want : static_cast<int>(staging_.size());
+  if (slots == 0) {
+    CKPT_RETURN_IF_ERROR(Drain(), "");  // in order with what went before
+    return buffered(offset, end);
   }
   // The unaligned head and tail (under 4 KiB each) are handed to `before` in order with the
   // rest and written with pwrite once the middle's blocks are with the writers, not on either
@@ -124,86 +235,24 @@ Status DirectWriter::Write(uint64_t offset, std::string_view data,
   // VM with the disk idle (docs/performance.md, 2026-12-06 08:00).
   if (before && lo > offset) before(src, static_cast<size_t>(lo - offset));
 
-  // The middle: the caller's thread hashes (before) block i and copies it into slot i % slots
-  // (in place: the block stays where it is); kWriters helper threads write the filled slots, in
-  // any order.
-  struct Job {
-    uint64_t pos, len;
-    int slot;
-    const char* buf;
-  };
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<Job> queue;
-  bool busy[kSlots] = {};
-  bool closing = false;
-  Status failed = Status::Ok();
-  auto write_block = [&](const Job& j) -> Status {
-    const char* buf = j.buf;
-    bool direct;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      direct = !direct_.refused();
-    }
-    if (direct) {
-      uint64_t done = 0;
-      while (done < j.len) {
-        const ssize_t w = ::pwrite(dfd, buf + done, j.len - done, static_cast<off_t>(j.pos + done));
-        if (w < 0 && errno == EINTR) continue;
-        if (w < 0 && errno == EINVAL && done == 0) {  // accepted at open, refused for writes
-          std::lock_guard<std::mutex> lock(mu);
-          direct_.Refuse(&g_refused);
-          break;
-        }
-        if (w < 0) return PosixError("write " + path_, errno);
-        done += static_cast<uint64_t>(w);
-        if (done < j.len && done % kAlign != 0) break;  // a short write off the alignment
-      }
-      g_direct_bytes += done;
-      if (in_place) g_in_place_bytes += done;
-      if (done == j.len) return Status::Ok();
-      g_buffered_bytes += j.len - done;
-      return PwriteAll(fd_, j.pos + done, std::string_view(buf + done, j.len - done), path_);
-    }
-    g_buffered_bytes += j.len;
-    return PwriteAll(fd_, j.pos, std::string_view(buf, j.len), path_);
-  };
-  auto writer = [&] {
-    std::unique_lock<std::mutex> lock(mu);
-    for (;;) {
-      cv.wait(lock, [&] { return closing || !queue.empty(); });
-      if (queue.empty()) return;
-      const Job j = queue.front();
-      queue.pop_front();
-      lock.unlock();
-      Status s = Status::Ok();
-      try {
-        s = write_block(j);
-      } catch (const std::bad_alloc&) {  // an error message that could not be built
-        s = ResourceExhausted("out of memory");
-      }
-      lock.lock();
-      if (!s.ok() && failed.ok()) failed = std::move(s);
-      busy[j.slot] = false;
-      cv.notify_all();
-    }
-  };
-  // Fewer helpers when no thread can be started: those that started write the blocks; with
-  // none, the caller writes each block itself below.
-  Helpers helpers;
-  for (int t = 0; t < kWriters; ++t) {
-    if (!helpers.Start(writer)) break;
-  }
+  // The middle: the caller's thread hashes (before) each block and copies it into a free slot
+  // (in place: the block stays where it is); the writers write the filled slots, in any order.
+  const bool threaded = StartWriters();  // none: the caller writes each block itself below
   Status status = Status::Ok();
-  uint64_t block = 0;
-  // The helpers are joined below whatever happens here (`before` may run out of memory).
   try {
-    for (uint64_t pos = lo; pos < hi; pos += kBlock, ++block) {
-      const int k = static_cast<int>(block % static_cast<uint64_t>(slots));
+    for (uint64_t pos = lo; pos < hi; pos += kBlock) {
+      int k = -1;
       {
-        std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] { return !busy[k] || !failed.ok(); });
-        if (!failed.ok()) break;
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] {
+          if (!failed_.ok()) return true;
+          for (int i = 0; i < slots; ++i)
+            if (!busy_[i]) return true;
+          return false;
+        });
+        if (!failed_.ok()) break;
+        for (int i = 0; i < slots && k < 0; ++i)
+          if (!busy_[i]) k = i;
       }
       const uint64_t len = std::min(kBlock, hi - pos);
       uint8_t* slot = in_place ? nullptr : staging_[static_cast<size_t>(k)];
@@ -222,25 +271,26 @@ Status DirectWriter::Write(uint64_t offset, std::string_view data,
       };
       if (!in_place) pieces();
       const auto* from = reinterpret_cast<const char*>(in_place ? src + (pos - offset) : slot);
-      const Job j{pos, len, k, from};
-      if (helpers.started() == 0) {
+      const Job j{pos, len, k, from, in_place};
+      if (!threaded) {
         if (in_place) pieces();
-        status = write_block(j);
+        status = WriteBlock(j);
         if (!status.ok()) break;
         continue;
       }
       {
-        std::lock_guard<std::mutex> lock(mu);
-        busy[k] = true;
-        queue.push_back(j);
+        std::lock_guard<std::mutex> lock(mu_);
+        busy_[k] = true;
+        queue_.push_back(j);
+        pending_.push_back(j);
       }
-      cv.notify_all();
+      cv_.notify_all();
       if (in_place) pieces();
     }
     bool middle_failed;  // a writer's error: the head and tail need not go out
     {
-      std::lock_guard<std::mutex> lock(mu);
-      middle_failed = !failed.ok();
+      std::lock_guard<std::mutex> lock(mu_);
+      middle_failed = !failed_.ok();
     }
     // The head, handed to `before` above; the tail, handed over and written now.
     if (status.ok() && !middle_failed && lo > offset)
@@ -249,13 +299,14 @@ Status DirectWriter::Write(uint64_t offset, std::string_view data,
   } catch (const std::bad_alloc&) {
     status = ResourceExhausted(path_ + ": " + OutOfMemoryText());
   }
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    closing = true;
+  // Bytes that lie in the caller's memory are on file before the call returns; so is
+  // everything when the caller did not ask to defer (and after any error).
+  const Status drained = (in_place || !defer || !status.ok()) ? Drain() : Status::Ok();
+  if (status.ok()) status = drained;
+  if (status.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    status = failed_;
   }
-  cv.notify_all();
-  helpers.Join();
-  if (status.ok()) status = failed;
   return status;
 }
 

@@ -17,13 +17,17 @@
 // the file goes through pwrite; so does a range whose staging memory cannot be allocated.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "ckpt/aligned_buffer.h"
 #include "ckpt/env.h"
+#include "ckpt/run_ahead.h"
 #include "direct_read.h"
 
 namespace ckpt::internal {
@@ -35,6 +39,7 @@ class DirectWriter {
   static constexpr int kWriters = 2;            // O_DIRECT writes in flight at once
   static constexpr uint64_t kAlign = 4096;
   static constexpr uint64_t kMinInPlace = 1u << 20;
+  static constexpr uint64_t kMinDeferred = 512u << 10;  // staged with Write's `defer`
 
   // `fd` is the file's ordinary descriptor (not owned); `path` names it in errors.
   DirectWriter(int fd, std::string path);
@@ -44,27 +49,60 @@ class DirectWriter {
 
   // Whether Write takes `data` at `offset`: O_DIRECT not refused for this file, not switched
   // off by CKPT_DIRECT_IO=off, and at least one whole block in the aligned middle, or
-  // kMinInPlace bytes when the middle leaves from where it is (InPlace: no staging to fill).
+  // kMinInPlace bytes when the middle leaves from where it is (InPlace: no staging to fill), or
+  // kMinDeferred bytes when `deferred` (Write's `defer`: small ranges overlap the next ones).
   // Through the page cache, an export's last 5.5 MB piece of each 89 MB tensor took 20 ms
   // (its fresh cache pages, then its writeback at the fsync) where O_DIRECT writes 8 MiB in
   // 8-15 ms (docs/performance.md, 2026-12-03 16:30).
-  bool Wanted(uint64_t offset, std::string_view data) const;
+  bool Wanted(uint64_t offset, std::string_view data, bool deferred = false) const;
 
   // Whether `data`'s aligned middle can leave from where it is: I/O memory (IsIoMemory) at the
   // same position within a 4 KiB block as `offset`. Write then copies nothing.
   static bool InPlace(uint64_t offset, std::string_view data);
 
   // Writes `data` at `offset` (Wanted holds), handing each piece of at most
-  // RandomWriteFile::kWritePiece bytes to `before` first, in order.
-  Status Write(uint64_t offset, std::string_view data, const RandomWriteFile::PieceFn& before);
+  // RandomWriteFile::kWritePiece bytes to `before` first, in order. Returns once every byte is
+  // on file, or with `defer` once the middle's blocks are staged and with the writers (bytes
+  // written from where they lie are always waited for): their writes go on while the caller
+  // goes on, and an error among them is returned by a later Write, WaitFor or Drain.
+  Status Write(uint64_t offset, std::string_view data, const RandomWriteFile::PieceFn& before,
+               bool defer = false);
+
+  // Waits until no write handed over and not yet done touches [offset, offset + n); the first
+  // error of any write so far.
+  Status WaitFor(uint64_t offset, uint64_t n);
+  // Waits for every write handed over; the first error of any.
+  Status Drain();
 
  private:
+  struct Job {
+    uint64_t pos, len;
+    int slot;
+    const char* buf;
+    bool in_place;
+  };
+  Status WriteBlock(const Job& j);  // one block, O_DIRECT or (refused) pwrite
+  void WriterLoop();
+  bool StartWriters();  // false when no helper thread could be started
+
   int fd_;
   std::string path_;
-  DirectDescriptor direct_;  // refused() read and Refuse() called under Write's lock
+  DirectDescriptor direct_;  // used under mu_
+  int dfd_ = -1;             // the O_DIRECT descriptor once opened (under mu_; open till the end)
   // Staging buffers (GetIoBlock), kept for the file's later ranges (a rank file has a few large
   // datasets), then handed back for the next file's: a fresh one costs its page faults.
   std::vector<uint8_t*> staging_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> queue_;     // handed over, not yet taken by a writer
+  std::vector<Job> pending_;  // handed over, not yet done (queued or being written)
+  bool busy_[kSlots] = {};
+  bool closing_ = false;
+  Status failed_ = Status::Ok();
+  // Writer threads, started at the first block and kept for the file's life (joined first in
+  // the destructor, after the queue is empty).
+  Helpers writers_;
+  bool writers_tried_ = false;
 };
 
 // pwrite of all of `data` at `offset` (EINTR and short writes retried).

@@ -110,23 +110,30 @@ class PosixRandomWriteFile final : public RandomWriteFile {
   PosixRandomWriteFile(std::string path, UniqueFd fd)
       : path_(std::move(path)), fd_(std::move(fd)), direct_(fd_.get(), path_) {}
   Status Write(uint64_t offset, std::string_view data) override {
+    CKPT_RETURN_IF_ERROR(direct_.WaitFor(offset, data.size()), "");
     return PwriteAll(fd_.get(), offset, data, path_);
   }
   // A rank file's data leaves past the page cache (DirectWriter): from where it lies when it is
-  // in I/O memory, else through staging. The page cache is 3-6x slower than the disk where the
-  // disk is fast (a save from heap memory 0.33 s against 0.22 s through staging on a memory
-  // disk, its first 1.2-2.2 s against 0.23-0.85) and no faster on the development VM's (1.04
-  // against 0.91 s, first 1.7-2.1 against 0.9-1.2; docs/performance.md, 2026-12-06 12:00).
+  // in I/O memory, else through staging, whose writes go on while the next range is hashed and
+  // copied (from 512 KiB of whole 4 KiB blocks: a file of many small tensors overlaps them
+  // too). The page cache was 1.5x slower from the second save on a fast disk, and 5-8x for the
+  // first; on the development VM's disk about even (docs/performance.md, 2026-12-06 12:00).
   // CKPT_DIRECT_IO=off keeps it in the page cache.
   Status WriteThrough(uint64_t offset, std::string_view data, const PieceFn& before) override {
-    if (direct_.Wanted(offset, data)) return direct_.Write(offset, data, before);
+    if (direct_.Wanted(offset, data, /*deferred=*/true))
+      return direct_.Write(offset, data, before, /*defer=*/true);
+    CKPT_RETURN_IF_ERROR(direct_.Drain(), "");  // in file order with the deferred blocks
     internal::CountBufferedWrite(data.size());
     return RandomWriteFile::WriteThrough(offset, data, before);
   }
   Status Read(uint64_t offset, size_t n, void* out) override {
+    CKPT_RETURN_IF_ERROR(direct_.WaitFor(offset, n), "");
     return PreadExact(fd_.get(), offset, n, out, path_);
   }
-  Result<uint64_t> Size() override { return SizeOf(fd_.get(), path_); }
+  Result<uint64_t> Size() override {
+    CKPT_RETURN_IF_ERROR(direct_.Drain(), "");
+    return SizeOf(fd_.get(), path_);
+  }
   Status Reserve(uint64_t size) override {
     if (size > 0 && ::fallocate(fd_.get(), 0, 0, static_cast<off_t>(size)) != 0 &&
         errno != EOPNOTSUPP && errno != ENOSYS && errno != EINVAL) {
@@ -139,15 +146,20 @@ class PosixRandomWriteFile final : public RandomWriteFile {
                       SYNC_FILE_RANGE_WRITE);
   }
   Status Sync() override {
+    CKPT_RETURN_IF_ERROR(direct_.Drain(), "");
     if (::fsync(fd_.get()) != 0) return PosixError("fsync " + path_, errno);
     return Status::Ok();
   }
-  Status Close() override { return fd_.Close(path_); }
+  Status Close() override {
+    const Status drained = direct_.Drain();
+    const Status closed = fd_.Close(path_);
+    return drained.ok() ? closed : drained;
+  }
 
  private:
   std::string path_;
   UniqueFd fd_;
-  internal::DirectWriter direct_;
+  internal::DirectWriter direct_;  // destroyed first: its writers finish before fd_ closes
 };
 
 // Holding the descriptor holds the flock; closing it releases the lock.

@@ -98,13 +98,13 @@ DirectReadStats GetDirectReadStats();
 
 // How PosixEnv's large writes went in this process (issue 19): appends of 8 MiB or more to a
 // new WritableFile (an export's tensor pieces; 1 MiB from I/O memory at the place its file
-// offset takes in a 4 KiB block) and, with CKPT_DIRECT_IO=on, the rank files'
-// uncompressed data (RandomWriteFile::WriteThrough; by default it goes through the page cache,
-// which measured faster for repeated saves) leave through aligned staging memory with
-// O_DIRECT, two requests in flight, where the file system allows it. A rank file's data that
-// lies in I/O memory (IsIoMemory, aligned_buffer.h) at its offset's place in a 4 KiB block
-// leaves with O_DIRECT from where it is, unless CKPT_DIRECT_IO=off. The unaligned head and
-// tail of each range, a file system that refuses O_DIRECT, and CKPT_DIRECT_IO=off use pwrite.
+// offset takes in a 4 KiB block) and the rank files' uncompressed data
+// (RandomWriteFile::WriteThrough, ranges with 512 KiB or more of whole 4 KiB blocks) leave
+// through aligned staging memory with O_DIRECT, two requests in flight, where the file system
+// allows it. A rank file's data that lies in I/O memory (IsIoMemory, aligned_buffer.h) at its
+// offset's place in a 4 KiB block leaves with O_DIRECT from where it is. The unaligned head
+// and tail of each range, a file system that refuses O_DIRECT, and CKPT_DIRECT_IO=off use
+// pwrite (the page cache).
 struct DirectWriteStats {
   uint64_t direct_bytes = 0;    // bytes written with O_DIRECT
   uint64_t in_place_bytes = 0;  // of direct_bytes, those written from the caller's memory
@@ -126,9 +126,13 @@ class RandomWriteFile {
   // Writes `data` at `offset`, handing each consecutive piece of at most kWritePiece bytes to
   // `before` (may be empty) in order just before it is written (the writer hashes it while it
   // is in cache), or while it is written where it leaves from where it lies (as AppendThrough).
-  // The default writes piece by piece through Write and starts each piece's writeback. With
-  // CKPT_DIRECT_IO=on PosixEnv moves the 4 KiB-aligned middle of a large range with O_DIRECT
-  // from aligned staging buffers in huge pages (DirectWriteStats). Durable only after Sync().
+  // The default writes piece by piece through Write and starts each piece's writeback.
+  // PosixEnv moves the 4 KiB-aligned middle of a range with O_DIRECT (DirectWriteStats): from
+  // where it lies, before the call returns, when it lies in I/O memory; else copied into
+  // staging buffers, whose writes may still be going out when the call returns (the next
+  // range is hashed and copied meanwhile). Read, Write, Size, Sync and Close wait for them, and
+  // the error of any comes back from a later call: once WriteThrough returns, `data` may be
+  // reused at once. Durable only after Sync().
   virtual Status WriteThrough(uint64_t offset, std::string_view data, const PieceFn& before);
   // Reads back exactly n bytes at offset (DataLoss when the file ends first).
   virtual Status Read(uint64_t offset, size_t n, void* out) = 0;

@@ -131,7 +131,6 @@ void DirectWriter::WriterLoop() {
     }
     lock.lock();
     if (!s.ok() && failed_.ok()) failed_ = std::move(s);
-    busy_[j.slot] = false;
     for (auto it = pending_.begin(); it != pending_.end(); ++it) {
       if (it->pos == j.pos && it->len == j.len) {
         pending_.erase(it);
@@ -203,7 +202,7 @@ Status DirectWriter::Write(uint64_t offset, std::string_view data,
   }
   const AlignedMiddle mid(offset, data.size());
   if (dfd < 0 || mid.empty()) {
-    CKPT_RETURN_IF_ERROR(Drain(), "");  // in order with what went before
+    CKPT_RETURN_IF_ERROR(WaitFor(offset, data.size()), "");  // after earlier writes of it
     return buffered(offset, end);
   }
   const uint64_t lo = mid.lo, hi = mid.hi;  // plain locals: lambdas below capture them
@@ -226,7 +225,7 @@ Status DirectWriter::Write(uint64_t offset, std::string_view data,
   }
   const int slots = in_place ? want : static_cast<int>(staging_.size());
   if (slots == 0) {
-    CKPT_RETURN_IF_ERROR(Drain(), "");  // in order with what went before
+    CKPT_RETURN_IF_ERROR(WaitFor(offset, data.size()), "");  // after earlier writes of it
     return buffered(offset, end);
   }
   // The unaligned head and tail (under 4 KiB each) are handed to `before` in order with the
@@ -241,18 +240,17 @@ Status DirectWriter::Write(uint64_t offset, std::string_view data,
   Status status = Status::Ok();
   try {
     for (uint64_t pos = lo; pos < hi; pos += kBlock) {
-      int k = -1;
+      int k = -1;  // a slot no pending block holds
       {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [&] {
-          if (!failed_.ok()) return true;
-          for (int i = 0; i < slots; ++i)
-            if (!busy_[i]) return true;
-          return false;
+          for (k = 0; k < slots; ++k)
+            if (std::none_of(pending_.begin(), pending_.end(),
+                             [&](const Job& p) { return p.slot == k; }))
+              return true;
+          return !failed_.ok();
         });
         if (!failed_.ok()) break;
-        for (int i = 0; i < slots && k < 0; ++i)
-          if (!busy_[i]) k = i;
       }
       const uint64_t len = std::min(kBlock, hi - pos);
       uint8_t* slot = in_place ? nullptr : staging_[static_cast<size_t>(k)];
@@ -280,7 +278,6 @@ Status DirectWriter::Write(uint64_t offset, std::string_view data,
       }
       {
         std::lock_guard<std::mutex> lock(mu_);
-        busy_[k] = true;
         queue_.push_back(j);
         pending_.push_back(j);
       }

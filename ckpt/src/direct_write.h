@@ -95,8 +95,8 @@ class DirectWriter {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Job> queue_;     // handed over, not yet taken by a writer
-  std::vector<Job> pending_;  // handed over, not yet done (queued or being written)
-  bool busy_[kSlots] = {};
+  std::vector<Job> pending_;  // handed over, not yet done (queued or being written); its
+                              // blocks' slots are the busy ones
   bool closing_ = false;
   Status failed_ = Status::Ok();
   // Writer threads, started at the first block and kept for the file's life (joined first in

@@ -122,8 +122,7 @@ class PosixRandomWriteFile final : public RandomWriteFile {
   Status WriteThrough(uint64_t offset, std::string_view data, const PieceFn& before) override {
     if (direct_.Wanted(offset, data, /*deferred=*/true))
       return direct_.Write(offset, data, before, /*defer=*/true);
-    CKPT_RETURN_IF_ERROR(direct_.Drain(), "");  // in file order with the deferred blocks
-    internal::CountBufferedWrite(data.size());
+    internal::CountBufferedWrite(data.size());  // through Write: after earlier writes of it
     return RandomWriteFile::WriteThrough(offset, data, before);
   }
   Status Read(uint64_t offset, size_t n, void* out) override {

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -28,6 +29,36 @@ inline bool Mapped(const std::string& name) {
   while (std::getline(maps, line))
     if (line.find(name) != std::string::npos) return true;
   return false;
+}
+
+// The kernel's transparent huge page mode: "always", "madvise", "never", or "" when it has none
+// (/sys/kernel/mm/transparent_hugepage/enabled names the mode in force in brackets).
+inline std::string HugePageMode() {
+  std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string line;
+  std::getline(f, line);
+  const auto lo = line.find('['), hi = line.find(']');
+  return lo != std::string::npos && hi > lo ? line.substr(lo + 1, hi - lo - 1) : "";
+}
+
+// Whether the mapping that holds address `p` may get transparent huge pages (the THPeligible
+// line of its /proc/self/smaps entry): 1 or 0, or -1 when no entry holds `p` or it has no such
+// line.
+inline int HugePageEligible(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line;
+  bool inside = false;
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  while (std::getline(smaps, line)) {
+    unsigned long lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2 && line.find(':') > 8) {
+      inside = lo <= at && at < hi;
+      continue;
+    }
+    if (inside && line.rfind("THPeligible:", 0) == 0)
+      return line.find('1') != std::string::npos ? 1 : 0;
+  }
+  return -1;
 }
 
 // A fresh directory under $TMPDIR, removed when the object dies.

@@ -78,6 +78,14 @@ void FreeIoMemory(void* p) {
   }
 }
 
+void AdviseHugePages(void* p, size_t n) {
+  const auto lo = reinterpret_cast<uintptr_t>(p);
+  if (n < kHugePage || lo > UINTPTR_MAX - n) return;
+  const uintptr_t at = (lo + kHugePage - 1) / kHugePage * kHugePage;
+  const uintptr_t end = (lo + n) / kHugePage * kHugePage;
+  if (end > at) madvise(reinterpret_cast<void*>(at), end - at, MADV_HUGEPAGE);
+}
+
 bool IsIoMemory(const void* p, size_t n) {
   const auto a = reinterpret_cast<uintptr_t>(p);
   IoRegistry& r = Registry();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "ckpt/aligned_buffer.h"
 #include "ckpt/shape.h"
 
 namespace ckpt {
@@ -206,6 +207,8 @@ Result<ReshardedRank> LoadResharded(const std::string& source_path, const Reshar
   const auto n = static_cast<size_t>(reader->shard_numel());
   for (auto [state, dst] : {std::pair{kMaster, &out.master}, std::pair{kExpAvg, &out.exp_avg},
                             std::pair{kExpAvgSq, &out.exp_avg_sq}}) {
+    dst->reserve(n);
+    AdviseHugePages(dst->data(), n * sizeof(float));  // before the zero fill's first touch
     dst->resize(n);
     CKPT_RETURN_IF_ERROR(reader->ReadShard(state, 0, static_cast<int64_t>(n), dst->data()), "");
   }

@@ -864,11 +864,18 @@ def main():
                  "note": "every new rank's LoadResharded concurrently (threads); floor: the best "
                          "raw read variant of as many bytes as each new rank owns, one file per "
                          "new rank, just before each repetition"}
+            fresh = [(r["fresh_memory_seconds"], r["seconds"]) for r in reps
+                     if r.get("fresh_memory_seconds")]
+            if fresh:  # the floor of a load that returns new memory (ckpt_io.cc)
+                d["fresh_memory_seconds"] = stats([f for f, _ in fresh])
+                d["fresh_memory_ratio"] = stats([f / t for f, t in fresh])
             d["gib_per_s"] = d["bytes"] / GiB / d["seconds"]["median"]
             ph["reshard_load_%d_%d" % (a.ranks, m)] = d
-            log("load-time reshard %d->%d: %.2fs, raw %.2fs, paired ratio %s, read/owned %.3f" %
+            log("load-time reshard %d->%d: %.2fs, raw %.2fs, paired ratio %s, read/owned %.3f%s" %
                 (a.ranks, m, d["seconds"]["median"], d["raw_seconds"]["median"],
-                 fmt_range(d["ratio"]), d["max_read_ratio"]))
+                 fmt_range(d["ratio"]), d["max_read_ratio"],
+                 ", to reads into fresh memory %s" % fmt_range(d["fresh_memory_ratio"])
+                 if fresh else ""))
 
     # --- ckpt reshard's peak RSS at 0.25x, 1x and 3x --size ----------------------------------
     # A `ckpt synth` checkpoint of each size on --ranks ranks, resharded to --ranks / 2 with
@@ -1393,6 +1400,9 @@ def print_table(res):
                   fmt_range(r["raw_seconds"]), fmt_range(r["ratio"]),
                   " (to the old buffered floor %s)" % fmt_range(r["paired"]["ratio_to_buffered"])
                   if "ratio_to_buffered" in r["paired"] else "", r["max_read_ratio"]))
+        if "fresh_memory_ratio" in r:
+            print("  vs the same reads into fresh memory (first touch paid): %s s, ratio %s" % (
+                fmt_range(r["fresh_memory_seconds"]), fmt_range(r["fresh_memory_ratio"])))
     if "reshard_rss" in ph:
         print("reshard peak RSS by checkpoint size:")
         for x in ph["reshard_rss"]["rows"]:
@@ -1655,6 +1665,12 @@ def markdown(res):
                          r["paired"]["ratio_to_buffered"])
                      if "ratio_to_buffered" in r["paired"] else "",
                      ", ".join("%.4f" % x["ratio"] for x in r["ranks"])))
+        if "fresh_memory_ratio" in r:
+            L.append("")
+            L.append("The shards come back in new memory, whose pages the first write faults in: "
+                     "the same best-variant reads into memory allocated untouched (huge pages "
+                     "asked for) and first touched inside the clock took %s s, and the load-time reshard is %s of that." % (
+                         fmt_range(r["fresh_memory_seconds"]), fmt_range(r["fresh_memory_ratio"])))
         L.append("")
     if "reshard_rss" in ph:
         L.append("| `ckpt reshard` | state GiB | --threads | one new shard | seconds | peak RSS |")

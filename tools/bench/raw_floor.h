@@ -69,9 +69,12 @@ inline std::vector<Variant> ReadVariants() {
 // ~1 MiB requests (254 segments), into 2 MiB pages as 4 MiB ones: the same reads ran 2.1-2.4x
 // faster, the writes 1.3-1.5x (docs/performance.md, 2026-12-02 05:40). A floor without it
 // would be weak.
+//
+// `touch` false leaves the memory untouched: fresh memory, whose pages the first read into it
+// faults in (the floor of a load that must return new memory, ckpt_io reshard-load).
 class AlignedBuffer {
  public:
-  explicit AlignedBuffer(size_t bytes) : bytes_(bytes) {
+  explicit AlignedBuffer(size_t bytes, bool touch = true) : bytes_(bytes) {
     constexpr size_t kHuge = 2u << 20;
     const size_t align = bytes >= kHuge ? kHuge : kAlign;
     const size_t cap = std::max((bytes + align - 1) / align * align, align);
@@ -79,7 +82,7 @@ class AlignedBuffer {
     if (posix_memalign(&p, align, cap) != 0) throw std::bad_alloc();
     if (align == kHuge) madvise(p, cap, MADV_HUGEPAGE);  // a hint: refused is fine
     data_.reset(static_cast<uint8_t*>(p));
-    std::memset(data_.get(), 0, cap);  // touched before any clock starts
+    if (touch) std::memset(data_.get(), 0, cap);  // touched before any clock starts
   }
   uint8_t* data() const { return data_.get(); }
   size_t size() const { return bytes_; }

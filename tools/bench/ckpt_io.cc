@@ -1379,15 +1379,13 @@ int ReshardLoad(const Args& a) {
       const auto t_touch = Clock::now();
       {
         std::vector<std::thread> touch;
-        for (auto& m : mem)
-          touch.emplace_back([&m] { std::memset(m.data(), 0, m.size()); });
+        for (auto& m : mem) touch.emplace_back([&m] { std::memset(m.data(), 0, m.size()); });
         for (auto& t : touch) t.join();
       }
       const double touched = Since(t_touch);
-      const json f = FloorPasses(a.paired_raw, mem, false, a.drop,
-                                 floor["best_variant"].get<std::string>());
-      if (f["best_seconds"].get<double>() > 0)
-        fresh = touched + f["best_seconds"].get<double>();
+      const json f =
+          FloorPasses(a.paired_raw, mem, false, a.drop, floor["best_variant"].get<std::string>());
+      if (f["best_seconds"].get<double>() > 0) fresh = touched + f["best_seconds"].get<double>();
     }
     std::vector<ckpt::Result<ckpt::ReshardedRank>> got;
     for (int j = 0; j < world; ++j) got.emplace_back(ckpt::Internal("not run"));

@@ -1090,6 +1090,17 @@ std::optional<uint64_t> DeepSpeedReader::PartitionFileOffset(int r, std::string_
   return std::nullopt;
 }
 
+std::optional<uint64_t> DeepSpeedReader::FrozenFileOffset(std::string_view param) {
+  Impl& I = *impl_;
+  const ParamEntry* p = I.Owner(param);
+  if (!p || !p->frozen) return std::nullopt;
+  auto it = I.frozen.find(p->name);
+  if (it == I.frozen.end() || it->second.pieces.empty()) return std::nullopt;
+  const auto& [fi, t] = it->second.pieces.front();
+  if (t->numel() < p->numel || t->itemsize != DTypeSize(p->dtype)) return std::nullopt;
+  return I.model[static_cast<size_t>(fi)].ElementFileOffset(*t, 0);
+}
+
 Result<std::vector<uint8_t>> DeepSpeedReader::ReadFrozenBytes(std::string_view param) {
   const ParamEntry* p = impl_->Owner(param);
   if (!p || !p->frozen) return InvalidArgument("'" + std::string(param) + "' is not frozen");

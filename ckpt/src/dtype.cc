@@ -2,6 +2,10 @@
 
 #include <cstring>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 namespace ckpt {
 
 namespace {
@@ -137,13 +141,25 @@ bool FloatsToF32(DType t, const void* raw, size_t n, float* out) {
         out[i] = static_cast<float>(d);
       }
       return true;
-    case DType::kBF16:
-      for (size_t i = 0; i < n; ++i) {
+    case DType::kBF16: {
+      size_t i = 0;
+#if defined(__SSE2__)
+      // A bf16 value is the upper half of its fp32: eight at a time, interleaved with zero
+      // lower halves.
+      const __m128i zero = _mm_setzero_si128();
+      for (; i + 8 <= n; i += 8) {
+        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes + 2 * i));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm_unpacklo_epi16(zero, h));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i + 4), _mm_unpackhi_epi16(zero, h));
+      }
+#endif
+      for (; i < n; ++i) {
         uint16_t h;
         std::memcpy(&h, bytes + 2 * i, 2);
         out[i] = FromBf16(h);
       }
       return true;
+    }
     case DType::kF16:
       for (size_t i = 0; i < n; ++i) {
         uint16_t h;

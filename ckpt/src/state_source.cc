@@ -567,6 +567,11 @@ class DeepSpeedSource final : public StateSource {
   Status ReadFrozenInto(std::string_view param, void* out, uint64_t bytes) override {
     return reader_.ReadFrozenInto(param, out, bytes);
   }
+  std::optional<uint64_t> FrozenReadShift(std::string_view param) override {
+    const std::optional<uint64_t> at = reader_.FrozenFileOffset(param);
+    if (!at) return std::nullopt;
+    return *at % AlignedBuffer::kAlign;
+  }
   // The scheduler's state_dict (global in DeepSpeed) as every rank's `scheduler` json.
   std::vector<RankExtra> RankExtras(int r) const override {
     if (scheduler_.empty() || r < 0 || r >= source_ranks()) return {};

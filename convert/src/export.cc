@@ -15,6 +15,7 @@
 #include "convert/export.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -66,6 +67,13 @@ void Encode(const float* in, int64_t n, DType dtype, std::vector<uint8_t>& out) 
 // 2026-12-05 17:00.)
 Status EncodeFrozen(const ParamEntry& p, const uint8_t* raw, DType out_dtype, uint8_t* out) {
   const size_t es = DTypeSize(p.dtype), os = DTypeSize(out_dtype);
+  // To fp32 in fp32's alignment: straight into `out`, without the block and its copy (the
+  // copy was 9 % of export-fp32's CPU time for a LoRA base of bf16 tensors).
+  if (out_dtype == DType::kF32 && reinterpret_cast<uintptr_t>(out) % alignof(float) == 0) {
+    if (!FloatsToF32(p.dtype, raw, static_cast<size_t>(p.numel), reinterpret_cast<float*>(out)))
+      return Internal("integer frozen tensor '" + p.name + "' reached dtype conversion");
+    return Status::Ok();
+  }
   constexpr size_t kBlock = size_t{1} << 16;
   std::vector<float> block(std::min(kBlock, static_cast<size_t>(p.numel)));
   for (size_t i = 0; i < static_cast<size_t>(p.numel); i += kBlock) {
@@ -268,6 +276,10 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
     // A trainable fp32 piece read at values.data() + read_at goes to values.data() + place,
     // which `data` points to, on the writing thread (consume).
     uint64_t read_at = 0, place = 0;
+    // A frozen tensor read at `stored` whose conversion to values.data() + place (`data`) is
+    // still to do, on the writing thread as the move (nullptr: none).
+    const PlannedTensor* encode = nullptr;
+    const uint8_t* stored = nullptr;
   };
   std::vector<Slot> slots(kAhead);
   // A frozen tensor of less than 8 MiB of output whose stored and converted bytes fit a slot as
@@ -279,12 +291,16 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
   // read whole into `frozen_raw` below and written before the next is read, so that the memory
   // bound holds.
   constexpr uint64_t kSlotBytes = static_cast<uint64_t>(kPieceElements) * 4 + kBlock;
-  // A frozen tensor's layout in its slot: converted at the start, stored from the first block
-  // after that (from the start when it keeps its dtype).
+  // A frozen tensor's layout in its slot: converted at the place within a 4 KiB block that it
+  // takes in the output file (so that its aligned middle is written from where it lies, as a
+  // trainable piece's), stored in the first block after that at the place its record takes in
+  // the source's file (read straight into it: StateSource::FrozenReadShift). A tensor that keeps
+  // its dtype is stored at its output's place: it is written from there.
   auto frozen_stored_at = [&](const PlannedTensor& t) -> uint64_t {
-    if (t.out_dtype == t.param->dtype) return 0;
+    if (t.out_dtype == t.param->dtype) return t.at % kBlock;
     const uint64_t out_bytes = static_cast<uint64_t>(t.param->numel) * DTypeSize(t.out_dtype);
-    return (out_bytes + kBlock - 1) / kBlock * kBlock;
+    return (t.at % kBlock + out_bytes + kBlock - 1) / kBlock * kBlock +
+           src->FrozenReadShift(t.param->name).value_or(0);
   };
   auto frozen_need = [&](const PlannedTensor& t) {
     return frozen_stored_at(t) + static_cast<uint64_t>(t.param->numel) * DTypeSize(t.param->dtype);
@@ -342,6 +358,7 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
     const Piece& pc = pieces[i];
     Slot& slot = slots[static_cast<size_t>(k)];
     slot.read_at = slot.place = 0;
+    slot.encode = nullptr;
     if (pc.tensor == kNoTensor) {
       slot.size = 0;
       return Status::Ok();
@@ -355,9 +372,13 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
       slot.data = raw;
       slot.size = stored;
       if (t.out_dtype == p.dtype) return Status::Ok();
-      CKPT_RETURN_IF_ERROR(EncodeFrozen(p, raw, t.out_dtype, slot.values.data()),
-                           "parameter '" + t.name + "'");
-      slot.data = slot.values.data();
+      // Converted on the writing thread (consume): here it would keep the next read waiting,
+      // and this thread's reads set the pace (a LoRA base of 512 bf16 tensors of 2 MB: read
+      // 0.75 ms, converted 0.6 ms each, written 0.85 ms on a memory disk).
+      slot.encode = &t;
+      slot.stored = raw;
+      slot.read_at = slot.place = t.at % kBlock;
+      slot.data = slot.values.data() + slot.place;
       slot.size = static_cast<uint64_t>(p.numel) * DTypeSize(t.out_dtype);
       return Status::Ok();
     }
@@ -443,6 +464,13 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
     // waiting for it (docs/performance.md, 2026-12-04 15:10).
     src->HashReadBytes();
     if (slot.size == 0) return Status::Ok();
+    if (slot.encode) {
+      const PlannedTensor& t = *slot.encode;
+      slot.encode = nullptr;
+      CKPT_RETURN_IF_ERROR(
+          EncodeFrozen(*t.param, slot.stored, t.out_dtype, slot.values.data() + slot.place),
+          "parameter '" + t.name + "'");
+    }
     if (slot.read_at != slot.place) {
       std::memmove(slot.values.data() + slot.place, slot.values.data() + slot.read_at, slot.size);
       slot.read_at = slot.place;

@@ -81,6 +81,13 @@ TEST_CASE("bulk conversions give every element the one-element conversion's bits
       same += std::memcmp(&one, &wide[i], 4) == 0;
     }
     CHECK(same == halves.size());
+    // A run that starts off any vector's alignment and ends with a partial vector (the SIMD
+    // loop's body and its tail), into memory off the 16-byte alignment too.
+    std::vector<float> part(40, -1.0f);
+    REQUIRE(FloatsToF32(t, halves.data() + 3, 29, part.data() + 1));
+    CHECK(std::memcmp(part.data() + 1, wide.data() + 3, 29 * 4) == 0);
+    CHECK(part[0] == -1.0f);
+    CHECK(part[30] == -1.0f);
   }
   std::vector<float> values;
   for (uint32_t bits = 0; bits < 0xffffffffu - 0x00a3d709u; bits += 0x00a3d709u) {

@@ -863,9 +863,30 @@ TEST_CASE("export of a frozen base: tensors through the slots and whole, in ever
       ckpt::convert::ExportOptions opts;
       opts.dtype = dtype;
       const std::string out = dir / (std::string(name) + "_" + std::string(ckpt::DTypeName(dtype)));
-      auto rep = ckpt::convert::ExportFp32(ds, out, opts);
+      const ckpt::DirectReadStats read_before = ckpt::GetDirectReadStats();
+      const ckpt::DirectWriteStats write_before = ckpt::GetDirectWriteStats();
+      auto rep = [&] {
+        ckpt::testing::DirectIoMode on("on");
+        return ckpt::convert::ExportFp32(ds, out, opts);
+      }();
       INFO((rep.ok() ? std::string() : rep.status().message()));
       REQUIRE(rep.ok());
+      const ckpt::DirectReadStats read_after = ckpt::GetDirectReadStats();
+      const ckpt::DirectWriteStats write_after = ckpt::GetDirectWriteStats();
+      if (std::string_view(name) == "b1024" && dtype == ckpt::DType::kF32) {
+        // The two 2 MiB bf16 tensors, converted in their slots: each read from the disk
+        // straight into its slot (stored at its record's place within a 4 KiB block) and
+        // written from there (converted at its output's place), all but the unaligned ends.
+        if (read_after.refused == read_before.refused &&
+            write_after.refused == write_before.refused) {
+          CHECK(read_after.direct_into_caller_bytes - read_before.direct_into_caller_bytes +
+                    2 * 8192 >= 2 * (2u << 20));
+          CHECK(write_after.in_place_bytes - write_before.in_place_bytes + 2 * 8192 >=
+                2 * (4u << 20));
+        } else {
+          WARN("O_DIRECT refused on " << dir.str() << ": read and written through the page cache");
+        }
+      }
       const std::string path = out + "/model.safetensors";
       auto h = ckpt::safetensors::ReadSafetensorsHeader(path);
       REQUIRE(h.ok());

@@ -96,6 +96,10 @@ class DeepSpeedReader {
   Result<std::vector<uint8_t>> ReadFrozenBytes(std::string_view param);
   // The same into the caller's memory (`bytes`: numel x the dtype's size, else InvalidArgument).
   Status ReadFrozenInto(std::string_view param, void* out, uint64_t bytes);
+  // Where a frozen parameter's first byte lies in its model file, when one tensor stored
+  // contiguous and uncompressed holds all of it; nullopt otherwise. For
+  // StateSource::FrozenReadShift.
+  std::optional<uint64_t> FrozenFileOffset(std::string_view param);
 
   // Stream verification (StateSource's stream_verify). From this call on, ReadParamRange and
   // ReadPartition keep a running CRC-32 of each fp32 storage record they read front to back:

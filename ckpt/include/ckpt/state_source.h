@@ -135,6 +135,10 @@ class StateSource {
   // fresh memory for each cost export-fp32 of a LoRA checkpoint more than its reads
   // (docs/performance.md, 2026-12-05 17:00).
   virtual Status ReadFrozenInto(std::string_view param, void* out, uint64_t bytes) = 0;
+  // Where in a 4 KiB block a frozen parameter's stored bytes start, when one record holds them
+  // as they are (a DeepSpeed model file's uncompressed tensor): a ReadFrozenInto into memory at
+  // that place reads them from the disk straight into it, as ReadShift's. nullopt otherwise.
+  virtual std::optional<uint64_t> FrozenReadShift(std::string_view param) { return std::nullopt; }
   // Blob and json datasets of source rank r, and their bytes (checksum-verified).
   virtual std::vector<RankExtra> RankExtras(int r) const = 0;
   virtual Result<std::vector<uint8_t>> ReadRankExtra(int r, const RankExtra& extra) = 0;

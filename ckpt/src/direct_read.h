@@ -50,10 +50,11 @@ class DirectReader {
   static constexpr uint64_t kMinBytes = 8u << 20;
   // reads straight into memory that shares the data's place in a 4 KiB block (ReadInto) go
   // past the page cache from here: a compressed chunk's zstd frame (about 3.5 MiB for a 4 MiB
-  // fp32 chunk) read into a reused aligned buffer. On the development VM a cold buffered read
-  // moved 0.52 GiB/s against 4.1 for O_DIRECT, the page cache's fresh memory costing host page
-  // faults (docs/performance.md, 2026-12-02 09:40).
-  static constexpr uint64_t kMinIntoBytes = 1u << 20;
+  // fp32 chunk) read into a reused aligned buffer, a 1 MiB tensor of a DeepSpeed optimizer
+  // file read into to-universal's window (its aligned middle is under 1 MiB). On the
+  // development VM a cold buffered read moved 0.52 GiB/s against 4.1 for O_DIRECT, the page
+  // cache's fresh memory costing host page faults (docs/performance.md, 2026-12-02 09:40).
+  static constexpr uint64_t kMinIntoBytes = 512u << 10;
 
   // `fd` is the file's ordinary descriptor (not owned); `path` names it in errors.
   DirectReader(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}

@@ -663,9 +663,13 @@ Result<RankFileWritten> WriteRankFile(const std::string& path, const RankFileHea
   }
   constexpr int kFillWindows = 2;
   std::vector<AlignedBuffer> windows;
+  // Where each window's bytes start in its buffer (DatasetSpec::fill_place), set by the fill
+  // and read by the write of the same window (RunAhead hands a slot over in that order).
+  uint64_t placed[kFillWindows] = {};
   if (any_fill) {
     try {
-      for (int k = 0; k < kFillWindows; ++k) windows.emplace_back(window_bytes);
+      for (int k = 0; k < kFillWindows; ++k)
+        windows.emplace_back(window_bytes + AlignedBuffer::kAlign);
     } catch (const std::bad_alloc&) {
       return ResourceExhausted(path + ": " + std::to_string(kFillWindows) + " windows of " +
                                std::to_string(window_bytes) + " bytes: " + OutOfMemoryText());
@@ -680,9 +684,15 @@ Result<RankFileWritten> WriteRankFile(const std::string& path, const RankFileHea
     const Item& it = items[i];
     const DirectSegment& seg = direct[it.seg];
     if (!seg.spec->fill) return Status::Ok();
+    uint64_t& at = placed[slot];
+    at = 0;
+    if (seg.spec->fill_place) {
+      const std::optional<uint64_t> place = seg.spec->fill_place(it.at, static_cast<size_t>(it.len));
+      if (place) at = *place % AlignedBuffer::kAlign;
+    }
     return OutOfMemoryAsStatus(where(it), [&] {
       return seg.spec
-          ->fill(it.at, static_cast<size_t>(it.len), windows[static_cast<size_t>(slot)].data())
+          ->fill(it.at, static_cast<size_t>(it.len), windows[static_cast<size_t>(slot)].data() + at)
           .WithContext(where(it));
     });
   };
@@ -691,7 +701,7 @@ Result<RankFileWritten> WriteRankFile(const std::string& path, const RankFileHea
     const Item& it = items[i];
     const DirectSegment& seg = direct[it.seg];
     if (it.at == 0) CKPT_RETURN_IF_ERROR(hash_gap(pos, seg.offset), "");
-    const uint8_t* base = seg.spec->fill ? windows[static_cast<size_t>(slot)].data()
+    const uint8_t* base = seg.spec->fill ? windows[static_cast<size_t>(slot)].data() + placed[slot]
                                          : static_cast<const uint8_t*>(seg.spec->data);
     // Each 1 MiB piece is hashed just before it goes out, while it is in cache; the file
     // writes it past the page cache where it can (O_DIRECT from staging in huge pages, or in

@@ -789,9 +789,24 @@ TEST_CASE("to-universal reads each state once, in table order, while it writes",
   REQUIRE(small >= 2);  // the case that went wrong: small states beside 1 MiB ones
   ckpt::convert::ToUniversalOptions opts;
   opts.progress = false;
-  auto report = ckpt::convert::ConvertToUniversal(ds, dir / "u", opts);
+  const ckpt::DirectReadStats before = ckpt::GetDirectReadStats();
+  auto report = [&] {
+    ckpt::testing::DirectIoMode on("on");
+    return ckpt::convert::ConvertToUniversal(ds, dir / "u", opts);
+  }();
+  const ckpt::DirectReadStats after = ckpt::GetDirectReadStats();
   INFO((report.ok() ? std::string() : report.status().message()));
   REQUIRE(report.ok());
+  // The 1 MiB states (three of each of four 512 x 512 weights) are read from the disk straight
+  // into the writer's windows, each placed where its bytes lie in the optimizer file
+  // (DatasetSpec::fill_place): all of them but those of a weight that the two ranks'
+  // partitions split (read in two parts, one from each file).
+  if (after.refused == before.refused) {
+    CHECK(after.direct_into_caller_bytes - before.direct_into_caller_bytes >=
+          3 * 3 * (1u << 20) - 3 * 3 * 2 * 4096);
+  } else {
+    WARN("O_DIRECT refused on " << dir.str() << ": read through the page cache");
+  }
   INFO("read " << report->bytes_read << " bytes; the optimizer files hold " << optim_bytes
                << ", the frozen parameters " << frozen_bytes);
   CHECK(report->bytes_read <= optim_bytes + frozen_bytes);

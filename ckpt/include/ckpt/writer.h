@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -30,6 +31,11 @@ struct Compression {
 // DatasetSpec::fill). A non-Ok status fails the save with it.
 using DatasetFill = std::function<Status(uint64_t offset, size_t length, void* out)>;
 
+// Where within a 4 KiB block a fill would have the window of `length` bytes at `offset` start
+// in memory (its source's place: a read of 1 MiB or more there goes from the disk straight into
+// the window, env.h ReadLarge); nullopt: anywhere (see DatasetSpec::fill_place).
+using DatasetFillPlace = std::function<std::optional<uint64_t>(uint64_t offset, size_t length)>;
+
 // SaveOptions::fill_window_bytes by default.
 inline constexpr uint64_t kFillWindowBytes = 8u << 20;
 
@@ -52,6 +58,10 @@ struct DatasetSpec {
   // bytes writes, compressed or not. SaveCheckpoint and SaveRanks take it; AsyncSaver does not
   // (InvalidArgument).
   DatasetFill fill;
+  // Optional, with `fill`: asked before each window of an uncompressed dataset; the window's
+  // memory then starts at that place within a 4 KiB block (to-universal's windows read from
+  // .pt records at any place). The bytes written are the same.
+  DatasetFillPlace fill_place;
 
   static DatasetSpec Tensor(std::string name, DType dtype, std::vector<int64_t> shape,
                             const void* data);

@@ -687,7 +687,8 @@ Result<RankFileWritten> WriteRankFile(const std::string& path, const RankFileHea
     uint64_t& at = placed[slot];
     at = 0;
     if (seg.spec->fill_place) {
-      const std::optional<uint64_t> place = seg.spec->fill_place(it.at, static_cast<size_t>(it.len));
+      const std::optional<uint64_t> place =
+          seg.spec->fill_place(it.at, static_cast<size_t>(it.len));
       if (place) at = *place % AlignedBuffer::kAlign;
     }
     return OutOfMemoryAsStatus(where(it), [&] {

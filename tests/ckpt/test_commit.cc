@@ -297,7 +297,8 @@ TEST_CASE("SaveRanks: fill datasets write the files that data writes, a window a
                                     }
                                     // Uncompressed, the window starts where fill_place
                                     // asked (a compressed one's chunks ignore it).
-                                    if (name == "compute/big" && o.compression.kind == Compression::Kind::kNone &&
+                                    if (name == "compute/big" &&
+                                        o.compression.kind == Compression::Kind::kNone &&
                                         reinterpret_cast<uintptr_t>(out) % 4096 !=
                                             (off / 4) % 1000 * 4)
                                       order = Internal("window not where fill_place asked");

@@ -895,7 +895,8 @@ TEST_CASE("export of a frozen base: tensors through the slots and whole, in ever
         if (read_after.refused == read_before.refused &&
             write_after.refused == write_before.refused) {
           CHECK(read_after.direct_into_caller_bytes - read_before.direct_into_caller_bytes +
-                    2 * 8192 >= 2 * (2u << 20));
+                    2 * 8192 >=
+                2 * (2u << 20));
           CHECK(write_after.in_place_bytes - write_before.in_place_bytes + 2 * 8192 >=
                 2 * (4u << 20));
         } else {

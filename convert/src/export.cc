@@ -296,14 +296,20 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
   // trainable piece's), stored in the first block after that at the place its record takes in
   // the source's file (read straight into it: StateSource::FrozenReadShift). A tensor that keeps
   // its dtype is stored at its output's place: it is written from there.
+  // frozen_need is what the layout needs at most (the record's place is asked for only when
+  // the tensor is read: learning where a record lies reads its local header).
+  auto frozen_block_at = [&](const PlannedTensor& t) -> uint64_t {
+    if (t.out_dtype == t.param->dtype) return 0;
+    const uint64_t out_bytes = static_cast<uint64_t>(t.param->numel) * DTypeSize(t.out_dtype);
+    return (t.at % kBlock + out_bytes + kBlock - 1) / kBlock * kBlock;
+  };
   auto frozen_stored_at = [&](const PlannedTensor& t) -> uint64_t {
     if (t.out_dtype == t.param->dtype) return t.at % kBlock;
-    const uint64_t out_bytes = static_cast<uint64_t>(t.param->numel) * DTypeSize(t.out_dtype);
-    return (t.at % kBlock + out_bytes + kBlock - 1) / kBlock * kBlock +
-           src->FrozenReadShift(t.param->name).value_or(0);
+    return frozen_block_at(t) + src->FrozenReadShift(t.param->name).value_or(0) % kBlock;
   };
   auto frozen_need = [&](const PlannedTensor& t) {
-    return frozen_stored_at(t) + static_cast<uint64_t>(t.param->numel) * DTypeSize(t.param->dtype);
+    return frozen_block_at(t) + kBlock +
+           static_cast<uint64_t>(t.param->numel) * DTypeSize(t.param->dtype);
   };
   auto frozen_in_slot = [&](const PlannedTensor& t) {
     return static_cast<uint64_t>(t.param->numel) * DTypeSize(t.out_dtype) < kFrozenInPlaceBytes &&

@@ -70,8 +70,8 @@ inline std::vector<Variant> ReadVariants() {
 // faster, the writes 1.3-1.5x (docs/performance.md, 2026-12-02 05:40). A floor without it
 // would be weak.
 //
-// `touch` false leaves the memory untouched: fresh memory, whose pages the first read into it
-// faults in (the floor of a load that must return new memory, ckpt_io reshard-load).
+// `touch` false leaves the memory untouched: fresh memory, whose first touch the caller times
+// (the floor of a load that must return new memory, ckpt_io reshard-load).
 class AlignedBuffer {
  public:
   explicit AlignedBuffer(size_t bytes, bool touch = true) : bytes_(bytes) {

@@ -32,7 +32,7 @@ struct Compression {
 using DatasetFill = std::function<Status(uint64_t offset, size_t length, void* out)>;
 
 // Where within a 4 KiB block a fill would have the window of `length` bytes at `offset` start
-// in memory (its source's place: a read of 1 MiB or more there goes from the disk straight into
+// in memory (its source's place: a read of 512 KiB or more there goes from the disk straight into
 // the window, env.h ReadLarge); nullopt: anywhere (see DatasetSpec::fill_place).
 using DatasetFillPlace = std::function<std::optional<uint64_t>(uint64_t offset, size_t length)>;
 

@@ -48,7 +48,7 @@ void* AllocateIoMemory(size_t bytes) {
   void* p = reinterpret_cast<void*>(at);
   // A hint: a kernel without transparent huge pages (or with them "never") refuses it, and the
   // memory is ordinary pages.
-  madvise(p, size, MADV_HUGEPAGE);
+  AdviseHugePages(p, size);
   try {
     IoRegistry& r = Registry();
     std::lock_guard<std::mutex> lock(r.mu);

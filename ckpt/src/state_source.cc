@@ -75,6 +75,8 @@ const PartitionRange* HoldingRange(const ParamEntry& p, int64_t begin, int64_t e
 // ReadShift for a source whose trainable parameters live in per-rank partitions: the rank range
 // that holds all of [begin, end), then where its partition element lies in the rank's file
 // (file_offset(rank, offset); nullopt: not known or not plain bytes), within a 4 KiB block.
+// nullopt too where that place is not a float's alignment (a hostile archive's record at an odd
+// offset): the caller reads floats there.
 std::optional<uint64_t> PartitionShift(
     const StateSource& src, std::string_view param, std::string_view state, int64_t begin,
     int64_t end,
@@ -83,7 +85,7 @@ std::optional<uint64_t> PartitionShift(
   const PartitionRange* r = p.ok() ? HoldingRange(**p, begin, end) : nullptr;
   if (!r) return std::nullopt;
   const std::optional<uint64_t> at = file_offset(r->rank, r->shard_offset + (begin - r->begin));
-  if (!at) return std::nullopt;
+  if (!at || *at % alignof(float) != 0) return std::nullopt;
   return *at % AlignedBuffer::kAlign;
 }
 

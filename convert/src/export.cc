@@ -305,7 +305,7 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
   };
   auto frozen_stored_at = [&](const PlannedTensor& t) -> uint64_t {
     if (t.out_dtype == t.param->dtype) return t.at % kBlock;
-    return frozen_block_at(t) + src->FrozenReadShift(t.param->name).value_or(0) % kBlock;
+    return frozen_block_at(t) + src->FrozenReadShift(t.param->name).value_or(0);
   };
   auto frozen_need = [&](const PlannedTensor& t) {
     return frozen_block_at(t) + kBlock +

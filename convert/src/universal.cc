@@ -93,12 +93,9 @@ UniversalFileContents UniversalContents(StateSource& src, Progress& progress,
       // Each window where its bytes lie in the source's file within a 4 KiB block: read from
       // the disk straight into it (the bench's DeepSpeed checkpoint: 1 MiB tensors, each read
       // through the page cache before).
-      c.datasets.back().fill_place = [&src, name = p.name, state](
-                                         uint64_t at, size_t n) -> std::optional<uint64_t> {
-        const std::optional<uint64_t> shift = src.ReadShift(
-            name, state, static_cast<int64_t>(at / 4), static_cast<int64_t>((at + n) / 4));
-        if (shift && *shift % alignof(float) == 0) return shift;  // the fill writes floats
-        return std::nullopt;
+      c.datasets.back().fill_place = [&src, name = p.name, state](uint64_t at, size_t n) {
+        return src.ReadShift(name, state, static_cast<int64_t>(at / 4),
+                             static_cast<int64_t>((at + n) / 4));
       };
     }
   }

@@ -56,6 +56,7 @@ void CountBufferedWrite(uint64_t n) { g_buffered_bytes += n; }
 DirectWriter::DirectWriter(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
 
 DirectWriter::~DirectWriter() {
+  FlushCarry().IgnoreError();  // Close drains first; here only when the file is let go
   {
     std::lock_guard<std::mutex> lock(mu_);
     closing_ = true;
@@ -71,6 +72,8 @@ bool DirectWriter::Wanted(uint64_t offset, std::string_view data, bool deferred)
     if (direct_.refused()) return false;
   }
   if (DirectIoOff()) return false;
+  // A deferred range that continues the carry joins it, however small.
+  if (deferred && carrying_ && offset == carry_end_ && !InPlace(offset, data)) return true;
   const uint64_t middle = AlignedMiddle(offset, data.size()).bytes();
   if (InPlace(offset, data)) return middle >= kMinInPlace;
   return middle >= (deferred ? kMinDeferred : kBlock);
@@ -84,6 +87,10 @@ bool DirectWriter::InPlace(uint64_t offset, std::string_view data) {
 }
 
 Status DirectWriter::WriteBlock(const Job& j) {
+  if (j.edge) {
+    g_buffered_bytes += j.len;
+    return PwriteAll(fd_, j.pos, *j.edge, path_);
+  }
   bool direct;
   int dfd;
   {
@@ -152,7 +159,9 @@ bool DirectWriter::StartWriters() {
 }
 
 Status DirectWriter::WaitFor(uint64_t offset, uint64_t n) {
+  const Status flushed = FlushCarry();
   std::unique_lock<std::mutex> lock(mu_);
+  if (!flushed.ok() && failed_.ok()) failed_ = flushed;
   cv_.wait(lock, [&] {
     for (const Job& j : pending_)
       if (j.pos < offset + n && offset < j.pos + j.len) return false;
@@ -162,8 +171,147 @@ Status DirectWriter::WaitFor(uint64_t offset, uint64_t n) {
 }
 
 Status DirectWriter::Drain() {
+  const Status flushed = FlushCarry();
   std::unique_lock<std::mutex> lock(mu_);
+  if (!flushed.ok() && failed_.ok()) failed_ = flushed;
   cv_.wait(lock, [&] { return pending_.empty(); });
+  return failed_;
+}
+
+void DirectWriter::HandOver(const Job& j) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(j);
+    pending_.push_back(j);
+  }
+  cv_.notify_all();
+}
+
+int DirectWriter::GrowStaging(int want) {
+  static_assert(kBlock == DirectReader::kBlock, "staging comes from the I/O blocks");
+  while (staging_.size() < static_cast<size_t>(want)) {
+    auto* p = static_cast<uint8_t*>(GetIoBlock());
+    if (!p) break;
+    try {
+      staging_.push_back(p);
+    } catch (const std::bad_alloc&) {
+      PutIoBlock(p);
+      break;
+    }
+  }
+  return static_cast<int>(staging_.size());
+}
+
+int DirectWriter::FreeSlot(int slots) {
+  std::unique_lock<std::mutex> lock(mu_);
+  int k = -1;
+  cv_.wait(lock, [&] {
+    if (!failed_.ok()) return true;
+    for (k = 0; k < slots; ++k)
+      if (k != carry_slot_ &&
+          std::none_of(pending_.begin(), pending_.end(), [&](const Job& p) { return p.slot == k; }))
+        return true;
+    return false;
+  });
+  return failed_.ok() ? k : -1;
+}
+
+Status DirectWriter::FlushCarry() {
+  if (!carrying_) return Status::Ok();
+  carrying_ = false;
+  const int k = carry_slot_;
+  carry_slot_ = -1;
+  if (k < 0 || carry_len_ == 0) return Status::Ok();
+  uint8_t* buf = staging_[static_cast<size_t>(k)];
+  const uint64_t whole = carry_len_ & ~(kAlign - 1);
+  if (whole > 0) HandOver({carry_pos_, whole, k, reinterpret_cast<const char*>(buf), false, {}});
+  if (carry_len_ == whole) return Status::Ok();
+  // The last, partial 4 KiB block: through the page cache, by a writer.
+  const uint64_t rest = carry_len_ - whole;
+  auto edge = std::make_shared<const std::string>(reinterpret_cast<const char*>(buf) + whole,
+                                                  static_cast<size_t>(rest));
+  HandOver({carry_pos_ + whole, rest, -1, edge->data(), false, std::move(edge)});
+  return Status::Ok();
+}
+
+Status DirectWriter::WriteCarried(uint64_t offset, std::string_view data,
+                                  const RandomWriteFile::PieceFn& before) {
+  const auto* src = reinterpret_cast<const uint8_t*>(data.data());
+  const uint64_t end = offset + data.size();
+  uint64_t at = offset;
+  uint64_t head = 0;  // bytes before the first 4 KiB boundary of a range that starts a carry
+  if (!(carrying_ && offset == carry_end_)) {
+    CKPT_RETURN_IF_ERROR(FlushCarry(), "");
+    const AlignedMiddle mid(offset, data.size());  // not empty: Wanted
+    head = mid.lo - offset;
+    // Handed to `before` in order; written once the first block is with the writers.
+    if (before && head > 0) before(src, static_cast<size_t>(head));
+    at = mid.lo;
+    carrying_ = true;
+    carry_end_ = at;
+    carry_slot_ = -1;
+  }
+  // Two blocks being written while a third fills.
+  const int slots = GrowStaging(kWriters + 1);
+  Status status = Status::Ok();
+  bool head_written = head == 0;
+  auto write_head = [&]() -> Status {
+    head_written = true;
+    auto edge = std::make_shared<const std::string>(data.data(), static_cast<size_t>(head));
+    HandOver({offset, head, -1, edge->data(), false, std::move(edge)});
+    return Status::Ok();
+  };
+  try {
+    while (at < end && status.ok()) {
+      if (carry_slot_ < 0) {
+        if (slots == 0) {  // no staging memory: this range's rest through the page cache
+          carrying_ = false;
+          if (!head_written) status = write_head();
+          for (uint64_t p = at; status.ok() && p < end;) {
+            const size_t n =
+                static_cast<size_t>(std::min<uint64_t>(end - p, RandomWriteFile::kWritePiece));
+            if (before) before(src + (p - offset), n);
+            g_buffered_bytes += n;
+            status = PwriteAll(fd_, p, std::string_view(data.data() + (p - offset), n), path_);
+            p += n;
+          }
+          return status;
+        }
+        carry_slot_ = FreeSlot(slots);
+        if (carry_slot_ < 0) break;  // a write failed
+        carry_pos_ = carry_end_;
+        carry_len_ = 0;
+      }
+      uint8_t* slot = staging_[static_cast<size_t>(carry_slot_)];
+      const size_t n = static_cast<size_t>(
+          std::min<uint64_t>({end - at, kBlock - carry_len_, RandomWriteFile::kWritePiece}));
+      const uint8_t* p = src + (at - offset);
+      if (before) before(p, n);
+      std::memcpy(slot + carry_len_, p, n);
+      carry_len_ += n;
+      carry_end_ += n;
+      at += n;
+      if (carry_len_ == kBlock) {
+        HandOver({carry_pos_, kBlock, carry_slot_, reinterpret_cast<const char*>(slot), false, {}});
+        carry_slot_ = -1;
+        if (!head_written) status = write_head();
+      }
+    }
+    if (status.ok() && !head_written) status = write_head();
+  } catch (const std::bad_alloc&) {
+    status = ResourceExhausted(path_ + ": " + OutOfMemoryText());
+  }
+  if (!status.ok()) {
+    carrying_ = false;
+    carry_slot_ = -1;
+    Drain().IgnoreError();
+    return status;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!failed_.ok()) {
+    carrying_ = false;
+    carry_slot_ = -1;
+  }
   return failed_;
 }
 
@@ -200,6 +348,11 @@ Status DirectWriter::Write(uint64_t offset, std::string_view data,
     dfd = direct_.Get(fd_, O_WRONLY, &g_refused);  // -1 once refused; dfd_ stays open
     if (dfd >= 0) dfd_ = dfd;
   }
+  if (defer && dfd >= 0 && !InPlace(offset, data) &&
+      ((carrying_ && offset == carry_end_) || !AlignedMiddle(offset, data.size()).empty()) &&
+      StartWriters())
+    return WriteCarried(offset, data, before);
+  CKPT_RETURN_IF_ERROR(FlushCarry(), "");
   const AlignedMiddle mid(offset, data.size());
   if (dfd < 0 || mid.empty()) {
     CKPT_RETURN_IF_ERROR(WaitFor(offset, data.size()), "");  // after earlier writes of it
@@ -212,18 +365,7 @@ Status DirectWriter::Write(uint64_t offset, std::string_view data,
   // error: the range goes through pwrite, as it did before staging existed.
   const bool in_place = InPlace(offset, data);
   const int want = static_cast<int>(std::min<uint64_t>(kSlots, (hi - lo + kBlock - 1) / kBlock));
-  static_assert(kBlock == DirectReader::kBlock, "staging comes from the I/O blocks");
-  while (!in_place && staging_.size() < static_cast<size_t>(want)) {
-    auto* p = static_cast<uint8_t*>(GetIoBlock());
-    if (!p) break;
-    try {
-      staging_.push_back(p);
-    } catch (const std::bad_alloc&) {
-      PutIoBlock(p);
-      break;
-    }
-  }
-  const int slots = in_place ? want : static_cast<int>(staging_.size());
+  const int slots = in_place ? want : GrowStaging(want);
   if (slots == 0) {
     CKPT_RETURN_IF_ERROR(WaitFor(offset, data.size()), "");  // after earlier writes of it
     return buffered(offset, end);
@@ -269,7 +411,7 @@ Status DirectWriter::Write(uint64_t offset, std::string_view data,
       };
       if (!in_place) pieces();
       const auto* from = reinterpret_cast<const char*>(in_place ? src + (pos - offset) : slot);
-      const Job j{pos, len, k, from, in_place};
+      const Job j{pos, len, k, from, in_place, {}};
       if (!threaded) {
         if (in_place) pieces();
         status = WriteBlock(j);

@@ -20,6 +20,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -69,9 +70,9 @@ class DirectWriter {
                bool defer = false);
 
   // Waits until no write handed over and not yet done touches [offset, offset + n); the first
-  // error of any write so far.
+  // error of any write so far. The carried block (below) is handed over first.
   Status WaitFor(uint64_t offset, uint64_t n);
-  // Waits for every write handed over; the first error of any.
+  // Waits for every write handed over, the carried block's too; the first error of any.
   Status Drain();
 
  private:
@@ -80,8 +81,28 @@ class DirectWriter {
     int slot;
     const char* buf;
     bool in_place;
+    // A carried range's unaligned edge (under 4 KiB), copied: written with pwrite by a writer,
+    // since on ext4 a pwrite waits for the O_DIRECT write in flight (1.2-1.4 ms on the
+    // development VM, docs/performance.md 2026-12-06 18:50), which the caller then would too.
+    std::shared_ptr<const std::string> edge;
   };
+  void HandOver(const Job& j);      // queued for the writers and pending until written
   Status WriteBlock(const Job& j);  // one block, O_DIRECT or (refused) pwrite
+  // A deferred staged range through the carry: its bytes continue the staging block the range
+  // before left open when it begins where that one ended; each block is handed to the writers
+  // once full, and the last, partly filled one stays open for the next range. A file of many
+  // small datasets laid end to end (universal.h5: 903 of 1 MiB, each sharing a 4 KiB block
+  // with the next) leaves in 8 MiB writes instead of one 1 MiB write and two small page-cache
+  // writes each.
+  Status WriteCarried(uint64_t offset, std::string_view data,
+                      const RandomWriteFile::PieceFn& before);
+  // Hands the carried block's whole 4 KiB blocks to the writers and writes its unaligned rest
+  // with pwrite; nothing carried afterwards. The caller's thread.
+  Status FlushCarry();
+  // Makes sure up to `want` staging buffers exist (fewer when memory cannot be had); how many.
+  int GrowStaging(int want);
+  // A staging slot that no pending block and not the carry holds; -1 once a write failed.
+  int FreeSlot(int slots);
   void WriterLoop();
   bool StartWriters();  // false when no helper thread could be started
 
@@ -97,6 +118,12 @@ class DirectWriter {
   std::deque<Job> queue_;     // handed over, not yet taken by a writer
   std::vector<Job> pending_;  // handed over, not yet done (queued or being written); its
                               // blocks' slots are the busy ones
+  // The carry (WriteCarried): the file offset at which the next range continues it, and the
+  // staging slot holding its bytes [carry_pos_, carry_pos_ + carry_len_) (-1: none yet, the
+  // next block starts at carry_end_). The caller's thread only.
+  bool carrying_ = false;
+  uint64_t carry_end_ = 0, carry_pos_ = 0, carry_len_ = 0;
+  int carry_slot_ = -1;
   bool closing_ = false;
   Status failed_ = Status::Ok();
   // Writer threads, started at the first block and kept for the file's life (joined first in

@@ -401,6 +401,7 @@ Status WriteCompressedChunks(hid_t dset, const DatasetSpec& spec, int64_t rows_p
       for (size_t done = 0; done < have; done += window_bytes) {
         const size_t n = static_cast<size_t>(std::min<uint64_t>(window_bytes, have - done));
         CKPT_RETURN_IF_ERROR(spec.fill(begin_byte(c) + done, n, buf.data() + done), "");
+        if (spec.filled) spec.filled();
       }
     }
     CKPT_RETURN_IF_ERROR(RunOrdered(
@@ -704,6 +705,7 @@ Result<RankFileWritten> WriteRankFile(const std::string& path, const RankFileHea
     if (it.at == 0) CKPT_RETURN_IF_ERROR(hash_gap(pos, seg.offset), "");
     const uint8_t* base = seg.spec->fill ? windows[static_cast<size_t>(slot)].data() + placed[slot]
                                          : static_cast<const uint8_t*>(seg.spec->data);
+    if (seg.spec->fill && seg.spec->filled) seg.spec->filled();
     // Each 1 MiB piece is hashed just before it goes out, while it is in cache; the file
     // writes it past the page cache where it can (O_DIRECT from staging in huge pages, or in
     // place from I/O memory: DirectWriteStats) or with pwrite, its writeback started at once

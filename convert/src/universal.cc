@@ -97,6 +97,9 @@ UniversalFileContents UniversalContents(StateSource& src, Progress& progress,
         return src.ReadShift(name, state, static_cast<int64_t>(at / 4),
                              static_cast<int64_t>((at + n) / 4));
       };
+      // The source's checksum of the window's bytes (SourceOptions::defer_stream_hashes) on
+      // the writing thread, while the helper reads the next window.
+      c.datasets.back().filled = [&src] { src.HashReadBytes(); };
     }
   }
   return c;
@@ -165,6 +168,7 @@ Result<ToUniversalReport> ConvertToUniversal(const std::string& src_path, const 
   so.tag = opts.tag;
   so.env = env;
   so.stream_verify = true;
+  so.defer_stream_hashes = true;  // by each window's `filled`, on the writing thread
   CKPT_ASSIGN_OR_RETURN(auto src, OpenStateSource(src_path, so), "");
   ToUniversalReport report;
   report.source_dir = src->dir();

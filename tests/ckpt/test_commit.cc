@@ -5,6 +5,9 @@
 #include <cstring>
 #include <filesystem>
 #include <mutex>
+#include <thread>
+#include <tuple>
+#include <vector>
 
 #include "ckpt/reader.h"
 #include "ckpt/root.h"
@@ -274,8 +277,14 @@ TEST_CASE("SaveRanks: fill datasets write the files that data writes, a window a
     o.compression = Compression::Parse(comp).value();
     o.piece_bytes = 1 << 20;
     ScratchDir a, b;
+    // `filled` (rank 0's compute/big): once per window, on the thread that writes the file,
+    // with the window's bytes still there (the next fill of its memory comes after).
+    std::mutex mu;
+    std::vector<std::tuple<const uint8_t*, uint64_t, size_t>> filled_windows;  // out, off, n
+    size_t filled_calls = 0;
     auto save = [&](const std::string& root, bool fill, uint64_t* asked, size_t* windows) {
       return SaveRanks(root, m, 2, [&](int r, const WriteRankFn& write) -> Status {
+        const std::thread::id writer = std::this_thread::get_id();
         RankBuffers buf;
         FillRank(m, r, buf);
         buf.contents.datasets.push_back(
@@ -294,6 +303,9 @@ TEST_CASE("SaveRanks: fill datasets write the files that data writes, a window a
                                         order = Internal("window out of order");
                                       next = off + n;
                                       ++*windows;
+                                      std::lock_guard<std::mutex> lock(mu);
+                                      filled_windows.emplace_back(
+                                          static_cast<const uint8_t*>(out), off, n);
                                     }
                                     // Uncompressed, the window starts where fill_place
                                     // asked (a compressed one's chunks ignore it).
@@ -310,6 +322,19 @@ TEST_CASE("SaveRanks: fill datasets write the files that data writes, a window a
           d.fill_place = [](uint64_t off, size_t) -> std::optional<uint64_t> {
             return (off / 4) % 1000 * 4;
           };
+          if (d.name == "compute/big" && r == 0)
+            d.filled = [&, bytes, writer] {
+              std::lock_guard<std::mutex> lock(mu);
+              if (std::this_thread::get_id() != writer)
+                order = Internal("filled called off the writing thread");
+              if (filled_calls >= filled_windows.size()) {
+                order = Internal("filled called before its window was filled");
+                return;
+              }
+              const auto [out, off, n] = filled_windows[filled_calls++];
+              if (std::memcmp(out, bytes + off, n) != 0)
+                order = Internal("window refilled before filled was called");
+            };
         }
         Status st = write(buf.contents);
         if (r == 0) *asked = next;
@@ -322,6 +347,7 @@ TEST_CASE("SaveRanks: fill datasets write the files that data writes, a window a
     REQUIRE(save(b.str(), true, &asked, &windows).ok());
     CHECK(asked == big.size() * 4);
     CHECK(windows >= 3);  // 20 MB in windows of at most 8 MiB
+    CHECK(filled_calls == windows);
     auto ra = CheckpointReader::Open(a.str()), rb = CheckpointReader::Open(b.str());
     REQUIRE(ra.ok());
     REQUIRE(rb.ok());

@@ -1038,8 +1038,12 @@ TEST_CASE("WriteThrough: small staged ranges go on in the background, in order, 
   small.rlim_cur = 2u << 20;
   REQUIRE(setrlimit(RLIMIT_FSIZE, &small) == 0);
   Status first_error = Status::Ok();
-  for (size_t i = 0; i < 6 && first_error.ok(); ++i)
+  // Back to back, the ranges fill one staging block after another (the carry): the first
+  // block past the limit fails once it is full and handed over, and a later call says so
+  // (a later WriteThrough once the writer has failed, else Size, which waits for the writes).
+  for (size_t i = 0; i < tensors.size() && first_error.ok(); ++i)
     first_error = (*file)->WriteThrough(at[i], tensors[i], nullptr);
+  if (first_error.ok()) first_error = (*file)->Size().status();
   const Status closed = (*file)->Close();
   REQUIRE(setrlimit(RLIMIT_FSIZE, &old) == 0);
   std::signal(SIGXFSZ, old_handler);
@@ -1048,6 +1052,66 @@ TEST_CASE("WriteThrough: small staged ranges go on in the background, in order, 
   CHECK(first_error.ToString().find(path) != std::string::npos);
   CHECK(first_error.ToString().find("File too large") != std::string::npos);
   CHECK(!closed.ok());
+}
+
+TEST_CASE("WriteThrough: ranges back to back leave in whole staging blocks", "[io]") {
+  // universal.h5's layout: many 1 MiB datasets end to end from an odd offset, each sharing a
+  // 4 KiB block with the next, then a gap (HDF5 metadata) and more. Staged, each range
+  // continues the block the one before left open (the carry), so only the run's first head
+  // and last tail go through the page cache, not two edges per range.
+  ScratchDir d;
+  const std::string path = d / "universal.bin";
+  std::vector<std::string> tensors;
+  for (int i = 0; i < 20; ++i) tensors.push_back(PatternBytes((1u << 20) + (i == 7 ? 12 : 0), i));
+  const uint64_t gap_at = 11;  // a gap of 2 KiB before tensor 11 starts a second run
+  std::vector<uint64_t> at;
+  uint64_t size = 4096 + 424;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (i == gap_at) size += 2048;
+    at.push_back(size);
+    size += tensors[i].size();
+  }
+  std::string expect(size + 4096, '\x33');
+  for (size_t i = 0; i < tensors.size(); ++i) expect.replace(at[i], tensors[i].size(), tensors[i]);
+  DirectIoMode mode("auto");
+  Spit(path, std::string(expect.size(), '\x33'));
+  auto file = Env::Default()->OpenRandomWriteFile(path);
+  REQUIRE(file.ok());
+  std::string seen, want;
+  const DirectWriteStats before = GetDirectWriteStats();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    REQUIRE((*file)
+                ->WriteThrough(at[i], tensors[i],
+                               [&](const uint8_t* p, size_t n) {
+                                 CHECK(n <= RandomWriteFile::kWritePiece);
+                                 seen.append(reinterpret_cast<const char*>(p), n);
+                               })
+                .ok());
+    want += tensors[i];
+    CHECK(seen.size() == want.size());  // handed over whole, in order, before it returns
+  }
+  // A read of the first run's last bytes gets them (the open block is written first).
+  std::string back(4096, '\0');
+  REQUIRE(
+      (*file)->Read(at[gap_at - 1] + tensors[gap_at - 1].size() - 4096, 4096, back.data()).ok());
+  CHECK(back == tensors[gap_at - 1].substr(tensors[gap_at - 1].size() - 4096));
+  REQUIRE((*file)->Close().ok());
+  const DirectWriteStats after = GetDirectWriteStats();
+  CHECK(seen == want);
+  CHECK(Slurp(path) == expect);
+  if (after.refused != before.refused) {
+    WARN("O_DIRECT refused on " << d.str() << ": written through the page cache");
+    return;
+  }
+  // Two runs, [at[0], end of 10) and [at[11], end of 19): each run's whole 4 KiB blocks leave
+  // with O_DIRECT (the second run's open block written when the read above flushed it).
+  auto whole = [](uint64_t from, uint64_t to) {
+    return to / 4096 * 4096 - (from + 4095) / 4096 * 4096;
+  };
+  const uint64_t run1 = whole(at[0], at[gap_at - 1] + tensors[gap_at - 1].size());
+  const uint64_t run2 = whole(at[gap_at], at.back() + tensors.back().size());
+  CHECK(after.direct_bytes - before.direct_bytes == run1 + run2);
+  CHECK(after.buffered_bytes - before.buffered_bytes < 4 * 4096);
 }
 
 TEST_CASE("WriteThrough: data in I/O memory leaves with O_DIRECT from where it lies", "[io]") {

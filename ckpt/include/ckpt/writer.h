@@ -62,6 +62,11 @@ struct DatasetSpec {
   // memory then starts at that place within a 4 KiB block (to-universal's windows read from
   // .pt records at any place). The bytes written are the same.
   DatasetFillPlace fill_place;
+  // Optional, with `fill`: called on the thread that writes the file with each filled window,
+  // before it is written and before the window is filled again, while a helper may be filling
+  // the next one (to-universal: the source's checksum of what it read, off the reading
+  // thread).
+  std::function<void()> filled;
 
   static DatasetSpec Tensor(std::string name, DType dtype, std::vector<int64_t> shape,
                             const void* data);

@@ -20,6 +20,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -483,6 +484,28 @@ void DropFromPageCache(const std::string& path) {
   REQUIRE(fd.valid());
   REQUIRE(::fdatasync(fd.get()) == 0);
   REQUIRE(::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED) == 0);
+}
+
+// Writes tensors[i] at at[i] with WriteThrough, one after another, checking that each call
+// hands its whole range to `before` (in pieces of at most kWritePiece) before it returns;
+// after(i) runs once tensor i's call returned. Every byte handed over, in order.
+std::string WriteEachThrough(RandomWriteFile& file, const std::vector<uint64_t>& at,
+                             const std::vector<std::string>& tensors,
+                             const std::function<void(size_t)>& after = nullptr) {
+  std::string seen;
+  size_t want = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    REQUIRE(file.WriteThrough(at[i], tensors[i],
+                              [&](const uint8_t* p, size_t n) {
+                                CHECK(n <= RandomWriteFile::kWritePiece);
+                                seen.append(reinterpret_cast<const char*>(p), n);
+                              })
+                .ok());
+    want += tensors[i].size();
+    CHECK(seen.size() == want);
+    if (after) after(i);
+  }
+  return seen;
 }
 
 }  // namespace
@@ -990,23 +1013,16 @@ TEST_CASE("WriteThrough: small staged ranges go on in the background, in order, 
       Spit(path, std::string(size, '\x11'));
       auto file = Env::Default()->OpenRandomWriteFile(path);
       REQUIRE(file.ok());
-      std::string seen, want;
+      std::string want;
+      for (const auto& t : tensors) want += t;
       const DirectWriteStats before = GetDirectWriteStats();
-      for (size_t i = 0; i < tensors.size(); ++i) {
-        REQUIRE((*file)
-                    ->WriteThrough(at[i], tensors[i],
-                                   [&](const uint8_t* p, size_t n) {
-                                     seen.append(reinterpret_cast<const char*>(p), n);
-                                   })
-                    .ok());
-        want += tensors[i];
-        // Each range is handed over whole, in order, before the call returns.
-        CHECK(seen.size() == want.size());
-        // A read of what was just written waits for it (the seal and file digest read back).
+      // Each range is handed over whole, in order, before the call returns, and a read of what
+      // was just written waits for it (the seal and file digest read back).
+      const std::string seen = WriteEachThrough(**file, at, tensors, [&](size_t i) {
         std::string back(tensors[i].size(), '\0');
         REQUIRE((*file)->Read(at[i], back.size(), back.data()).ok());
         CHECK(back == tensors[i]);
-      }
+      });
       REQUIRE((*file)->Close().ok());
       const DirectWriteStats after = GetDirectWriteStats();
       CHECK(seen == want);
@@ -1077,19 +1093,10 @@ TEST_CASE("WriteThrough: ranges back to back leave in whole staging blocks", "[i
   Spit(path, std::string(expect.size(), '\x33'));
   auto file = Env::Default()->OpenRandomWriteFile(path);
   REQUIRE(file.ok());
-  std::string seen, want;
+  std::string want;
+  for (const auto& t : tensors) want += t;
   const DirectWriteStats before = GetDirectWriteStats();
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    REQUIRE((*file)
-                ->WriteThrough(at[i], tensors[i],
-                               [&](const uint8_t* p, size_t n) {
-                                 CHECK(n <= RandomWriteFile::kWritePiece);
-                                 seen.append(reinterpret_cast<const char*>(p), n);
-                               })
-                .ok());
-    want += tensors[i];
-    CHECK(seen.size() == want.size());  // handed over whole, in order, before it returns
-  }
+  const std::string seen = WriteEachThrough(**file, at, tensors);
   // A read of the first run's last bytes gets them (the open block is written first).
   std::string back(4096, '\0');
   REQUIRE(

@@ -73,7 +73,7 @@ bool DirectWriter::Wanted(uint64_t offset, std::string_view data, bool deferred)
   }
   if (DirectIoOff()) return false;
   // A deferred range that continues the carry joins it, however small.
-  if (deferred && carrying_ && offset == carry_end_ && !InPlace(offset, data)) return true;
+  if (deferred && Continues(offset) && !InPlace(offset, data)) return true;
   const uint64_t middle = AlignedMiddle(offset, data.size()).bytes();
   if (InPlace(offset, data)) return middle >= kMinInPlace;
   return middle >= (deferred ? kMinDeferred : kBlock);
@@ -208,8 +208,7 @@ int DirectWriter::FreeSlot(int slots) {
   cv_.wait(lock, [&] {
     if (!failed_.ok()) return true;
     for (k = 0; k < slots; ++k)
-      if (k != carry_slot_ &&
-          std::none_of(pending_.begin(), pending_.end(), [&](const Job& p) { return p.slot == k; }))
+      if (std::none_of(pending_.begin(), pending_.end(), [&](const Job& p) { return p.slot == k; }))
         return true;
     return false;
   });
@@ -226,11 +225,16 @@ Status DirectWriter::FlushCarry() {
   const uint64_t whole = carry_len_ & ~(kAlign - 1);
   if (whole > 0) HandOver({carry_pos_, whole, k, reinterpret_cast<const char*>(buf), false, {}});
   if (carry_len_ == whole) return Status::Ok();
-  // The last, partial 4 KiB block: through the page cache, by a writer.
+  // The last, partial 4 KiB block: through the page cache, by a writer. Called from WaitFor,
+  // Drain and the destructor too, so a failed allocation is a status, not an exception.
   const uint64_t rest = carry_len_ - whole;
-  auto edge = std::make_shared<const std::string>(reinterpret_cast<const char*>(buf) + whole,
-                                                  static_cast<size_t>(rest));
-  HandOver({carry_pos_ + whole, rest, -1, edge->data(), false, std::move(edge)});
+  try {
+    auto edge = std::make_shared<const std::string>(reinterpret_cast<const char*>(buf) + whole,
+                                                    static_cast<size_t>(rest));
+    HandOver({carry_pos_ + whole, rest, -1, edge->data(), false, std::move(edge)});
+  } catch (const std::bad_alloc&) {
+    return ResourceExhausted(path_ + ": " + OutOfMemoryText());
+  }
   return Status::Ok();
 }
 
@@ -240,9 +244,9 @@ Status DirectWriter::WriteCarried(uint64_t offset, std::string_view data,
   const uint64_t end = offset + data.size();
   uint64_t at = offset;
   uint64_t head = 0;  // bytes before the first 4 KiB boundary of a range that starts a carry
-  if (!(carrying_ && offset == carry_end_)) {
+  if (!Continues(offset)) {
     CKPT_RETURN_IF_ERROR(FlushCarry(), "");
-    const AlignedMiddle mid(offset, data.size());  // not empty: Wanted
+    const AlignedMiddle mid(offset, data.size());  // not empty: Write
     head = mid.lo - offset;
     // Handed to `before` in order; written once the first block is with the writers.
     if (before && head > 0) before(src, static_cast<size_t>(head));
@@ -251,32 +255,17 @@ Status DirectWriter::WriteCarried(uint64_t offset, std::string_view data,
     carry_end_ = at;
     carry_slot_ = -1;
   }
-  // Two blocks being written while a third fills.
-  const int slots = GrowStaging(kWriters + 1);
+  const int slots = static_cast<int>(staging_.size());  // at least one (Write)
   Status status = Status::Ok();
   bool head_written = head == 0;
-  auto write_head = [&]() -> Status {
+  auto write_head = [&] {
     head_written = true;
     auto edge = std::make_shared<const std::string>(data.data(), static_cast<size_t>(head));
     HandOver({offset, head, -1, edge->data(), false, std::move(edge)});
-    return Status::Ok();
   };
   try {
-    while (at < end && status.ok()) {
+    while (at < end) {
       if (carry_slot_ < 0) {
-        if (slots == 0) {  // no staging memory: this range's rest through the page cache
-          carrying_ = false;
-          if (!head_written) status = write_head();
-          for (uint64_t p = at; status.ok() && p < end;) {
-            const size_t n =
-                static_cast<size_t>(std::min<uint64_t>(end - p, RandomWriteFile::kWritePiece));
-            if (before) before(src + (p - offset), n);
-            g_buffered_bytes += n;
-            status = PwriteAll(fd_, p, std::string_view(data.data() + (p - offset), n), path_);
-            p += n;
-          }
-          return status;
-        }
         carry_slot_ = FreeSlot(slots);
         if (carry_slot_ < 0) break;  // a write failed
         carry_pos_ = carry_end_;
@@ -294,10 +283,10 @@ Status DirectWriter::WriteCarried(uint64_t offset, std::string_view data,
       if (carry_len_ == kBlock) {
         HandOver({carry_pos_, kBlock, carry_slot_, reinterpret_cast<const char*>(slot), false, {}});
         carry_slot_ = -1;
-        if (!head_written) status = write_head();
+        if (!head_written) write_head();
       }
     }
-    if (status.ok() && !head_written) status = write_head();
+    if (!head_written) write_head();
   } catch (const std::bad_alloc&) {
     status = ResourceExhausted(path_ + ": " + OutOfMemoryText());
   }
@@ -348,9 +337,11 @@ Status DirectWriter::Write(uint64_t offset, std::string_view data,
     dfd = direct_.Get(fd_, O_WRONLY, &g_refused);  // -1 once refused; dfd_ stays open
     if (dfd >= 0) dfd_ = dfd;
   }
+  // Two blocks being written while a third fills; without staging memory, or writers, the
+  // range goes the way below (through pwrite).
   if (defer && dfd >= 0 && !InPlace(offset, data) &&
-      ((carrying_ && offset == carry_end_) || !AlignedMiddle(offset, data.size()).empty()) &&
-      StartWriters())
+      (Continues(offset) || !AlignedMiddle(offset, data.size()).empty()) && StartWriters() &&
+      GrowStaging(kWriters + 1) > 0)
     return WriteCarried(offset, data, before);
   CKPT_RETURN_IF_ERROR(FlushCarry(), "");
   const AlignedMiddle mid(offset, data.size());
@@ -382,18 +373,8 @@ Status DirectWriter::Write(uint64_t offset, std::string_view data,
   Status status = Status::Ok();
   try {
     for (uint64_t pos = lo; pos < hi; pos += kBlock) {
-      int k = -1;  // a slot no pending block holds
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] {
-          for (k = 0; k < slots; ++k)
-            if (std::none_of(pending_.begin(), pending_.end(),
-                             [&](const Job& p) { return p.slot == k; }))
-              return true;
-          return !failed_.ok();
-        });
-        if (!failed_.ok()) break;
-      }
+      const int k = FreeSlot(slots);  // a slot no pending block holds
+      if (k < 0) break;               // a write failed
       const uint64_t len = std::min(kBlock, hi - pos);
       uint8_t* slot = in_place ? nullptr : staging_[static_cast<size_t>(k)];
       // `before` (the output's hash) and the copy into staging for a staged block, before its

@@ -96,12 +96,15 @@ class DirectWriter {
   // writes each.
   Status WriteCarried(uint64_t offset, std::string_view data,
                       const RandomWriteFile::PieceFn& before);
-  // Hands the carried block's whole 4 KiB blocks to the writers and writes its unaligned rest
-  // with pwrite; nothing carried afterwards. The caller's thread.
+  // Hands the carried block's whole 4 KiB blocks to the writers, and its unaligned rest as an
+  // edge; nothing carried afterwards. The caller's thread.
   Status FlushCarry();
+  // Whether a range at `offset` continues the carry.
+  bool Continues(uint64_t offset) const { return carrying_ && offset == carry_end_; }
   // Makes sure up to `want` staging buffers exist (fewer when memory cannot be had); how many.
   int GrowStaging(int want);
-  // A staging slot that no pending block and not the carry holds; -1 once a write failed.
+  // Waits for a slot below `slots` that no pending block holds (the carry's, if any, is not
+  // pending: called only with none open); -1 once a write failed.
   int FreeSlot(int slots);
   void WriterLoop();
   bool StartWriters();  // false when no helper thread could be started

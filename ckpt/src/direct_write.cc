@@ -160,8 +160,15 @@ bool DirectWriter::StartWriters() {
 
 Status DirectWriter::WaitFor(uint64_t offset, uint64_t n) {
   const Status flushed = FlushCarry();
+  if (!flushed.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failed_.ok()) failed_ = flushed;
+  }
+  return WaitForPending(offset, n);
+}
+
+Status DirectWriter::WaitForPending(uint64_t offset, uint64_t n) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (!flushed.ok() && failed_.ok()) failed_ = flushed;
   cv_.wait(lock, [&] {
     for (const Job& j : pending_)
       if (j.pos < offset + n && offset < j.pos + j.len) return false;
@@ -244,8 +251,12 @@ Status DirectWriter::WriteCarried(uint64_t offset, std::string_view data,
   const uint64_t end = offset + data.size();
   uint64_t at = offset;
   uint64_t head = 0;  // bytes before the first 4 KiB boundary of a range that starts a carry
-  if (!Continues(offset)) {
-    CKPT_RETURN_IF_ERROR(FlushCarry(), "");
+  const bool continues = Continues(offset);
+  if (!continues) CKPT_RETURN_IF_ERROR(FlushCarry(), "");
+  // After any earlier write of these bytes still going out (a range written over again): two
+  // writers take blocks in any order. The carry's own blocks all lie before `offset`.
+  CKPT_RETURN_IF_ERROR(WaitForPending(offset, data.size()), "");
+  if (!continues) {
     const AlignedMiddle mid(offset, data.size());  // not empty: Write
     head = mid.lo - offset;
     // Handed to `before` in order; written once the first block is with the writers.
@@ -343,12 +354,11 @@ Status DirectWriter::Write(uint64_t offset, std::string_view data,
       (Continues(offset) || !AlignedMiddle(offset, data.size()).empty()) && StartWriters() &&
       GrowStaging(kWriters + 1) > 0)
     return WriteCarried(offset, data, before);
-  CKPT_RETURN_IF_ERROR(FlushCarry(), "");
+  // The carried block handed over, then after any earlier write of these bytes still going
+  // out (a range written over again: two writers take blocks in any order).
+  CKPT_RETURN_IF_ERROR(WaitFor(offset, data.size()), "");
   const AlignedMiddle mid(offset, data.size());
-  if (dfd < 0 || mid.empty()) {
-    CKPT_RETURN_IF_ERROR(WaitFor(offset, data.size()), "");  // after earlier writes of it
-    return buffered(offset, end);
-  }
+  if (dfd < 0 || mid.empty()) return buffered(offset, end);
   const uint64_t lo = mid.lo, hi = mid.hi;  // plain locals: lambdas below capture them
   // Slots: staging buffers, or with `in_place` places in the caller's memory, as many as the
   // range has blocks up to kSlots (a staged range takes any free staging buffer, some of which
@@ -357,10 +367,7 @@ Status DirectWriter::Write(uint64_t offset, std::string_view data,
   const bool in_place = InPlace(offset, data);
   const int want = static_cast<int>(std::min<uint64_t>(kSlots, (hi - lo + kBlock - 1) / kBlock));
   const int slots = in_place ? want : GrowStaging(want);
-  if (slots == 0) {
-    CKPT_RETURN_IF_ERROR(WaitFor(offset, data.size()), "");  // after earlier writes of it
-    return buffered(offset, end);
-  }
+  if (slots == 0) return buffered(offset, end);
   // The unaligned head and tail (under 4 KiB each) are handed to `before` in order with the
   // rest and written with pwrite once the middle's blocks are with the writers, not on either
   // side of them: each small write through the page cache took 0.1-0.4 ms on the development

@@ -65,7 +65,9 @@ class DirectWriter {
   // RandomWriteFile::kWritePiece bytes to `before` first, in order. Returns once every byte is
   // on file, or with `defer` once the middle's blocks are staged and with the writers (bytes
   // written from where they lie are always waited for): their writes go on while the caller
-  // goes on, and an error among them is returned by a later Write, WaitFor or Drain.
+  // goes on, and an error among them is returned by a later Write, WaitFor or Drain. A range
+  // over bytes that an earlier one's writes still carry waits for those writes first (two
+  // writers take blocks in any order), so the file ends with the later bytes.
   Status Write(uint64_t offset, std::string_view data, const RandomWriteFile::PieceFn& before,
                bool defer = false);
 
@@ -99,6 +101,8 @@ class DirectWriter {
   // Hands the carried block's whole 4 KiB blocks to the writers, and its unaligned rest as an
   // edge; nothing carried afterwards. The caller's thread.
   Status FlushCarry();
+  // WaitFor without handing the carried block over: for a range that continues it.
+  Status WaitForPending(uint64_t offset, uint64_t n);
   // Whether a range at `offset` continues the carry.
   bool Continues(uint64_t offset) const { return carrying_ && offset == carry_end_; }
   // Makes sure up to `want` staging buffers exist (fewer when memory cannot be had); how many.

@@ -225,7 +225,9 @@ class Prober {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     for (size_t r = 0; r < results.size(); ++r)
       CKPT_RETURN_IF_ERROR(results[r], "probe save under " + work + ", rank " + std::to_string(r));
-    const uint64_t stored = TreeBytes(root);
+    // The committed tag's files (rank files, manifest): not the root's lock, which holds the
+    // saver's pid (one byte more or less from one process to the next).
+    const uint64_t stored = TreeBytes(root + "/" + meta_.tag);
     std::error_code ec;
     fs::remove_all(root, ec);
     if (ec) return IOError(root + ": cannot remove the probe's save: " + ec.message());

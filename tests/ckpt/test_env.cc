@@ -23,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <set>
 #include <thread>
 
@@ -652,6 +653,110 @@ TEST_CASE("large reads: O_DIRECT ahead of the caller, the same bytes as pread, i
   }
 }
 
+TEST_CASE("large reads: random ranges on several threads agree with the file", "[io]") {
+  // Random ranges (a byte to 20 MiB, odd and aligned offsets, up to the file's unaligned end)
+  // read by three threads at once through one RandomAccessFile (thread-safe), with ReadLarge into
+  // memory at the data's place in a 4 KiB block (no bounce buffer), off it, or on the heap, with
+  // Scan and with Read, while parts of the file are dropped from the page cache and read back in
+  // (the probe then finds a range partly cached): every part in order, exactly once, with the
+  // file's bytes.
+  ScratchDir d;
+  const std::string path = d / "reads.bin";
+  const std::string bytes = PatternBytes((40u << 20) + 4321, 11);
+  Spit(path, bytes);
+  for (const char* mode_name : {"auto", "on", "off"}) {
+    INFO("CKPT_DIRECT_IO=" << mode_name);
+    DirectIoMode mode(mode_name);
+    auto file = Env::Default()->NewCheckpointFile(path);
+    REQUIRE(file.ok());
+    const DirectReadStats before = GetDirectReadStats();
+    std::atomic<uint64_t> into_place{0};
+    std::mutex check_mu;  // Catch's assertions are not thread-safe
+    auto reader = [&](uint64_t seed) {
+      std::mt19937_64 rng(seed);
+      auto uniform = [&](uint64_t lo, uint64_t hi) {
+        return std::uniform_int_distribution<uint64_t>(lo, hi)(rng);
+      };
+      AlignedBuffer io((20u << 20) + 8192);
+      std::string heap;
+      std::vector<std::string> problems;
+      for (int op = 0; op < 24; ++op) {
+        uint64_t n = uniform(0, 2) == 0 ? uniform(1, 9000) : uniform(1, 20u << 20);
+        uint64_t at = uniform(0, bytes.size() - 1);
+        if (uniform(0, 2) == 0) at = at / 4096 * 4096;
+        if (uniform(0, 3) == 0) at = bytes.size() - std::min<uint64_t>(n, bytes.size());
+        n = std::min<uint64_t>(n, bytes.size() - at);
+        const std::string_view want = std::string_view(bytes).substr(at, n);
+        const std::string what =
+            "op " + std::to_string(op) + " at " + std::to_string(at) + " of " + std::to_string(n);
+        const uint64_t kind = uniform(0, 5);
+        if (kind == 0) {  // drop a stretch from the page cache, read another in
+          UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+          ::posix_fadvise(fd.get(), static_cast<off_t>(at), static_cast<off_t>(n),
+                          POSIX_FADV_DONTNEED);
+          std::string warm(std::min<uint64_t>(n, 1u << 20), '\0');
+          ::pread(fd.get(), warm.data(), warm.size(), static_cast<off_t>(uniform(0, at)));
+          continue;
+        }
+        uint8_t* out;
+        if (kind <= 2) {  // ReadLarge: at the data's place, one byte off it, or the heap
+          const uint64_t shift = kind == 1 ? 0 : 1;
+          if (kind == 2 && uniform(0, 1)) {
+            heap.assign(n, '\0');
+            out = reinterpret_cast<uint8_t*>(heap.data());
+          } else {
+            out = io.data() + at % 4096 + shift;
+          }
+          uint64_t next = at;
+          const Status s =
+              (*file)->ReadLarge(at, n, out, [&](uint64_t o, const uint8_t* p, size_t k) {
+                if (o != next || p != out + (o - at) ||
+                    std::memcmp(p, want.data() + (o - at), k) != 0)
+                  problems.push_back(what + ": part at " + std::to_string(o));
+                next = o + k;
+                return Status::Ok();
+              });
+          if (!s.ok() || next != at + n || std::memcmp(out, want.data(), n) != 0)
+            problems.push_back(what + ": ReadLarge " + s.ToString());
+          if (kind == 1) into_place += n;
+        } else if (kind <= 4) {
+          uint64_t next = at;
+          const Status s = (*file)->Scan(at, n, [&](uint64_t o, const uint8_t* p, size_t k) {
+            if (o != next || std::memcmp(p, want.data() + (o - at), k) != 0)
+              problems.push_back(what + ": scanned part at " + std::to_string(o));
+            next = o + k;
+            return Status::Ok();
+          });
+          if (!s.ok() || next != at + n) problems.push_back(what + ": Scan " + s.ToString());
+        } else {
+          heap.assign(n, '\0');
+          const Status s = (*file)->Read(at, n, heap.data());
+          if (!s.ok() || heap != want) problems.push_back(what + ": Read " + s.ToString());
+        }
+      }
+      std::lock_guard<std::mutex> lock(check_mu);
+      for (const auto& p : problems) FAIL_CHECK(p);
+    };
+    std::vector<std::thread> threads;
+    for (uint64_t t = 0; t < 3; ++t) threads.emplace_back(reader, 17 * t + 1);
+    for (auto& t : threads) t.join();
+    const DirectReadStats after = GetDirectReadStats();
+    // What the runs reached: with "on", reads straight into the caller's memory; with "auto",
+    // both ways, as the probe found each range.
+    if (after.refused != before.refused) {
+      WARN("O_DIRECT refused on " << d.str() << ": read through the page cache");
+    } else if (std::string(mode_name) == "off") {
+      CHECK(after.direct_bytes == before.direct_bytes);
+    } else if (std::string(mode_name) == "on") {
+      CHECK(into_place > 0);
+      CHECK(after.direct_into_caller_bytes > before.direct_into_caller_bytes);
+    } else {  // "auto": ranges found in the page cache read through it, the dropped ones not
+      CHECK(after.cached_ranges > before.cached_ranges);
+      CHECK(after.direct_bytes > before.direct_bytes);
+    }
+  }
+}
+
 TEST_CASE("RunAhead: in order, a bounded distance ahead, per-producer indices, first error",
           "[unit]") {
   for (const int producers : {1, 3}) {
@@ -1177,6 +1282,265 @@ TEST_CASE("WriteThrough: data in I/O memory leaves with O_DIRECT from where it l
     const bool direct_expected = std::string(c.mode) != "off";
     CHECK(direct == (direct_expected ? hi - lo : 0));
   }
+}
+
+namespace {
+
+// Fills [p, p + n) with bytes from `rng`, eight at a time.
+void RandomFill(std::mt19937_64& rng, uint8_t* p, size_t n) {
+  for (size_t i = 0; i < n; i += 8) {
+    const uint64_t x = rng();
+    std::memcpy(p + i, &x, std::min<size_t>(8, n - i));
+  }
+}
+
+// What a run of the model test below reached, summed over its runs.
+struct ModelReach {
+  uint64_t direct = 0, in_place = 0, back_to_back = 0, rewrites = 0, reads_of_pending = 0;
+  bool refused = false;
+  void Add(const DirectWriteStats& before, const DirectWriteStats& after) {
+    direct += after.direct_bytes - before.direct_bytes;
+    in_place += after.in_place_bytes - before.in_place_bytes;
+    refused = refused || after.refused != before.refused;
+  }
+};
+
+// Where the file at `path` first differs from `want` (its size when it is a prefix of the
+// other, or longer), read in 1 MiB pieces; -1 when they are equal.
+int64_t FirstDifference(const std::string& path, std::string_view want) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  REQUIRE(fd.valid());
+  std::string buf(1u << 20, '\0');
+  uint64_t at = 0;
+  for (;;) {
+    const ssize_t got = ::pread(fd.get(), buf.data(), buf.size(), static_cast<off_t>(at));
+    REQUIRE(got >= 0);
+    const std::string_view part = want.substr(std::min<uint64_t>(at, want.size()), got);
+    if (std::memcmp(buf.data(), part.data(), part.size()) != 0)
+      for (size_t i = 0; i < part.size(); ++i)
+        if (buf[i] != part[i]) return static_cast<int64_t>(at + i);
+    if (static_cast<size_t>(got) != part.size() || got == 0)
+      return at + got == want.size() ? -1 : static_cast<int64_t>(at + part.size());
+    at += static_cast<uint64_t>(got);
+  }
+}
+
+// One writer's operands, in buffers kept from one call to the next (fresh memory costs its
+// page faults). Lengths run from a byte to 18 MiB, around the sizes where DirectWriter changes
+// course (kMinDeferred, a 1 MiB piece, an 8 MiB block); the bytes are random, and the call gets
+// a copy of them: in I/O memory at the place the offset takes in a 4 KiB block (they then leave
+// from where they lie) for about a third of the ranges that fit, else on the heap.
+struct ModelWriter {
+  std::mt19937_64& rng;
+  AlignedBuffer& io;
+  std::string keep, lent, seen, back;
+
+  uint64_t Uniform(uint64_t lo, uint64_t hi) {
+    return std::uniform_int_distribution<uint64_t>(lo, hi)(rng);
+  }
+  uint64_t Length() {
+    switch (Uniform(0, 3)) {
+      case 0:
+        return Uniform(1, 9000);
+      case 1:
+        return Uniform(400u << 10, 1600u << 10);
+      case 2:
+        return Uniform(1u << 20, 9u << 20);
+      default:
+        return Uniform(8u << 20, 18u << 20);
+    }
+  }
+  // Writes n fresh bytes (kept in `keep`) at `at` through `write`, called with a piece checker
+  // (each piece at most `piece` bytes), and scribbles over the call's copy the moment it
+  // returns: the caller may reuse its bytes at once, so a write that still read them would put
+  // 0xEE on file. Checks that every byte was handed over once, in order.
+  template <typename WriteFn>
+  void Write(uint64_t at, uint64_t n, size_t piece, WriteFn write) {
+    keep.resize(n);
+    RandomFill(rng, reinterpret_cast<uint8_t*>(keep.data()), n);
+    const uint64_t place = at % 4096;
+    std::string_view data;
+    if (Uniform(0, 2) == 0 && place + n <= io.size()) {
+      std::memcpy(io.data() + place, keep.data(), n);
+      data = {reinterpret_cast<const char*>(io.data() + place), n};
+    } else {
+      lent = keep;
+      data = lent;
+    }
+    seen.clear();
+    const Status s = write(data, [&](const uint8_t* p, size_t k) {
+      CHECK(k <= piece);
+      seen.append(reinterpret_cast<const char*>(p), k);
+    });
+    std::memset(const_cast<char*>(data.data()), 0xEE, data.size());
+    REQUIRE(s.ok());
+    CHECK((seen == keep));
+  }
+};
+
+}  // namespace
+
+// A model of the file for the offset writer (PosixRandomWriteFile: DirectWriter's staging,
+// in-place writes, deferred ranges and the carry) and the appending one (PosixWritableFile's
+// large appends): random ranges at aligned and odd offsets, half of them starting where the
+// last one ended (the carry's runs), reads of what may still be going out, Size, Sync and plain
+// writes, each checked against a std::string holding what the file must hold. The caller's
+// bytes are scribbled over as soon as a call returns; each mode asserts what it reached.
+TEST_CASE("WriteThrough and large appends: random operations agree with a model of the file",
+          "[io]") {
+  ScratchDir d;
+  constexpr uint64_t kFile = 32u << 20;
+  AlignedBuffer io(20u << 20);
+  for (const char* mode_name : {"auto", "off"}) {
+    DirectIoMode mode(mode_name);
+    ModelReach reach;
+    for (uint64_t seed = 1; seed <= 3; ++seed) {
+      INFO("CKPT_DIRECT_IO=" << mode_name << ", seed " << seed);
+      std::mt19937_64 rng(seed);
+      ModelWriter src{rng, io};
+
+      // Offset writes into an existing file, which they may extend.
+      const std::string path = d / ("offsets_" + std::to_string(seed) + ".bin");
+      std::string model = PatternBytes(kFile, 100 + seed);
+      model.reserve(kFile + (4u << 20));
+      Spit(path, model);
+      auto file = Env::Default()->OpenRandomWriteFile(path);
+      REQUIRE(file.ok());
+      DirectWriteStats before = GetDirectWriteStats();
+      uint64_t last_at = 0, last_end = 0;  // the last WriteThrough's range (none yet: 0, 0)
+      for (int op = 0; op < 60; ++op) {
+        const uint64_t kind = src.Uniform(0, 10);
+        INFO("operation " << op << ", kind " << kind);
+        if (kind <= 6) {  // WriteThrough: after the last range, over it, or anywhere
+          const bool follow = last_end > 0 && kind <= 2;
+          const bool again = last_end > 0 && kind == 3;
+          uint64_t at = follow ? last_end : again ? last_at : src.Uniform(0, kFile - 1);
+          if (!follow && !again && src.Uniform(0, 1) == 0) at = at / 4096 * 4096;
+          const uint64_t n = std::min(src.Length(), kFile + (4u << 20) - at);
+          INFO("WriteThrough at " << at << " of " << n);
+          src.Write(at, n, RandomWriteFile::kWritePiece, [&](std::string_view data, auto piece) {
+            return (*file)->WriteThrough(at, data, piece);
+          });
+          if (model.size() < at + n) model.resize(at + n);
+          model.replace(at, n, src.keep);
+          reach.back_to_back += follow;
+          reach.rewrites += again;
+          last_at = at;
+          last_end = at + n;
+        } else if (kind == 7) {  // a plain write, often over what was just handed over
+          const uint64_t n = src.Uniform(1, 9000);
+          const uint64_t at =
+              last_end > n && src.Uniform(0, 1) ? last_end - n : src.Uniform(0, kFile - n);
+          std::string bytes(n, '\0');
+          RandomFill(rng, reinterpret_cast<uint8_t*>(bytes.data()), n);
+          REQUIRE((*file)->Write(at, bytes).ok());
+          model.replace(at, n, bytes);
+        } else if (kind <= 9) {  // a read, half the time of the last range's end
+          const uint64_t n = src.Uniform(1, 3u << 20);
+          uint64_t at = src.Uniform(0, model.size() - n);
+          if (last_end > n && src.Uniform(0, 1)) {
+            at = last_end - n;
+            ++reach.reads_of_pending;
+          }
+          src.back.resize(n);
+          REQUIRE((*file)->Read(at, n, src.back.data()).ok());
+          CHECK((src.back == std::string_view(model).substr(at, n)));
+        } else {  // Size, or Sync
+          if (src.Uniform(0, 1)) {
+            auto size = (*file)->Size();
+            REQUIRE(size.ok());
+            CHECK(*size == model.size());
+          } else {
+            REQUIRE((*file)->Sync().ok());
+          }
+        }
+      }
+      REQUIRE((*file)->Close().ok());
+      reach.Add(before, GetDirectWriteStats());
+      CHECK(FirstDifference(path, model) == -1);
+
+      // Appends to a new file: plain and large ones, the latter from the heap or in place.
+      const std::string out = d / ("appends_" + std::to_string(seed) + ".bin");
+      auto appended = Env::Default()->NewWritableFile(out);
+      REQUIRE(appended.ok());
+      before = GetDirectWriteStats();
+      std::string expect;
+      expect.reserve(kFile + (20u << 20));
+      for (int op = 0; op < 30; ++op) {
+        const uint64_t kind = src.Uniform(0, 4);
+        INFO("append " << op << ", kind " << kind);
+        if (kind <= 2 && expect.size() < kFile) {
+          const uint64_t n = src.Length();
+          src.Write(expect.size(), n, WritableFile::kAppendPiece,
+                    [&](std::string_view data, auto piece) {
+                      return (*appended)->AppendThrough(data, piece);
+                    });
+          expect += src.keep;
+        } else if (kind == 3) {
+          std::string bytes(src.Uniform(1, 5000), '\0');
+          RandomFill(rng, reinterpret_cast<uint8_t*>(bytes.data()), bytes.size());
+          REQUIRE((*appended)->Append(bytes).ok());
+          expect += bytes;
+        } else {
+          REQUIRE((*appended)->Sync().ok());
+        }
+      }
+      REQUIRE((*appended)->Close().ok());
+      reach.Add(before, GetDirectWriteStats());
+      CHECK(FirstDifference(out, expect) == -1);
+      fs::remove(path);
+      fs::remove(out);
+    }
+    // What the runs reached: back-to-back ranges and reads of ranges just handed over in every
+    // mode; with O_DIRECT, blocks staged and blocks written from where they lie.
+    INFO("CKPT_DIRECT_IO=" << mode_name);
+    CHECK(reach.back_to_back >= 10);
+    CHECK(reach.rewrites >= 5);
+    CHECK(reach.reads_of_pending >= 5);
+    if (std::string(mode_name) == "off") {
+      CHECK(reach.direct == 0);
+    } else if (reach.refused) {
+      WARN("O_DIRECT refused on " << d.str() << ": written through the page cache");
+    } else {
+      CHECK(reach.direct > reach.in_place);
+      CHECK(reach.in_place > 0);
+    }
+  }
+}
+
+TEST_CASE("WriteThrough: a range written over while its blocks still go out keeps the later bytes",
+          "[io]") {
+  // Two writers take the handed-over blocks in any order, and an unaligned edge goes through
+  // the page cache: a range written again at once (a staged range with an odd tail, then the
+  // same range from I/O memory or staged again) must not have its new bytes overtaken by the
+  // old ones still going out.
+  ScratchDir d;
+  const std::string path = d / "again.bin";
+  constexpr uint64_t kRange = (2u << 20) + 100;
+  constexpr int kRounds = 48;
+  AlignedBuffer io(4u << 20);
+  std::mt19937_64 rng(7);
+  std::string expect(kRounds * (3u << 20), '\x55');
+  Spit(path, expect);
+  DirectIoMode mode("auto");
+  auto file = Env::Default()->OpenRandomWriteFile(path);
+  REQUIRE(file.ok());
+  std::string old_bytes(kRange, '\0'), new_bytes(kRange, '\0');
+  for (int round = 0; round < kRounds; ++round) {
+    const uint64_t at = round * (3u << 20) + (round % 3) * 1000;
+    RandomFill(rng, reinterpret_cast<uint8_t*>(old_bytes.data()), kRange);
+    RandomFill(rng, reinterpret_cast<uint8_t*>(new_bytes.data()), kRange);
+    REQUIRE((*file)->WriteThrough(at, old_bytes, nullptr).ok());
+    std::string_view again = new_bytes;
+    if (round % 2 == 0) {  // from I/O memory, at the offset's place in a 4 KiB block
+      std::memcpy(io.data() + at % 4096, new_bytes.data(), kRange);
+      again = {reinterpret_cast<const char*>(io.data() + at % 4096), kRange};
+    }
+    REQUIRE((*file)->WriteThrough(at, again, nullptr).ok());
+    expect.replace(at, kRange, new_bytes);
+  }
+  REQUIRE((*file)->Close().ok());
+  CHECK(FirstDifference(path, expect) == -1);
 }
 
 TEST_CASE("ckpt synth's state in I/O memory is saved from where it lies and reads back", "[io]") {

@@ -664,6 +664,12 @@ TEST_CASE("large reads: random ranges on several threads agree with the file", "
   const std::string path = d / "reads.bin";
   const std::string bytes = PatternBytes((40u << 20) + 4321, 11);
   Spit(path, bytes);
+  {
+    // On disk and clean in the page cache: a dirty page would stay cached when dropped.
+    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    REQUIRE(fd.valid());
+    REQUIRE(::fdatasync(fd.get()) == 0);
+  }
   for (const char* mode_name : {"auto", "on", "off"}) {
     INFO("CKPT_DIRECT_IO=" << mode_name);
     DirectIoMode mode(mode_name);

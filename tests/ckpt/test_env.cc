@@ -1337,6 +1337,7 @@ int64_t FirstDifference(const std::string& path, std::string_view want) {
 // a copy of them: in I/O memory at the place the offset takes in a 4 KiB block (they then leave
 // from where they lie) for about a third of the ranges that fit, else on the heap.
 struct ModelWriter {
+  ModelWriter(std::mt19937_64& r, AlignedBuffer& b) : rng(r), io(b) {}
   std::mt19937_64& rng;
   AlignedBuffer& io;
   std::string keep, lent, seen, back;

@@ -252,10 +252,11 @@ Status DirectWriter::WriteCarried(uint64_t offset, std::string_view data,
   uint64_t at = offset;
   uint64_t head = 0;  // bytes before the first 4 KiB boundary of a range that starts a carry
   const bool continues = Continues(offset);
-  if (!continues) CKPT_RETURN_IF_ERROR(FlushCarry(), "");
   // After any earlier write of these bytes still going out (a range written over again): two
-  // writers take blocks in any order. The carry's own blocks all lie before `offset`.
-  CKPT_RETURN_IF_ERROR(WaitForPending(offset, data.size()), "");
+  // writers take blocks in any order. A range that continues the carry keeps it open (its own
+  // blocks all lie before `offset`); any other hands it over first, as Write does.
+  CKPT_RETURN_IF_ERROR(
+      continues ? WaitForPending(offset, data.size()) : WaitFor(offset, data.size()), "");
   if (!continues) {
     const AlignedMiddle mid(offset, data.size());  // not empty: Write
     head = mid.lo - offset;

@@ -479,11 +479,17 @@ bool PageCached(const std::string& path, uint64_t at) {
   return (v & 1) != 0;
 }
 
-// Writes `path`'s dirty pages and drops its pages from the page cache.
-void DropFromPageCache(const std::string& path) {
+// Writes `path`'s dirty pages: its pages stay cached, clean (a dirty page is not dropped).
+UniqueFd WriteBack(const std::string& path) {
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   REQUIRE(fd.valid());
   REQUIRE(::fdatasync(fd.get()) == 0);
+  return fd;
+}
+
+// Writes `path`'s dirty pages and drops its pages from the page cache.
+void DropFromPageCache(const std::string& path) {
+  const UniqueFd fd = WriteBack(path);
   REQUIRE(::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED) == 0);
 }
 
@@ -664,12 +670,7 @@ TEST_CASE("large reads: random ranges on several threads agree with the file", "
   const std::string path = d / "reads.bin";
   const std::string bytes = PatternBytes((40u << 20) + 4321, 11);
   Spit(path, bytes);
-  {
-    // On disk and clean in the page cache: a dirty page would stay cached when dropped.
-    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-    REQUIRE(fd.valid());
-    REQUIRE(::fdatasync(fd.get()) == 0);
-  }
+  WriteBack(path);  // clean in the page cache, so the drops below take
   for (const char* mode_name : {"auto", "on", "off"}) {
     INFO("CKPT_DIRECT_IO=" << mode_name);
     DirectIoMode mode(mode_name);

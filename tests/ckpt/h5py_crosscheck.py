@@ -8,6 +8,7 @@ the HDF5 byte shuffle in numpy.
 """
 import ctypes
 import ctypes.util
+import functools
 import json
 import os
 import sys
@@ -46,12 +47,19 @@ def read_by_chunks(ds):
     return out
 
 
-def xxh3_hex(data):
-    """XXH3-64 from the reference C library (Debian's python has no xxhash module)."""
+@functools.lru_cache(maxsize=None)
+def xxhash_lib():
+    """The reference C library (Debian's python has no xxhash module), looked up once:
+    find_library runs ldconfig, and a manifest may list a digest for every 8 bytes."""
     lib = ctypes.CDLL(ctypes.util.find_library("xxhash") or "libxxhash.so.0")
     lib.XXH3_64bits.restype = ctypes.c_uint64
     lib.XXH3_64bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
-    return "%016x" % lib.XXH3_64bits(data, len(data))
+    return lib
+
+
+def xxh3_hex(data):
+    """XXH3-64 of `data` as the manifest writes it."""
+    return "%016x" % xxhash_lib().XXH3_64bits(data, len(data))
 
 
 def data_extents(h):

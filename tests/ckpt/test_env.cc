@@ -625,6 +625,40 @@ TEST_CASE("large reads: O_DIRECT ahead of the caller, the same bytes as pread, i
     CHECK(s.code() == StatusCode::kDataLoss);
     CHECK_THAT(s.message(), Catch::Contains(path));
   }
+  SECTION("auto mode decides without reading: an uncached range stays out of the page cache") {
+    // Until 2026-12-07 the decision was three one-byte RWF_NOWAIT reads, and the kernel reads
+    // the page of such a read into the page cache when it is not there: a 4 KiB request beside
+    // every large read. cachestat(2) counts the pages instead; where the kernel lacks it
+    // (before Linux 6.5) the probe remains, and only the read's outcome is checked here.
+    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    REQUIRE(fd.valid());
+    struct {
+      uint64_t off, len;
+    } range{0, 4096};
+    uint64_t counts[5] = {};
+    const bool have_cachestat = ::syscall(451, fd.get(), &range, counts, 0) == 0;
+    if (!have_cachestat) WARN("no cachestat(2) here (" << std::strerror(errno) << ")");
+    DirectIoMode mode("auto");
+    const uint64_t at = 4096 * 3, len = n & ~uint64_t{4095};  // whole pages: no edge reads
+    AlignedBuffer mem(len);
+    DropFromPageCache(path);
+    const DirectReadStats before = GetDirectReadStats();
+    REQUIRE((*file)->ReadLarge(at, len, mem.data(), nullptr).ok());
+    const DirectReadStats after = GetDirectReadStats();
+    CHECK(std::memcmp(mem.data(), bytes.data() + at, len) == 0);
+    if (after.refused != before.refused) {
+      WARN("O_DIRECT refused on " << d.str());
+    } else {
+      CHECK(after.direct_bytes - before.direct_bytes == len);
+      CHECK(after.cached_ranges == before.cached_ranges);
+      if (have_cachestat) {
+        for (const uint64_t b : {at, at + len / 2, at + len - 1}) {
+          INFO("byte " << b);
+          CHECK_FALSE(PageCached(path, b));
+        }
+      }
+    }
+  }
   SECTION("off, or a cached range in auto mode, reads through the page cache") {
     for (const char* m : {"off", "auto"}) {
       DirectIoMode mode(m);

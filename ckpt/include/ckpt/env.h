@@ -82,9 +82,10 @@ class RandomAccessFile {
 // buffers, a helper thread keeping the disk busy while the caller copies and hashes the
 // previous buffer (from 8 MiB; from 512 KiB straight into a caller's memory that shares the
 // data's place in its 4 KiB block). Decided per read at run time: a range already in the page cache
-// (probed with preadv2(RWF_NOWAIT)) or a file system that refuses O_DIRECT (tmpfs, some network
-// file systems) is read with plain pread. CKPT_DIRECT_IO=off never uses O_DIRECT, =on skips the
-// page-cache probe; unset or "auto" decides as above.
+// (every page of it: counted with cachestat(2) where the kernel has it, Linux 6.5, else probed
+// at three bytes with preadv2(RWF_NOWAIT)) or a file system that refuses O_DIRECT (tmpfs, some
+// network file systems) is read with plain pread. CKPT_DIRECT_IO=off never uses O_DIRECT, =on skips
+// the page-cache probe; unset or "auto" decides as above.
 struct DirectReadStats {
   uint64_t direct_bytes = 0;    // bytes delivered by O_DIRECT reads
   uint64_t buffered_bytes = 0;  // bytes of large reads delivered by pread

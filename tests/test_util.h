@@ -139,6 +139,14 @@ inline bool HaveBinary(const std::string& name) {
 // pipe or redirect it themselves.
 inline std::string CkptCommand(const std::string& args) { return BinDir() + "/ckpt " + args; }
 
+// The seed of a randomized test: CKPT_TEST_SEED when set (to replay a failure, whose messages
+// name its seed), else a fresh one.
+inline uint64_t TestSeed() {
+  if (const char* s = std::getenv("CKPT_TEST_SEED")) return std::strtoull(s, nullptr, 10);
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) | rd();
+}
+
 // Runs a shell command, returns its exit code (or -1 when it did not exit normally).
 inline int RunShell(const std::string& cmd) {
   int rc = std::system(cmd.c_str());

@@ -1,11 +1,12 @@
 // Random rank files against a model: checkpoints of random datasets (dtypes, shapes from empty
 // to several chunks, pieces and fill windows; random bytes or compressible ones), saved with
-// random options (compression, chunk, piece and window sizes, direct I/O on or off) from random
-// sources (the heap at any byte, I/O memory, fill callbacks with and without a place), must read
-// back through every read path (whole datasets, verified and unverified slices, into the heap at
-// any byte or into memory at the data's place) exactly as the model holds them, without a byte
-// written outside the caller's buffer; `check --deep` finds nothing, and h5py, reading the
-// files from docs/format.md, sees the model's bytes. The test asserts the paths it reached.
+// random options (compression, chunk, piece and window sizes, direct writes auto or off; reads
+// auto or on) from random sources (the heap at any byte, I/O memory, fill callbacks with and
+// without a place), must read back through every read path (whole datasets, verified and unverified
+// slices, into the heap at any byte or into memory at the data's place) exactly as the model holds
+// them, without a byte written outside the caller's buffer; `check --deep` finds nothing, and h5py,
+// reading the files from docs/format.md, sees the model's bytes. The test asserts the paths it
+// reached.
 #include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
@@ -153,8 +154,8 @@ TEST_CASE("random rank files read back as the model holds them, through every re
       RunShell("/usr/bin/python3 -c 'import h5py, numpy, zstandard' 2>/dev/null") == 0;
   if (!have_h5py) WARN("h5py cross-check skipped: /usr/bin/python3 lacks h5py, numpy or zstandard");
 #endif
-  const uint64_t seed = std::random_device{}();
-  INFO("seed " << seed);
+  const uint64_t seed = TestSeed();
+  INFO("seed " << seed << " (CKPT_TEST_SEED=" << seed << " replays it)");
   std::mt19937_64 rng(seed);
   Reached reached;
   constexpr int kRounds = 10;

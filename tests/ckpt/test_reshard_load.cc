@@ -25,6 +25,7 @@ using namespace ckpt;
 using ckpt::testing::HugePageEligible;
 using ckpt::testing::HugePageMode;
 using ckpt::testing::ScratchDir;
+using ckpt::testing::TestSeed;
 using ckpt::testing::XorByteAt;
 
 namespace {
@@ -293,8 +294,8 @@ TEST_CASE("LoadResharded: random models, pieces and world sizes hold the synthet
   // runs of whole pieces in one large read), random piece and chunk sizes, compressed sources
   // and any (world size, stage) pair; the values are checked against SynthValue itself at
   // random elements, and the whole state against the reader's gather.
-  const uint64_t seed = std::random_device{}();
-  INFO("seed " << seed);
+  const uint64_t seed = TestSeed();
+  INFO("seed " << seed << " (CKPT_TEST_SEED=" << seed << " replays it)");
   std::mt19937_64 rng(seed);
   int rounds = 0;
   uint64_t large_reads = 0;  // bytes LoadResharded read in runs of whole pieces (ReadLarge)

@@ -290,9 +290,9 @@ TEST_CASE("LoadResharded: every source x target pair", "[.][full]") { RunMatrix(
 
 TEST_CASE("LoadResharded: random models, pieces and world sizes hold the synthetic values",
           "[io]") {
-  // Larger tensors than the matrix's (up to about 6 MiB a state, so that verified slices read
-  // runs of whole pieces in one large read), random piece and chunk sizes, compressed sources
-  // and any (world size, stage) pair; the values are checked against SynthValue itself at
+  // Larger tensors than the matrix's (up to 750 000 elements, 3 MiB a state, so that verified
+  // slices read runs of whole pieces in one large read), random piece and chunk sizes, compressed
+  // sources and any (world size, stage) pair; the values are checked against SynthValue itself at
   // random elements, and the whole state against the reader's gather.
   const uint64_t seed = TestSeed();
   INFO("seed " << seed << " (CKPT_TEST_SEED=" << seed << " replays it)");

@@ -166,7 +166,7 @@ std::atomic<bool> g_no_cachestat{false};  // an older kernel, or a seccomp filte
 // Whether every page of [offset, offset + n) (n > 0) is in the page cache. Counted by
 // cachestat where the kernel has it (about 1 us); else the range's first, middle and last
 // bytes are probed with RWF_NOWAIT reads (on the development VM 6-35 us each, and each uncached
-// probe started a 4 KiB read: about 680 of them beside the 1 MiB reads of a 1 GiB `to-universal`,
+// probe started a 4 KiB read: 668 of them beside the 1 MiB reads of a 1 GiB `to-universal`,
 // docs/performance.md, 2026-12-07).
 bool RangeCached(int fd, uint64_t offset, uint64_t n) {
   if (!g_no_cachestat.load(std::memory_order_relaxed)) {

@@ -1,9 +1,11 @@
 // Helpers for the ckpt suites: build small manifests and save them with N thread ranks.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <fstream>
 #include <functional>
+#include <string>
 #include <thread>
 
 #include "ckpt/collective.h"
@@ -147,6 +149,29 @@ inline Status SaveWithThreads(const std::string& root, const Manifest& m, SaveOp
                       st[static_cast<size_t>(r)].ToString());
   }
   return st[0];
+}
+
+// The independent reader of tests/ckpt/h5py_crosscheck.py: /usr/bin/python3 with h5py, numpy
+// and zstandard.
+inline bool HaveH5pyCrosscheck() {
+  return RunShell("/usr/bin/python3 -c 'import h5py, numpy, zstandard' 2>/dev/null") == 0;
+}
+
+// Writes `bytes` as what h5py_crosscheck.py must read for dataset `name` of rank `rank`:
+// EXPECT_DIR/<rank>__<name, '/' -> '@'>.
+inline void WriteExpected(const std::string& expect_dir, int rank, const std::string& name,
+                          const std::string& bytes) {
+  std::string file = std::to_string(rank) + "__" + name;
+  std::replace(file.begin(), file.end(), '/', '@');
+  Spit(expect_dir + "/" + file, bytes);
+}
+
+// Runs h5py_crosscheck.py over the tag directory `tag_dir` against the files of `expect_dir`
+// (WriteExpected), with the ckpt_h5zstd plugin on HDF5_PLUGIN_PATH; its exit code.
+inline int RunH5pyCrosscheck(const std::string& tag_dir, const std::string& expect_dir) {
+  return RunShell("HDF5_PLUGIN_PATH=" + std::string(CKPT_BINARY_DIR) +
+                  "/lib/hdf5-plugins /usr/bin/python3 " + std::string(CKPT_SOURCE_DIR) +
+                  "/tests/ckpt/h5py_crosscheck.py " + tag_dir + " " + expect_dir);
 }
 
 }  // namespace ckpt::testing

@@ -60,8 +60,10 @@ if [ "${#stale[@]}" -gt 0 ]; then
 fi
 
 # fuzz_rank_file seals its inputs as the seeds' writer did (h5::SealFile).
-harness_flags=(-DCKPT_FUZZ_SEED_DIR="\"$repo/tests/fuzz/corpus/rank_file\"")
-for target in manifest rank_file safetensors units torch_pickle json; do
+# fuzz_deepspeed takes its fixtures' files from its seeds.
+harness_flags=(-DCKPT_FUZZ_SEED_DIR="\"$repo/tests/fuzz/corpus/rank_file\""
+               -DCKPT_FUZZ_DEEPSPEED_SEEDS="\"$repo/tests/fuzz/corpus/deepspeed\"")
+for target in manifest rank_file safetensors units torch_pickle json deepspeed; do
   src="$repo/fuzz/fuzz_$target.cc"
   exe="$out/bin/fuzz_$target"
   newest=1

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every libFuzzer target for N seconds on the seed corpus (tests/fuzz/corpus/<target>/).
 #
-#   tools/fuzz.sh [--seconds N] [--targets "manifest rank_file safetensors units torch_pickle json"]
+#   tools/fuzz.sh [--seconds N]
+#                 [--targets "manifest rank_file safetensors units torch_pickle json deepspeed"]
 #                 [--out DIR]
 #
 # Builds the targets first (fuzz/build.sh, clang 14, ASan + UBSan). Inputs found during the
@@ -13,7 +14,7 @@
 set -uo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 seconds=20
-targets="manifest rank_file safetensors units torch_pickle json"
+targets="manifest rank_file safetensors units torch_pickle json deepspeed"
 out="$repo/build-fuzz"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -68,11 +69,15 @@ for t in $targets; do
   line="fuzz_$t: ${seconds}s, ${execs:-?} executions, coverage ${cov:-?} edges, corpus $(ls "$corpus" | wc -l) inputs"
   # Harnesses that print how far their inputs got must get some all the way: the rank-file
   # reader past the metadata seal to HDF5 (fuzz/fuzz_rank_file.cc), the manifest parser past
-  # the seal to the schema checks (fuzz/fuzz_manifest.cc).
+  # the seal to the schema checks (fuzz/fuzz_manifest.cc), the DeepSpeed reader with a changed
+  # file opened as a checkpoint (fuzz/fuzz_deepspeed.cc).
   if [ "$rc" = 0 ]; then
     case "$t" in
       rank_file) require_reach '[0-9]* inputs, [0-9]* past the manifest, [0-9]* past the metadata seal' \
                    '.*, \([0-9]*\) past the metadata seal' 'no input reached HDF5' ;;
+      deepspeed) require_reach \
+                   "[0-9]* inputs, [0-9]* re-CRC'd, [0-9]* checkpoints opened, [0-9]* of them changed, [0-9]* read whole" \
+                   '.*, \([0-9]*\) of them changed,.*' 'no changed file opened as a checkpoint' ;;
       manifest) require_reach \
                   '[0-9]* inputs, [0-9]* re-sealed, [0-9]* parsed whole, [0-9]* by the fast path, [0-9]* summarized' \
                   '.*, \([0-9]*\) by the fast path,.*' 'no input parsed by the fast path' ;;

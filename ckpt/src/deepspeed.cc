@@ -356,10 +356,12 @@ struct DeepSpeedReader::Impl {
     return p;
   }
 
-  // Elements [offset, offset + count) of rank r's stream of `state`.
+  // Elements [offset, offset + count) of rank r's stream of `state` (callers checked that the
+  // range lies inside it).
   Status ReadStream(int r, std::string_view state, int64_t offset, int64_t count, float* out) {
     for (const auto& g : groups[static_cast<size_t>(r)]) {
-      const int64_t lo = std::max(offset, g.base), hi = std::min(offset + count, g.base + g.length);
+      const int64_t lo = std::max(offset, g.base);
+      int64_t hi = std::min(offset + count, g.base + g.length);
       if (lo >= hi) continue;
       const TorchTensorRef* t = g.Of(state);  // callers checked the state's name
       float* dst = out + (lo - offset);
@@ -367,6 +369,15 @@ struct DeepSpeedReader::Impl {
       if (!t) {  // the optimizer has not stepped yet: moments are zero
         std::fill(dst, dst + (hi - lo), 0.0f);
         continue;
+      }
+      // The group's padding past its saved master weights (DeepSpeedZeroOptimizer strips it
+      // when it saves): zeros in every state, as DeepSpeed pads and as Adam leaves them.
+      const int64_t saved = g.base + g.master->numel();
+      if (hi > saved) {
+        const int64_t from = std::max(lo, saved);
+        std::fill(out + (from - offset), out + (hi - offset), 0.0f);
+        hi = from;
+        if (lo >= hi) continue;
       }
       if (first + (hi - lo) > t->numel())
         return DataLoss(info.optim_files[static_cast<size_t>(r)] + ": " + std::string(state) +
@@ -1074,6 +1085,13 @@ Status DeepSpeedReader::ReadPartition(int r, std::string_view state, int64_t off
     return InvalidArgument(I.dir + ": no rank " + std::to_string(r));
   if (state != kMaster && state != kExpAvg && state != kExpAvgSq)
     return InvalidArgument("unknown state '" + std::string(state) + "'");
+  const auto& groups = I.groups[static_cast<size_t>(r)];
+  const int64_t length = groups.empty() ? 0 : groups.back().base + groups.back().length;
+  if (offset < 0 || count < 0 || offset > length || count > length - offset)
+    return InvalidArgument(I.info.optim_files[static_cast<size_t>(r)] + ": elements [" +
+                           std::to_string(offset) + ", " + std::to_string(offset + count) +
+                           ") outside the " + std::to_string(length) + " of rank " +
+                           std::to_string(r) + "'s partition");
   return I.ReadStream(r, state, offset, count, out);
 }
 
@@ -1084,7 +1102,8 @@ std::optional<uint64_t> DeepSpeedReader::PartitionFileOffset(int r, std::string_
   for (const auto& g : I.groups[static_cast<size_t>(r)]) {
     if (offset < g.base || offset >= g.base + g.length) continue;
     const TorchTensorRef* t = g.Of(state);
-    if (!t || t->dtype != DType::kF32) return std::nullopt;
+    // Padding past the saved elements lies nowhere in the file.
+    if (!t || t->dtype != DType::kF32 || offset - g.base >= t->numel()) return std::nullopt;
     return I.optim[static_cast<size_t>(r)].ElementFileOffset(*t, offset - g.base);
   }
   return std::nullopt;

@@ -251,6 +251,63 @@ TEST_CASE("DeepSpeed files are read through the Env: storages with ReadLarge, li
   CHECK(refused.status().message().find("symbolic link") != std::string::npos);
 }
 
+TEST_CASE("a DeepSpeed partition reads whole: stripped padding as zeros, a range outside refused",
+          "[io]") {
+  // DeepSpeedZeroOptimizer pads each group's partition and strips the padding when it saves:
+  // the partition (the space shard_offset indexes) is longer than the saved tensor. Reading it
+  // whole gave DataLoss ("a parameter needs element N", found by fuzz/fuzz_deepspeed.cc), and a
+  // range past its end came back OK with the rest of the output never written.
+  ckpt::testing::ScratchDir dir("dspad");
+  const std::string ds = dir / "ds";
+  REQUIRE(MakeDeepSpeed(ds, "--zero 2 --world 2 --dtype fp32 --hidden 8 --vocab 11"));
+  auto r = ckpt::DeepSpeedReader::Open(ds);
+  REQUIRE(r.ok());
+  int64_t length = 0;
+  for (int64_t g : r->info().group_partition) length += g;
+  REQUIRE(r->manifest().partition.shard_numel.size() == 2);
+  CHECK(r->manifest().partition.shard_numel[0] == length);
+  int64_t padding = 0;
+  for (int rank = 0; rank < 2; ++rank) {
+    for (std::string_view state : {ckpt::kMaster, ckpt::kExpAvg, ckpt::kExpAvgSq}) {
+      INFO("rank " << rank << " " << state);
+      std::vector<float> whole(static_cast<size_t>(length), -1.0f);
+      const ckpt::Status s = r->ReadPartition(rank, state, 0, length, whole.data());
+      INFO(s.ToString());
+      REQUIRE(s.ok());
+      // Every parameter's elements where its range says; every other element is padding: 0.
+      std::vector<bool> owned(whole.size(), false);
+      for (const auto& p : r->manifest().params) {
+        if (!p.trainable()) continue;
+        std::vector<float> values(static_cast<size_t>(p.numel));
+        REQUIRE(r->ReadParamRange(p.name, state, 0, p.numel, values.data()).ok());
+        for (const auto& range : p.ranges) {
+          if (range.rank != rank) continue;
+          for (int64_t e = range.begin; e < range.end; ++e) {
+            const size_t at = static_cast<size_t>(range.shard_offset + e - range.begin);
+            CHECK(whole[at] == values[static_cast<size_t>(e)]);
+            owned[at] = true;
+          }
+        }
+      }
+      for (size_t at = 0; at < whole.size(); ++at) {
+        if (owned[at]) continue;
+        CHECK(whole[at] == 0.0f);
+        if (state == ckpt::kMaster) {
+          ++padding;
+          CHECK_FALSE(r->PartitionFileOffset(rank, state, static_cast<int64_t>(at)).has_value());
+        }
+      }
+      for (auto [offset, count] : std::vector<std::pair<int64_t, int64_t>>{
+               {0, length + 1}, {length, 1}, {-1, 2}, {3, -1}}) {
+        const ckpt::Status out = r->ReadPartition(rank, state, offset, count, whole.data());
+        INFO(out.ToString());
+        CHECK(out.code() == ckpt::StatusCode::kInvalidArgument);
+      }
+    }
+  }
+  CHECK(padding > 0);  // the fixture has padding to read
+}
+
 TEST_CASE("ReadParamSlices reads a run of small DeepSpeed parameters with one request", "[io]") {
   // Blocks of 512 x 512 fp32 (1 MiB a matrix) in one ZeRO-2 partition: what export-fp32
   // reads as one piece. The run is one large read of the partition's storage, and its values

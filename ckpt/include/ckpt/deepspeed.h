@@ -85,11 +85,14 @@ class DeepSpeedReader {
   Status ReadParamRange(std::string_view param, std::string_view state, int64_t begin,
                         int64_t end, float* out);
   // fp32 elements [offset, offset + count) of rank r's partition of `state` (its optimizer
-  // groups one after the other: the space the parameters' ranges' shard_offset index).
+  // groups one after the other: the space the parameters' ranges' shard_offset index). The
+  // padding DeepSpeedZeroOptimizer strips from each group when it saves reads as zeros.
+  // InvalidArgument for a range outside the partition (info().group_partition's sum).
   Status ReadPartition(int r, std::string_view state, int64_t offset, int64_t count, float* out);
   // Where element `offset` of rank r's partition of `state` lies in its optimizer file, when its
-  // group's fp32 tensor is stored contiguous and uncompressed; nullopt otherwise (or for a
-  // moment the optimizer has not written yet). For StateSource::ReadShift.
+  // group's fp32 tensor is stored contiguous and uncompressed; nullopt otherwise (for a
+  // moment the optimizer has not written yet, or for the stripped padding). For
+  // StateSource::ReadShift.
   std::optional<uint64_t> PartitionFileOffset(int r, std::string_view state, int64_t offset);
   // A frozen parameter's (or buffer's) bytes in its stored dtype (manifest dtype and shape),
   // the CRC-32 of each storage record they come from checked (the record read whole).

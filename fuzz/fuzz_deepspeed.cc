@@ -4,19 +4,19 @@
 // reader's own reads, the state source export and to-universal use (ckpt/state_source.h), and
 // `ckpt check`'s CheckSource.
 //
-// An input is one byte of selector and the bytes of one `.pt` file. The selector picks a
-// fixture (bits 2-7, modulo the fixtures: small one-rank checkpoints of ZeRO-1 with
-// BF16_Optimizer, ZeRO-2 bf16 and fp32 with a frozen base, ZeRO-3 fp32, and the frozen-base
-// one with every record deflated), which of its two files
-// the bytes replace (bit 0: the model states, else the optimizer states), and whether the
-// harness first sets every stored record's CRC-32 in the archive (central directory, local
-// header, data descriptor) to what its bytes give (bit 1: "re-CRC"). Without re-CRC a change
-// to a record's bytes is caught by its CRC; with it, changed pickles and tensor bytes get past
-// the CRCs to the unpickler, the layout checks and the reads, as a file written that way by a
-// hostile or broken writer would. The other file of the fixture stays as it was made. Half of
-// the mutations (LLVMFuzzerCustomMutator, below) change one stored record's bytes in place and
-// set the re-CRC bit, so the archive stays whole: in a first run of 120 s, 9 % of the inputs
-// opened as a checkpoint with a changed file, against 3 % with libFuzzer's mutations alone.
+// An input is two bytes of header and the bytes of one `.pt` file. The first byte picks a
+// fixture (modulo the fixtures: small checkpoints of ZeRO-1 with BF16_Optimizer, ZeRO-2 bf16,
+// ZeRO-2 fp32 with a frozen base, the same with every record deflated, and ZeRO-3 fp32, on one
+// rank; ZeRO-2 and ZeRO-3 bf16 on two), the second which of its files the bytes replace (bits
+// 1-7, modulo its files) and whether the harness first sets every stored record's CRC-32 in
+// the archive (central directory, local header, data descriptor) to what its bytes give (bit
+// 0: "re-CRC"). Without re-CRC a change to a record's bytes is caught by its CRC; with it,
+// changed pickles and tensor bytes get past the CRCs to the unpickler, the layout checks and
+// the reads, as a file written that way by a hostile or broken writer would. The fixture's
+// other files stay as they were made. Half of the mutations (LLVMFuzzerCustomMutator, below)
+// change one stored record's bytes in place and set the re-CRC bit, so the archive stays
+// whole: in a first run of 120 s, 9 % of the inputs opened as a checkpoint with a changed file,
+// against 3 % with libFuzzer's mutations alone.
 //
 // CKPT_FUZZ_VERBOSE=1 prints every refusal (to see what an input met).
 //
@@ -58,30 +58,49 @@
 
 namespace {
 
-// The fixtures, in selector order: tests/fuzz/make_deepspeed_seeds.py writes them with these
-// file names (DeepSpeed's own for each layout).
+// The fixtures, in selector order, and their files: tests/fuzz/make_deepspeed_seeds.py makes
+// them with these names (DeepSpeed's own for each layout) in this order.
 struct FixtureSpec {
   const char* name;
-  const char* model_file;
-  const char* optim_file;
+  std::vector<const char*> files;
 };
-constexpr FixtureSpec kSpecs[] = {
-    {"zero2_bf16", "mp_rank_00_model_states.pt", "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"},
-    {"zero3_fp32", "zero_pp_rank_0_mp_rank_00_model_states.pt",
-     "zero_pp_rank_0_mp_rank_00_optim_states.pt"},
-    {"zero1_bf16opt", "mp_rank_00_model_states.pt",
-     "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"},
-    {"zero2_fp32_frozen", "mp_rank_00_model_states.pt",
-     "zero_pp_rank_0_mp_rank_00_optim_states.pt"},
-    // The same with every record deflated (read through libzip's inflate).
-    {"zero2_fp32_frozen_deflated", "mp_rank_00_model_states.pt",
-     "zero_pp_rank_0_mp_rank_00_optim_states.pt"},
-};
-constexpr size_t kFixtures = sizeof kSpecs / sizeof kSpecs[0];
+const std::vector<FixtureSpec>& Specs() {
+  static const std::vector<FixtureSpec> specs = {
+      {"zero2_bf16",
+       {"mp_rank_00_model_states.pt", "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"}},
+      {"zero3_fp32",
+       {"zero_pp_rank_0_mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"}},
+      {"zero1_bf16opt",
+       {"mp_rank_00_model_states.pt", "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"}},
+      {"zero2_fp32_frozen",
+       {"mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"}},
+      // The same with every record deflated (read through libzip's inflate).
+      {"zero2_fp32_frozen_deflated",
+       {"mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"}},
+      // Two ranks: parameters split across partitions, the ranks' files checked against each
+      // other.
+      {"zero2_bf16_world2",
+       {"mp_rank_00_model_states.pt", "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"}},
+      {"zero3_bf16_world2",
+       {"zero_pp_rank_0_mp_rank_00_model_states.pt", "zero_pp_rank_1_mp_rank_00_model_states.pt",
+        "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"}},
+  };
+  return specs;
+}
+
+// An input's two bytes of header: the fixture, then the file (bits 1-7) and re-CRC (bit 0).
+constexpr size_t kHeader = 2;
+constexpr uint8_t kReCrc = 1;
+size_t FixtureOf(const uint8_t* header) { return header[0] % Specs().size(); }
+size_t FileOf(const uint8_t* header) {
+  return (header[1] >> 1) % Specs()[FixtureOf(header)].files.size();
+}
 
 struct Fixture {
-  std::string dir;                    // the tag directory
-  std::vector<uint8_t> model, optim;  // the files as made
+  std::string dir;                             // the tag directory
+  std::vector<std::vector<uint8_t>> pristine;  // its files as made, in FixtureSpec order
 };
 
 struct Counts {
@@ -105,25 +124,27 @@ std::vector<Fixture>& Fixtures() {
     char tmpl[] = "/tmp/fuzz-deepspeed-XXXXXX";
     const char* base = mkdtemp(tmpl);
     if (!base) std::abort();
-    std::vector<Fixture> fx(kFixtures);
-    // Each fixture's pristine files are its seeds' bytes (selector re-CRC bit clear or set).
+    std::vector<Fixture> fx(Specs().size());
+    for (size_t i = 0; i < fx.size(); ++i) fx[i].pristine.resize(Specs()[i].files.size());
+    // Each fixture's files are its seeds' bytes (the re-CRC bit clear or set).
     for (const auto& e : std::filesystem::directory_iterator(CKPT_FUZZ_DEEPSPEED_SEEDS)) {
       const std::vector<uint8_t> seed = ReadFile(e.path());
-      if (seed.size() < 2) continue;
-      Fixture& f = fx[(seed[0] >> 2) % kFixtures];
-      (seed[0] & 1 ? f.model : f.optim).assign(seed.begin() + 1, seed.end());
+      if (seed.size() <= kHeader) continue;
+      fx[FixtureOf(seed.data())].pristine[FileOf(seed.data())].assign(seed.begin() + kHeader,
+                                                                      seed.end());
     }
-    for (size_t i = 0; i < kFixtures; ++i) {
+    for (size_t i = 0; i < fx.size(); ++i) {
       Fixture& f = fx[i];
-      if (f.model.empty() || f.optim.empty()) {
-        std::fprintf(stderr, "fuzz_deepspeed: no seed holds fixture %s's %s file\n", kSpecs[i].name,
-                     f.model.empty() ? "model" : "optimizer");
-        std::abort();
-      }
-      f.dir = std::string(base) + "/" + kSpecs[i].name + "/global_step7";
+      f.dir = std::string(base) + "/" + Specs()[i].name + "/global_step7";
       std::filesystem::create_directories(f.dir);
-      WriteFile(f.dir + "/" + kSpecs[i].model_file, f.model.data(), f.model.size());
-      WriteFile(f.dir + "/" + kSpecs[i].optim_file, f.optim.data(), f.optim.size());
+      for (size_t k = 0; k < f.pristine.size(); ++k) {
+        if (f.pristine[k].empty()) {
+          std::fprintf(stderr, "fuzz_deepspeed: no seed holds fixture %s's %s\n", Specs()[i].name,
+                       Specs()[i].files[k]);
+          std::abort();
+        }
+        WriteFile(f.dir + "/" + Specs()[i].files[k], f.pristine[k].data(), f.pristine[k].size());
+      }
     }
     return fx;
   }();
@@ -342,28 +363,24 @@ bool ReadThroughSource(const std::string& dir) {
   return all_ok && v.ok();
 }
 
-// Installs `data` as the selected file of the selected fixture, reads everything, and puts the
-// fixture back. Returns true when every read succeeded.
+// Installs the input's bytes as the file its header selects, reads everything, and puts the
+// file back. Returns true when every read succeeded.
 bool RunOne(const uint8_t* data, size_t size) {
-  if (size < 1) return false;
-  const uint8_t sel = data[0];
-  const size_t which = (sel >> 2) % kFixtures;
-  Fixture& f = Fixtures()[which];
-  const bool model = sel & 1;
-  std::vector<uint8_t> bytes(data + 1, data + size);
+  if (size < kHeader) return false;
+  Fixture& f = Fixtures()[FixtureOf(data)];
+  const std::string path = f.dir + "/" + Specs()[FixtureOf(data)].files[FileOf(data)];
+  const std::vector<uint8_t>& pristine = f.pristine[FileOf(data)];
+  std::vector<uint8_t> bytes(data + kHeader, data + size);
   ++counts.inputs;
-  if (sel & 2) {
+  if (data[1] & kReCrc) {
     ReCrc(bytes.data(), bytes.size());
     ++counts.recrc;
   }
-  const std::string path =
-      f.dir + "/" + (model ? kSpecs[which].model_file : kSpecs[which].optim_file);
   WriteFile(path, bytes.data(), bytes.size());
 
   bool all_ok = false;
   auto r = ckpt::DeepSpeedReader::Open(f.dir);
   Expect(r.status(), "DeepSpeedReader::Open");
-  const std::vector<uint8_t>& pristine = model ? f.model : f.optim;
   if (r.ok()) {
     ++counts.opened;
     if (bytes != pristine) ++counts.changed_opened;
@@ -419,21 +436,22 @@ extern "C" size_t LLVMFuzzerMutate(uint8_t* data, size_t size, size_t max_size);
 extern "C" size_t LLVMFuzzerCustomMutator(uint8_t* data, size_t size, size_t max_size,
                                           unsigned int seed) {
   std::minstd_rand rng(seed);
-  if (size < 2 || rng() % 2 == 0) return LLVMFuzzerMutate(data, size, max_size);
-  const std::vector<StoredRecord> records = StoredRecords(data + 1, size - 1);
+  if (size <= kHeader || rng() % 2 == 0) return LLVMFuzzerMutate(data, size, max_size);
+  const std::vector<StoredRecord> records = StoredRecords(data + kHeader, size - kHeader);
+  const bool pickle = rng() % 2 == 0;
   std::vector<const StoredRecord*> pool;
   for (const StoredRecord& r : records)
-    if (r.size > 0 && (rng() % 2 == 0) == r.pickle) pool.push_back(&r);
+    if (r.size > 0 && r.pickle == pickle) pool.push_back(&r);
   if (pool.empty())
     for (const StoredRecord& r : records)
       if (r.size > 0) pool.push_back(&r);
   if (pool.empty()) return LLVMFuzzerMutate(data, size, max_size);
   const StoredRecord& r = *pool[rng() % pool.size()];
-  uint8_t* bytes = data + 1 + r.data;
+  uint8_t* bytes = data + kHeader + r.data;
   std::vector<uint8_t> scratch(bytes, bytes + r.size);
   const size_t n = LLVMFuzzerMutate(scratch.data(), scratch.size(), scratch.size());
   std::memcpy(bytes, scratch.data(), std::min(n, scratch.size()));  // the tail kept when shorter
-  data[0] |= 2;
+  data[1] |= kReCrc;
   return size;
 }
 

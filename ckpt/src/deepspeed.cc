@@ -1088,10 +1088,10 @@ Status DeepSpeedReader::ReadPartition(int r, std::string_view state, int64_t off
   const auto& groups = I.groups[static_cast<size_t>(r)];
   const int64_t length = groups.empty() ? 0 : groups.back().base + groups.back().length;
   if (offset < 0 || count < 0 || offset > length || count > length - offset)
-    return InvalidArgument(I.info.optim_files[static_cast<size_t>(r)] + ": elements [" +
-                           std::to_string(offset) + ", " + std::to_string(offset + count) +
-                           ") outside the " + std::to_string(length) + " of rank " +
-                           std::to_string(r) + "'s partition");
+    return InvalidArgument(I.info.optim_files[static_cast<size_t>(r)] + ": " +
+                           std::to_string(count) + " elements from element " +
+                           std::to_string(offset) + " run outside rank " + std::to_string(r) +
+                           "'s partition of " + std::to_string(length));
   return I.ReadStream(r, state, offset, count, out);
 }
 

@@ -121,9 +121,13 @@ void WriteFile(const std::string& path, const uint8_t* data, size_t size) {
 
 std::vector<Fixture>& Fixtures() {
   static std::vector<Fixture> fixtures = [] {
-    char tmpl[] = "/tmp/fuzz-deepspeed-XXXXXX";
+    static char tmpl[] = "/tmp/fuzz-deepspeed-XXXXXX";
     const char* base = mkdtemp(tmpl);
     if (!base) std::abort();
+    std::atexit([] {
+      std::error_code ec;
+      std::filesystem::remove_all(tmpl, ec);
+    });
     std::vector<Fixture> fx(Specs().size());
     for (size_t i = 0; i < fx.size(); ++i) fx[i].pristine.resize(Specs()[i].files.size());
     // Each fixture's files are its seeds' bytes (the re-CRC bit clear or set).

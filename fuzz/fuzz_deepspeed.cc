@@ -51,6 +51,7 @@
 #include "ckpt/deepspeed.h"
 #include "ckpt/manifest.h"
 #include "ckpt/state_source.h"
+#include "fuzz_util.h"
 
 #ifndef CKPT_FUZZ_DEEPSPEED_SEEDS
 #error "fuzz/build.sh defines CKPT_FUZZ_DEEPSPEED_SEEDS (tests/fuzz/corpus/deepspeed)"
@@ -121,13 +122,7 @@ void WriteFile(const std::string& path, const uint8_t* data, size_t size) {
 
 std::vector<Fixture>& Fixtures() {
   static std::vector<Fixture> fixtures = [] {
-    static char tmpl[] = "/tmp/fuzz-deepspeed-XXXXXX";
-    const char* base = mkdtemp(tmpl);
-    if (!base) std::abort();
-    std::atexit([] {
-      std::error_code ec;
-      std::filesystem::remove_all(tmpl, ec);
-    });
+    const std::string base = ckpt_fuzz::TempDir("fuzz-deepspeed");
     std::vector<Fixture> fx(Specs().size());
     for (size_t i = 0; i < fx.size(); ++i) fx[i].pristine.resize(Specs()[i].files.size());
     // Each fixture's files are its seeds' bytes (the re-CRC bit clear or set).
@@ -139,7 +134,7 @@ std::vector<Fixture>& Fixtures() {
     }
     for (size_t i = 0; i < fx.size(); ++i) {
       Fixture& f = fx[i];
-      f.dir = std::string(base) + "/" + Specs()[i].name + "/global_step7";
+      f.dir = base + "/" + Specs()[i].name + "/global_step7";
       std::filesystem::create_directories(f.dir);
       for (size_t k = 0; k < f.pristine.size(); ++k) {
         if (f.pristine[k].empty()) {

@@ -37,6 +37,7 @@
 #include "ckpt/manifest.h"
 #include "ckpt/reader.h"
 #include "ckpt/synth.h"
+#include "fuzz_util.h"
 
 #ifndef CKPT_FUZZ_SEED_DIR
 #error "fuzz/build.sh defines CKPT_FUZZ_SEED_DIR (tests/fuzz/corpus/rank_file)"
@@ -74,11 +75,9 @@ std::string WriteRoot(const std::string& root, const char* compression) {
 
 const Fixture& GetFixture() {
   static const Fixture f = [] {
-    char tmpl[] = "/tmp/fuzz-rank-XXXXXX";
-    const char* base = mkdtemp(tmpl);
-    if (!base) std::abort();
+    const std::string base = ckpt_fuzz::TempDir("fuzz-rank");
     Fixture fx;
-    fx.dir = WriteRoot(std::string(base) + "/root", "none");
+    fx.dir = WriteRoot(base + "/root", "none");
     std::ifstream in(fx.dir + "/manifest.json");
     const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     auto m = ckpt::ParseManifest(text, "fixture");

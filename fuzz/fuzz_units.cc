@@ -15,6 +15,7 @@
 #include "ckpt/root.h"
 #include "ckpt/units.h"
 #include "ckpt/writer.h"
+#include "fuzz_util.h"
 
 namespace {
 
@@ -22,12 +23,10 @@ namespace {
 // ReadLatest, which only checks that the named tag exists).
 const std::string& FuzzRoot() {
   static const std::string root = [] {
-    char tmpl[] = "/tmp/fuzz-latest-XXXXXX";
-    const char* dir = mkdtemp(tmpl);
-    if (!dir) std::abort();
-    std::filesystem::create_directories(std::string(dir) + "/global_step100");
-    std::ofstream(std::string(dir) + "/global_step100/manifest.json") << "{}";
-    return std::string(dir);
+    const std::string dir = ckpt_fuzz::TempDir("fuzz-latest");
+    std::filesystem::create_directories(dir + "/global_step100");
+    std::ofstream(dir + "/global_step100/manifest.json") << "{}";
+    return dir;
   }();
   return root;
 }

@@ -24,7 +24,8 @@
 // is DataLoss, Unimplemented or ResourceExhausted (never InvalidArgument or Internal: the
 // harness asks only for what the manifest says exists); where the reader says a partition's
 // or frozen tensor's bytes lie in the file (PartitionFileOffset, FrozenFileOffset), the file
-// holds there the bytes the reader returned.
+// holds there the bytes the reader returned; a run of parameters read as one
+// (ReadParamSlices) holds what reading each on its own gives, bit for bit.
 //
 // The harness asserts that it reaches the reader: every seed (tests/fuzz/corpus/deepspeed/,
 // written by tests/fuzz/make_deepspeed_seeds.py) must open and read completely at start-up,
@@ -350,11 +351,31 @@ bool ReadThroughSource(const std::string& dir) {
       total += p.numel;
     }
   }
+  // A run of parameters read as one (ReadParamSlices merges neighbours in a partition) holds
+  // what reading each parameter on its own gives, bit for bit.
   buf.assign(static_cast<size_t>(total), 0.f);
+  std::vector<float> each(static_cast<size_t>(total));
   for (std::string_view state : kStates) {
     const ckpt::Status st = s.ReadParamSlices(slices, state, buf.data());
     Expect(st, "ReadParamSlices");
     all_ok = all_ok && st.ok();
+    bool each_ok = true;
+    size_t at = 0;
+    for (const auto& sl : slices) {
+      const ckpt::Status one =
+          s.ReadParamRange(sl.param, state, sl.begin, sl.end, each.data() + at);
+      Expect(one, "StateSource::ReadParamRange (one of a run)");
+      each_ok = each_ok && one.ok();
+      at += static_cast<size_t>(sl.end - sl.begin);
+    }
+    if (st.ok() && each_ok && !each.empty() &&
+        std::memcmp(buf.data(), each.data(), each.size() * sizeof(float)) != 0) {
+      std::fprintf(stderr,
+                   "fuzz_deepspeed: ReadParamSlices of %s differs from its parameters "
+                   "read one by one\n",
+                   std::string(state).c_str());
+      std::abort();
+    }
   }
   s.HashReadBytes();
   const ckpt::Status v = s.FinishVerification({std::string(ckpt::kMaster)});

@@ -34,7 +34,6 @@
 // checkpoints opened, C of them changed, J read whole"): tools/fuzz.sh requires C to be
 // non-zero (the seeds alone open; a changed file that opens shows mutations reach the reads).
 #include <libdeflate.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -109,18 +108,6 @@ struct Counts {
   uint64_t inputs = 0, recrc = 0, opened = 0, changed_opened = 0, read_whole = 0;
 } counts;
 
-std::vector<uint8_t> ReadFile(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::vector<uint8_t>((std::istreambuf_iterator<char>(in)),
-                              std::istreambuf_iterator<char>());
-}
-
-void WriteFile(const std::string& path, const uint8_t* data, size_t size) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
-  if (!out) std::abort();
-}
-
 std::vector<Fixture>& Fixtures() {
   static std::vector<Fixture> fixtures = [] {
     const std::string base = ckpt_fuzz::TempDir("fuzz-deepspeed");
@@ -128,7 +115,7 @@ std::vector<Fixture>& Fixtures() {
     for (size_t i = 0; i < fx.size(); ++i) fx[i].pristine.resize(Specs()[i].files.size());
     // Each fixture's files are its seeds' bytes (the re-CRC bit clear or set).
     for (const auto& e : std::filesystem::directory_iterator(CKPT_FUZZ_DEEPSPEED_SEEDS)) {
-      const std::vector<uint8_t> seed = ReadFile(e.path());
+      const std::vector<uint8_t> seed = ckpt_fuzz::ReadFile(e.path());
       if (seed.size() <= kHeader) continue;
       fx[FixtureOf(seed.data())].pristine[FileOf(seed.data())].assign(seed.begin() + kHeader,
                                                                       seed.end());
@@ -143,7 +130,8 @@ std::vector<Fixture>& Fixtures() {
                        Specs()[i].files[k]);
           std::abort();
         }
-        WriteFile(f.dir + "/" + Specs()[i].files[k], f.pristine[k].data(), f.pristine[k].size());
+        ckpt_fuzz::WriteFile(f.dir + "/" + Specs()[i].files[k], f.pristine[k].data(),
+                             f.pristine[k].size());
       }
     }
     return fx;
@@ -396,7 +384,7 @@ bool RunOne(const uint8_t* data, size_t size) {
     ReCrc(bytes.data(), bytes.size());
     ++counts.recrc;
   }
-  WriteFile(path, bytes.data(), bytes.size());
+  ckpt_fuzz::WriteFile(path, bytes.data(), bytes.size());
 
   bool all_ok = false;
   auto r = ckpt::DeepSpeedReader::Open(f.dir);
@@ -417,7 +405,7 @@ bool RunOne(const uint8_t* data, size_t size) {
   Expect(check.status(), "CheckSource");
   all_ok = all_ok && check.ok() && check->problems.empty();
 
-  WriteFile(path, pristine.data(), pristine.size());
+  ckpt_fuzz::WriteFile(path, pristine.data(), pristine.size());
   if ((counts.inputs & (counts.inputs - 1)) == 0)
     std::fprintf(stderr,
                  "fuzz_deepspeed: %llu inputs, %llu re-CRC'd, %llu checkpoints opened, %llu of "
@@ -438,7 +426,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   Fixtures();
   // Every seed must open and read completely: proof that inputs reach the reader.
   for (const auto& e : std::filesystem::directory_iterator(CKPT_FUZZ_DEEPSPEED_SEEDS)) {
-    const std::vector<uint8_t> seed = ReadFile(e.path());
+    const std::vector<uint8_t> seed = ckpt_fuzz::ReadFile(e.path());
     if (!RunOne(seed.data(), seed.size())) {
       std::fprintf(stderr, "fuzz_deepspeed: seed %s does not read through the harness\n",
                    e.path().c_str());

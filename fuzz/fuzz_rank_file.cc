@@ -104,10 +104,7 @@ const Fixture& GetFixture() {
 // Returns true when every read succeeded.
 bool RunOne(const uint8_t* data, size_t size) {
   const Fixture& fx = GetFixture();
-  {
-    std::ofstream out(fx.dir + "/rank_00000.h5", std::ios::binary | std::ios::trunc);
-    out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
-  }
+  ckpt_fuzz::WriteFile(fx.dir + "/rank_00000.h5", data, size);
   ckpt::Manifest m = fx.manifest;
   ckpt::FileRecord& f = m.files[0];
   f.bytes = size;
@@ -181,9 +178,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   for (const auto& e : std::filesystem::directory_iterator(CKPT_FUZZ_SEED_DIR)) {
     if (e.path().extension() != ".h5" || e.path().filename().string().rfind("crash-", 0) == 0)
       continue;
-    std::ifstream in(e.path(), std::ios::binary);
-    const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
-                                     std::istreambuf_iterator<char>());
+    const std::vector<uint8_t> bytes = ckpt_fuzz::ReadFile(e.path());
     if (!RunOne(bytes.data(), bytes.size())) {
       std::fprintf(stderr, "fuzz_rank_file: seed %s does not load through the harness\n",
                    e.path().c_str());

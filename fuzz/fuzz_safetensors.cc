@@ -3,27 +3,19 @@
 // section through VerifySafetensorsData. Properties: an accepted header's tensors lie inside the
 // file; a tensor read fails only as DataLoss on a recorded digest that does not match, and
 // exactly the tensors VerifySafetensorsData reports fail that way.
-#include <unistd.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
-#include <fstream>
 #include <set>
 #include <string>
 
+#include "fuzz_util.h"
 #include "safetensors/safetensors.h"
 
 namespace {
 
 const std::string& FuzzFile() {
-  static const std::string path = [] {
-    char tmpl[] = "/tmp/fuzz-safetensors-XXXXXX";
-    const int fd = mkstemp(tmpl);
-    if (fd < 0) std::abort();
-    close(fd);
-    return std::string(tmpl);
-  }();
+  static const std::string path = ckpt_fuzz::TempDir("fuzz-safetensors") + "/input.safetensors";
   return path;
 }
 
@@ -31,10 +23,7 @@ const std::string& FuzzFile() {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string& path = FuzzFile();
-  {
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
-  }
+  ckpt_fuzz::WriteFile(path, data, size);
   auto header = ckpt::safetensors::ReadSafetensorsHeader(path);
   if (!header.ok()) return 0;
   if (header->data_start > size || header->file_size != size) __builtin_trap();

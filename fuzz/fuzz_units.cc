@@ -57,10 +57,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     case 3: {
       const std::string& root = FuzzRoot();
-      {
-        std::ofstream out(root + "/latest", std::ios::binary | std::ios::trunc);
-        out.write(text.data(), static_cast<std::streamsize>(text.size()));
-      }
+      ckpt_fuzz::WriteFile(root + "/latest", text.data(), text.size());
       auto tag = ckpt::ReadLatest(root);
       if (tag.ok()) {
         if (tag->empty() || tag->find('/') != std::string::npos || (*tag)[0] == '.')

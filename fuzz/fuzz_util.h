@@ -1,10 +1,14 @@
 // Helpers shared by the libFuzzer targets in this folder.
 #pragma once
 
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <system_error>
+#include <vector>
 
 namespace ckpt_fuzz {
 
@@ -22,6 +26,22 @@ inline std::string TempDir(const std::string& prefix) {
     std::filesystem::remove_all(made, ec);
   });
   return made;
+}
+
+// The whole file at `path` (empty when it cannot be read).
+inline std::vector<uint8_t> ReadFile(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<uint8_t>((std::istreambuf_iterator<char>(in)),
+                              std::istreambuf_iterator<char>());
+}
+
+// Replaces the file at `path` with data[0, size): a harness's input put where the code under
+// test reads it. Aborts when the write fails (the run would fuzz stale bytes).
+inline void WriteFile(const std::string& path, const void* data, size_t size) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(static_cast<const char*>(data), static_cast<std::streamsize>(size));
+  out.close();
+  if (!out) std::abort();
 }
 
 }  // namespace ckpt_fuzz

@@ -166,6 +166,22 @@ const PyValue* Tensor(const PyValue* v) {
   return v && v->kind == Kind::kTensor ? v : nullptr;
 }
 
+// A tensor read as data may hold no more elements than its storage: only a view whose
+// elements repeat (a zero or overlapping stride) does, and every reader sizes its memory and
+// its output by the view, so a few stored bytes would fill any amount of both. DeepSpeed's
+// partitions and frozen fragments never repeat (DataLoss); a module entry (a buffer, a ZeRO-1
+// frozen weight) could be an expanded tensor of the user's, which ckpt does not read
+// (Unimplemented).
+Status NoRepeats(const TorchFile& f, const TorchTensorRef& t, const std::string& what,
+                 bool saved_by_deepspeed) {
+  if (t.numel() <= t.storage_numel) return Status::Ok();
+  const std::string msg = f.path() + ": " + what + " is a view of " + std::to_string(t.numel()) +
+                          " elements over a storage of " + std::to_string(t.storage_numel) +
+                          " (its elements repeat)";
+  if (saved_by_deepspeed) return DataLoss(msg);
+  return Unimplemented(msg + "; ckpt reads tensors whose elements do not repeat");
+}
+
 // Ordered (str key, value) entries of a dict, or an error naming `what`.
 Result<const PyValue*> Dict(const PyValue* v, const std::string& what) {
   if (!v || !v->is_dict()) return DataLoss(what + " is not a dict");
@@ -687,6 +703,8 @@ Result<DeepSpeedReader> DeepSpeedReader::Open(const std::string& path, const std
       const PyValue* w = Tensor(flat->items[g]);
       if (!w) return DataLoss(f.path() + ": " + fp32_key + "[" + std::to_string(g) + "] is not a tensor");
       gt.master = &f.tensor(*w);
+      CKPT_RETURN_IF_ERROR(NoRepeats(f, *gt.master, fp32_key + "[" + std::to_string(g) + "]", true),
+                           "");
       if (gt.master->dtype != DType::kF32)
         return DataLoss(f.path() + ": " + fp32_key + " holds " + gt.master->dtype_name +
                         ", not fp32 master weights");
@@ -700,6 +718,10 @@ Result<DeepSpeedReader> DeepSpeedReader::Open(const std::string& path, const std
                           " has no exp_avg / exp_avg_sq tensors (not Adam)");
         gt.exp_avg = &f.tensor(*m);
         gt.exp_avg_sq = &f.tensor(*v);
+        CKPT_RETURN_IF_ERROR(
+            NoRepeats(f, *gt.exp_avg, "exp_avg of group " + std::to_string(g), true), "");
+        CKPT_RETURN_IF_ERROR(
+            NoRepeats(f, *gt.exp_avg_sq, "exp_avg_sq of group " + std::to_string(g), true), "");
         for (const TorchTensorRef* t : {gt.exp_avg, gt.exp_avg_sq})
           if (!t->dtype || (*t->dtype != DType::kF32 && *t->dtype != DType::kBF16 &&
                             *t->dtype != DType::kF16))
@@ -889,6 +911,8 @@ Result<DeepSpeedReader> DeepSpeedReader::Open(const std::string& path, const std
           return DataLoss(I.model[fi].path() + ": frozen parameter '" + k->s +
                           "' has no fragment");
         const TorchTensorRef& ref = I.model[fi].tensor(*t);
+        CKPT_RETURN_IF_ERROR(NoRepeats(I.model[fi], ref, "frozen fragment of '" + k->s + "'", true),
+                             "");
         CKPT_ASSIGN_OR_RETURN(DType d, dtype_of(ref, I.model[fi].path()), "");
         if (dt && *dt != d)
           return DataLoss(I.model[fi].path() + ": fragments of '" + k->s + "' differ in dtype");
@@ -914,6 +938,7 @@ Result<DeepSpeedReader> DeepSpeedReader::Open(const std::string& path, const std
       const bool is_buffer = buffer_set.count(k->s) > 0;
       // ZeRO-3 keeps partitioned parameters as empty placeholders in `module`.
       if (!is_buffer && (stage == 3 || ref.numel() == 0)) continue;
+      CKPT_RETURN_IF_ERROR(NoRepeats(m0, ref, "module entry '" + k->s + "'", false), "");
       CKPT_ASSIGN_OR_RETURN(DType d, dtype_of(ref, m0.path()), "");
       Impl::FrozenSource src;
       src.pieces.emplace_back(0, &ref);

@@ -19,6 +19,7 @@ namespace ckpt {
 namespace {
 
 constexpr uint64_t kMaxPickleBytes = 256ull << 20;  // data.pkl of a checkpoint is kilobytes
+constexpr uint64_t kMaxDeflateRatio = 1032;         // deflate's most: 258 bytes in 2 bits
 
 // libzip, opened on first use (dlopen), not linked: it needs libcrypto, whose loading and
 // relocation every process linking libzip paid at start (about 4 ms of ckpt --version's 14 on
@@ -407,6 +408,40 @@ struct TorchFile::Impl {
     return at;
   }
 
+  // Record idx's size as its headers claim it, held to what its compressed bytes can hold: a
+  // record stored as it is holds exactly them, a deflated one at most kMaxDeflateRatio times
+  // as many (a 258-byte match coded in two bits). A larger claim, with a pickle that sizes a
+  // tensor to match, would have a reader allocate and fill memory no byte of the file backs.
+  // Other zip methods are refused: torch.save stores records, zip tools deflate them.
+  Result<uint64_t> ClaimedSize(zip_uint64_t idx) const {
+    zip_stat_t st;
+    Zip().stat_init(&st);
+    constexpr zip_uint64_t kNeed = ZIP_STAT_SIZE | ZIP_STAT_COMP_SIZE | ZIP_STAT_COMP_METHOD;
+    if (Zip().stat_index(zip.get(), idx, 0, &st) != 0 || (st.valid & kNeed) != kNeed)
+      return DataLoss(path + ": cannot stat a record: " + Zip().strerror(zip.get()));
+    const std::string name = "record " + Excerpt(RecordName(idx), 200);
+    const uint64_t size = st.size, comp = st.comp_size;
+    if (comp > source->file->size())
+      return DataLoss(path + ": " + name + " claims " + std::to_string(comp) +
+                      " compressed bytes, more than the file's " +
+                      std::to_string(source->file->size()));
+    if (st.comp_method == ZIP_CM_STORE) {
+      if (size != comp)
+        return DataLoss(path + ": " + name + " is stored as it is but claims " +
+                        std::to_string(size) + " bytes from " + std::to_string(comp));
+    } else if (st.comp_method == ZIP_CM_DEFLATE) {
+      if (size / kMaxDeflateRatio > comp)
+        return DataLoss(path + ": " + name + " claims " + std::to_string(size) + " bytes from " +
+                        std::to_string(comp) + " deflated, more than deflate can hold (" +
+                        std::to_string(kMaxDeflateRatio) + " to 1)");
+    } else {
+      return Unimplemented(path + ": " + name + " is compressed with zip method " +
+                           std::to_string(st.comp_method) +
+                           "; records stored as they are (torch.save) or deflated are read");
+    }
+    return size;
+  }
+
   Result<uint64_t> Size(zip_uint64_t idx) const {
     zip_stat_t st;
     Zip().stat_init(&st);
@@ -570,7 +605,7 @@ Result<TorchFile> TorchFile::Open(const std::string& path, Env* env) {
                            "-endian; only little is read");
   }
   CKPT_ASSIGN_OR_RETURN(zip_uint64_t pkl, impl->Index("data.pkl"), "");
-  CKPT_ASSIGN_OR_RETURN(uint64_t pkl_size, impl->Size(pkl), "");
+  CKPT_ASSIGN_OR_RETURN(uint64_t pkl_size, impl->ClaimedSize(pkl), "");
   if (pkl_size > kMaxPickleBytes)
     return DataLoss(path + ": data.pkl is " + std::to_string(pkl_size) + " bytes (limit " +
                     std::to_string(kMaxPickleBytes) + ")");
@@ -580,7 +615,7 @@ Result<TorchFile> TorchFile::Open(const std::string& path, Env* env) {
   CKPT_ASSIGN_OR_RETURN(impl->doc, ParsePickle(pickle, path), "");
   for (const auto& t : impl->doc.tensors()) {
     CKPT_ASSIGN_OR_RETURN(zip_uint64_t idx, impl->Index("data/" + t.key), "");
-    CKPT_ASSIGN_OR_RETURN(uint64_t size, impl->Size(idx), "");
+    CKPT_ASSIGN_OR_RETURN(uint64_t size, impl->ClaimedSize(idx), "");
     const uint64_t need = static_cast<uint64_t>(t.storage_numel) * t.itemsize;
     if (size < need)
       return DataLoss(path + ": storage record data/" + Excerpt(t.key, 80) + " holds " +

@@ -16,7 +16,8 @@ partitions concatenated, padding stripped, split by param_shapes; plus the momen
 Then the hostile variants (truncated zip, os.system / eval globals, a storage too small for its
 view, mismatched partition counts, a missing rank file, a missing model-states file, a
 parameter name of invalid UTF-8 with a terminal escape, a data.pkl changed in place under its
-CRC-32) must each be refused by
+CRC-32, a frozen parameter of 2**34 elements over one stored element, a deflated storage whose
+headers and pickle claim more bytes than deflate can hold) must each be refused by
 export-fp32, inspect and check with exit 1 or 2, a message naming the file and holding no raw
 bytes of it, nothing executed, nothing written; and 100 randomly damaged copies of a small
 checkpoint's .pt files (check_mutations) never crash check or export-fp32 nor make them print
@@ -261,6 +262,14 @@ def printable(p, what):
     return text
 
 
+# What the refusal of a hostile kind must say, where a refusal for another cause would pass
+# unnoticed (a claimed size met by allocating it and failing at the record's end).
+HOSTILE_MESSAGES = {
+    "repeat_view": "its elements repeat",
+    "deflate_claim": "more than deflate can hold",
+}
+
+
 def check_hostile(ckpt, work, kind, zero=2, world=2, dtype="bf16"):
     root, _ = make(work, zero, world, dtype, hostile=kind)
     for suffix in (".out", ".imp"):
@@ -274,6 +283,9 @@ def check_hostile(ckpt, work, kind, zero=2, world=2, dtype="bf16"):
             fail(f"hostile {kind}: ckpt {cmd[0]} exited {p.returncode}\n{text}")
         if ".pt" not in text:
             fail(f"hostile {kind}: ckpt {cmd[0]} message names no file: {text}")
+        if HOSTILE_MESSAGES.get(kind, "") not in text:
+            fail(f"hostile {kind}: ckpt {cmd[0]} refused without saying "
+                 f"{HOSTILE_MESSAGES[kind]!r}: {text}")
         if os.path.exists(marker):
             fail(f"hostile {kind}: the pickle's code ran (found {marker})")
         for out in (root + ".out", root + ".imp"):
@@ -365,7 +377,7 @@ def main():
     check_next_update(a.ckpt, a.work, 2, 2, "bf16")
     check_next_update(a.ckpt, a.work, 3, 3, "fp32")
     for kind in ("truncate", "os_system", "eval", "short_storage", "partitions", "missing_rank",
-                 "missing_model", "bad_name", "pickle_crc"):
+                 "missing_model", "bad_name", "pickle_crc", "repeat_view", "deflate_claim"):
         check_hostile(a.ckpt, a.work, kind)
     check_mutations(a.ckpt, a.work)
     check_mutations(a.ckpt, a.work, count=40, seed=20261205, blocks=2)

@@ -354,7 +354,12 @@ def hostile(args):
     bad_name      the first parameter's name (param_shapes and module) holds a lone surrogate
                   (invalid UTF-8 once pickled) and a terminal escape sequence
     pickle_crc    one letter of a name inside the model file's data.pkl changed in place: still
-                  a valid pickle, but the record no longer matches its CRC-32"""
+                  a valid pickle, but the record no longer matches its CRC-32
+    repeat_view   (ZeRO >= 2) a frozen parameter of 2**34 elements whose fragment is one
+                  stored element expanded (stride 0): 2 bytes in the file claiming 32 GiB
+    deflate_claim (ZeRO >= 2) the model file's records deflated, a frozen fragment's storage
+                  claiming 2**30 elements (pickle and zip headers agree) where its deflated
+                  bytes hold 4099: a claim no deflate stream of that size can meet"""
     tag_dir = os.path.join(args.out, args.tag)
     prefix = "bf16_" if args.dtype == "bf16" else ""
     optim0 = os.path.join(tag_dir, f"{prefix}zero_pp_rank_0_mp_rank_00_optim_states.pt")
@@ -409,6 +414,23 @@ def hostile(args):
                                         "_mp_rank_00_optim_states.pt"))
     elif kind == "missing_model":
         os.unlink(model)
+    elif kind == "repeat_view":
+        sd = torch.load(model)
+        name = next(iter(sd["frozen_param_shapes"]))
+        n = 2 ** 34
+        sd["frozen_param_shapes"][name] = torch.Size([n])
+        dt = sd["frozen_param_fragments"][name].dtype
+        sd["frozen_param_fragments"][name] = torch.zeros(1, dtype=dt).expand(n)
+        save(sd, model)
+    elif kind == "deflate_claim":
+        sd = torch.load(model)
+        name = next(iter(sd["frozen_param_shapes"]))
+        small, claim = 4099, 2 ** 30  # 4099: an int no other field of the fixture holds
+        sd["frozen_param_shapes"][name] = torch.Size([small])
+        dt = sd["frozen_param_fragments"][name].dtype
+        sd["frozen_param_fragments"][name] = torch.zeros(small, dtype=dt)
+        save(sd, model)
+        claim_size(model, small, claim, torch.tensor([], dtype=dt).element_size())
     else:
         raise SystemExit(f"unknown --hostile {kind}")
 
@@ -428,6 +450,47 @@ def shrink_first_storage(data):
             end = ops[j][2]  # the TUPLE opcode
             return data[:at] + b"K\x01" + data[end:]
     raise SystemExit("no multi-element storage to shrink")
+
+
+def claim_size(path, small, claim, itemsize):
+    """Rewrites the .pt file at `path` with every record deflated, every `small` in data.pkl
+    (a storage's element count and the shapes that use it) made `claim`, and the zip headers
+    (local and central) of the storage record that held `small` elements claiming
+    `claim` * itemsize bytes: the headers and the pickle agree, the deflated bytes do not."""
+    def grow(data):
+        ops = list(pickletools.genops(data))
+        ends = [pos for _, _, pos in ops[1:]] + [len(data)]
+        out = bytearray()
+        for (op, arg, pos), end in zip(ops, ends):
+            if op.name in ("BININT1", "BININT2", "BININT") and arg == small:
+                out += b"J" + struct.pack("<i", claim)  # BININT
+            else:
+                out += data[pos:end]
+        return bytes(out)
+
+    with zipfile.ZipFile(path) as z:
+        entries = [(i, z.read(i)) for i in z.infolist()]
+    target = [i.filename for i, d in entries if len(d) == small * itemsize]
+    assert len(target) == 1, target
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for info, data in entries:
+            if info.filename.endswith("/data.pkl"):
+                data = grow(data)
+            z.writestr(info.filename, data)
+    with zipfile.ZipFile(path) as z:
+        local = z.getinfo(target[0]).header_offset
+    raw = bytearray(open(path, "rb").read())
+    raw[local + 22:local + 26] = struct.pack("<I", claim * itemsize)
+    central = raw.find(b"PK\x01\x02")  # the central directory's first entry
+    name = target[0].encode()
+    while central >= 0:
+        n = struct.unpack("<H", raw[central + 28:central + 30])[0]
+        if raw[central + 46:central + 46 + n] == name:
+            raw[central + 24:central + 28] = struct.pack("<I", claim * itemsize)
+            break
+        central = raw.find(b"PK\x01\x02", central + 46)
+    assert central >= 0
+    open(path, "wb").write(raw)
 
 
 def rewrite_pickle(path, edit):

@@ -16,7 +16,10 @@
 // other files stay as they were made. Half of the mutations (LLVMFuzzerCustomMutator, below)
 // change one stored record's bytes in place and set the re-CRC bit, so the archive stays
 // whole: in a first run of 120 s, 9 % of the inputs opened as a checkpoint with a changed file,
-// against 3 % with libFuzzer's mutations alone.
+// against 3 % with libFuzzer's mutations alone. A third of those give one integer operand of a
+// pickle another value (MutatePickleInt), or every operand of the same value at once: shapes,
+// strides, storage offsets and sizes, partition counts and paddings that still parse, so the
+// layout checks and the reads meet views and tables a byte flip rarely makes.
 //
 // CKPT_FUZZ_VERBOSE=1 prints every refusal (to see what an input met).
 //
@@ -31,7 +34,8 @@
 // written by tests/fuzz/make_deepspeed_seeds.py) must open and read completely at start-up,
 // and it prints, at every power of two, how many inputs opened as a checkpoint and how many of
 // those differ from the file they replaced ("fuzz_deepspeed: N inputs, M re-CRC'd, K
-// checkpoints opened, C of them changed, J read whole"): tools/fuzz.sh requires C to be
+// checkpoints opened, C of them changed, J read whole; M integer mutations, I opened", I the
+// inputs opened with a pickle's integer operand changed): tools/fuzz.sh requires C to be
 // non-zero (the seeds alone open; a changed file that opens shows mutations reach the reads).
 #include <libdeflate.h>
 
@@ -106,6 +110,8 @@ struct Fixture {
 
 struct Counts {
   uint64_t inputs = 0, recrc = 0, opened = 0, changed_opened = 0, read_whole = 0;
+  uint64_t int_mutations = 0;  // by MutatePickleInt
+  uint64_t ints_opened = 0;    // opened with integer operands of a pickle changed
 } counts;
 
 std::vector<Fixture>& Fixtures() {
@@ -199,6 +205,110 @@ void ReCrc(uint8_t* b, size_t n) {
     if (r.descriptor && desc + 4 <= n && Get32(b, desc) == 0x08074b50) desc += 4;
     if (r.descriptor && desc + 4 <= n) Put32(b, desc, crc);
   }
+}
+
+// An integer operand of a pickle: where its bytes start and how many (BININT1 'K' 1, BININT2
+// 'M' 2, BININT 'J' 4, little-endian; J signed).
+struct IntOperand {
+  size_t at, width;
+};
+
+// The integer operands of the pickle p[0, n), found by walking its opcodes from the start as
+// protocol 2 (torch.save's) and 4 lay them out; the walk stops at an opcode it does not know or
+// an operand that runs past the end. Shapes, strides, offsets, storage sizes, partition counts,
+// paddings and steps are all such operands in a DeepSpeed file.
+std::vector<IntOperand> PickleInts(const uint8_t* p, size_t n) {
+  std::vector<IntOperand> out;
+  auto u32 = [&](size_t at) { return static_cast<size_t>(Get32(p, at)); };
+  auto line = [&](size_t at) -> size_t {  // past the next newline, or n + 1 when there is none
+    const void* nl = std::memchr(p + at, '\n', n - at);
+    return nl ? static_cast<size_t>(static_cast<const uint8_t*>(nl) - p) + 1 : n + 1;
+  };
+  for (size_t i = 0; i < n;) {
+    const uint8_t op = p[i++];
+    // The opcode's class by the bytes of its operand (0 for none); STOP ('.') and an opcode
+    // not named here end the walk.
+    auto in = [&](const char* set) { return op != 0 && std::strchr(set, op) != nullptr; };
+    size_t len = 0;  // the operand's bytes after the opcode
+    if (in("Kqh\x80")) {
+      len = 1;
+    } else if (op == 'M') {
+      len = 2;
+    } else if (in("Jrj")) {
+      len = 4;
+    } else if (in("G\x95")) {
+      len = 8;
+    } else if (in("UC\x8a\x8c")) {  // one byte of length, then that many
+      len = i < n ? 1 + p[i] : n + 1;
+    } else if (in("XTB\x8b")) {  // four bytes of length, then that many
+      len = i + 4 <= n ? 4 + u32(i) : n + 1;
+    } else if (op == 'c') {  // module and name, each ending in a newline
+      len = line(i) <= n ? line(line(i)) - i : n + 1;
+    } else if (in("ILFSVPgp")) {  // ends in a newline
+      len = line(i) - i;
+    } else if (!in("()]}NtaesuRbQ012ld\x81\x85\x86\x87\x88\x89\x8f\x90\x91\x92\x93\x94")) {
+      return out;
+    }
+    if (len > n - i) return out;
+    if (op == 'K' || op == 'M' || op == 'J') out.push_back({i, len});
+    i += len;
+  }
+  return out;
+}
+
+int64_t GetInt(const uint8_t* b, const IntOperand& o) {
+  if (o.width == 1) return b[o.at];
+  if (o.width == 2) return Get16(b, o.at);
+  return static_cast<int32_t>(Get32(b, o.at));
+}
+void PutInt(uint8_t* b, const IntOperand& o, int64_t v) {
+  for (size_t k = 0; k < o.width; ++k) b[o.at + k] = static_cast<uint8_t>(v >> (8 * k));
+}
+
+// Gives one integer operand of the pickle p[0, n) another value of its width: 0, 1, one more
+// or less, twice or half, the width's largest, -1, or another operand's value; a quarter of the
+// time every operand holding the same value gets the new one (a dimension changed everywhere
+// it is named, shapes and storage sizes still agreeing). False when the pickle has none.
+bool MutatePickleInt(uint8_t* p, size_t n, std::minstd_rand& rng) {
+  const std::vector<IntOperand> ints = PickleInts(p, n);
+  if (ints.empty()) return false;
+  const IntOperand& o = ints[rng() % ints.size()];
+  const int64_t v = GetInt(p, o);
+  const int64_t most = o.width == 1 ? 0xFF : o.width == 2 ? 0xFFFF : INT32_MAX;
+  const int64_t choices[] = {
+      0, 1, v + 1, v - 1, v * 2, v / 2, most, -1, GetInt(p, ints[rng() % ints.size()])};
+  int64_t w = choices[rng() % std::size(choices)];
+  w = o.width == 4 ? std::clamp<int64_t>(w, INT32_MIN, INT32_MAX) : w & most;
+  if (rng() % 4 == 0) {
+    for (const IntOperand& e : ints)
+      if (GetInt(p, e) == v && (e.width == 4 || (w >= 0 && w <= (e.width == 1 ? 0xFF : 0xFFFF))))
+        PutInt(p, e, w);
+  } else {
+    PutInt(p, o, w);
+  }
+  return true;
+}
+
+// True when a pickle of `changed` (the same length as `pristine`) holds its opcodes where
+// the pristine file's does, with an integer operand of another value: what MutatePickleInt
+// does, whatever other changes the input carries.
+bool PickleIntsDiffer(const std::vector<uint8_t>& pristine, const std::vector<uint8_t>& changed) {
+  if (pristine.size() != changed.size()) return false;
+  for (const StoredRecord& r : StoredRecords(pristine.data(), pristine.size())) {
+    if (!r.pickle) continue;
+    const uint8_t* a = pristine.data() + r.data;
+    const uint8_t* b = changed.data() + r.data;
+    const std::vector<IntOperand> ints = PickleInts(a, r.size);
+    const std::vector<IntOperand> now = PickleInts(b, r.size);
+    if (now.size() != ints.size()) continue;
+    bool same_places = true, differ = false;
+    for (size_t k = 0; k < ints.size() && same_places; ++k) {
+      same_places = now[k].at == ints[k].at && now[k].width == ints[k].width;
+      differ = differ || GetInt(a, ints[k]) != GetInt(b, ints[k]);
+    }
+    if (same_places && differ) return true;
+  }
+  return false;
 }
 
 // A refusal the reader may give for a damaged file.
@@ -392,6 +502,7 @@ bool RunOne(const uint8_t* data, size_t size) {
   if (r.ok()) {
     ++counts.opened;
     if (bytes != pristine) ++counts.changed_opened;
+    if (PickleIntsDiffer(pristine, bytes)) ++counts.ints_opened;
     all_ok = ReadThroughReader(*r);
     all_ok = ReadThroughSource(f.dir) && all_ok;
     if (all_ok) ++counts.read_whole;
@@ -409,12 +520,14 @@ bool RunOne(const uint8_t* data, size_t size) {
   if ((counts.inputs & (counts.inputs - 1)) == 0)
     std::fprintf(stderr,
                  "fuzz_deepspeed: %llu inputs, %llu re-CRC'd, %llu checkpoints opened, %llu of "
-                 "them changed, %llu read whole\n",
+                 "them changed, %llu read whole; %llu integer mutations, %llu opened\n",
                  static_cast<unsigned long long>(counts.inputs),
                  static_cast<unsigned long long>(counts.recrc),
                  static_cast<unsigned long long>(counts.opened),
                  static_cast<unsigned long long>(counts.changed_opened),
-                 static_cast<unsigned long long>(counts.read_whole));
+                 static_cast<unsigned long long>(counts.read_whole),
+                 static_cast<unsigned long long>(counts.int_mutations),
+                 static_cast<unsigned long long>(counts.ints_opened));
   // A harness that stops reaching the reader is broken, not lucky.
   if (counts.inputs == 4096 && counts.changed_opened == 0) __builtin_trap();
   return all_ok;
@@ -437,15 +550,30 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 }
 
 // Half of the mutations are libFuzzer's own over the whole input; the other half change the
-// bytes of one stored record in place, keeping its length (the pickle half of the time, else
-// a tensor's storage), and set the re-CRC bit: the archive stays whole, so the change reaches
-// the unpickler, the layout checks and the reads instead of dying in libzip.
+// bytes of one stored record in place, keeping its length, and set the re-CRC bit: the archive
+// stays whole, so the change reaches the unpickler, the layout checks and the reads instead of
+// dying in libzip. Of those, a third change an integer operand of a pickle (MutatePickleInt:
+// shapes, strides, offsets, storage sizes), the rest libFuzzer's mutations of a pickle or a
+// tensor's storage.
 extern "C" size_t LLVMFuzzerMutate(uint8_t* data, size_t size, size_t max_size);
 extern "C" size_t LLVMFuzzerCustomMutator(uint8_t* data, size_t size, size_t max_size,
                                           unsigned int seed) {
   std::minstd_rand rng(seed);
   if (size <= kHeader || rng() % 2 == 0) return LLVMFuzzerMutate(data, size, max_size);
   const std::vector<StoredRecord> records = StoredRecords(data + kHeader, size - kHeader);
+  if (rng() % 3 == 0) {
+    std::vector<const StoredRecord*> pickles;
+    for (const StoredRecord& r : records)
+      if (r.pickle && r.size > 0) pickles.push_back(&r);
+    if (!pickles.empty()) {
+      const StoredRecord& r = *pickles[rng() % pickles.size()];
+      if (MutatePickleInt(data + kHeader + r.data, r.size, rng)) {
+        ++counts.int_mutations;
+        data[1] |= kReCrc;
+        return size;
+      }
+    }
+  }
   const bool pickle = rng() % 2 == 0;
   std::vector<const StoredRecord*> pool;
   for (const StoredRecord& r : records)

@@ -76,7 +76,7 @@ for t in $targets; do
       rank_file) require_reach '[0-9]* inputs, [0-9]* past the manifest, [0-9]* past the metadata seal' \
                    '.*, \([0-9]*\) past the metadata seal' 'no input reached HDF5' ;;
       deepspeed) require_reach \
-                   "[0-9]* inputs, [0-9]* re-CRC'd, [0-9]* checkpoints opened, [0-9]* of them changed, [0-9]* read whole" \
+                   "[0-9]* inputs, [0-9]* re-CRC'd, [0-9]* checkpoints opened, [0-9]* of them changed, [0-9]* read whole; [0-9]* integer mutations, [0-9]* opened" \
                    '.*, \([0-9]*\) of them changed,.*' 'no changed file opened as a checkpoint' ;;
       manifest) require_reach \
                   '[0-9]* inputs, [0-9]* re-sealed, [0-9]* parsed whole, [0-9]* by the fast path, [0-9]* summarized' \

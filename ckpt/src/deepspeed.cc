@@ -590,8 +590,11 @@ Result<DeepSpeedReader> DeepSpeedReader::Open(const std::string& path, const std
   I.info.optimizer = stage == 3 ? "DeepSpeedZeroOptimizer_Stage3"
                      : bf16_optimizer ? "BF16_Optimizer"
                                       : "DeepSpeedZeroOptimizer";
+  // Any bytes a pickle holds; reported (inspect, import's summary, JSON) escaped like every
+  // other string from the file, never raw: a control byte would reach the terminal and
+  // invalid UTF-8 makes nlohmann's dump() throw.
   if (const PyValue* v = I.optim[0].root().Get("ds_version"); v && v->is_str())
-    I.info.ds_version = v->s;
+    I.info.ds_version = Excerpt(v->s, 64);
 
   // Model files.
   if (stage == 3) {

@@ -294,6 +294,28 @@ def check_hostile(ckpt, work, kind, zero=2, world=2, dtype="bf16"):
     print(f"ok hostile {kind}: refused ({text.strip().splitlines()[-1][:160]})")
 
 
+def check_odd_version(ckpt, work):
+    """A ds_version of a terminal escape and invalid UTF-8 (a pickle holds any bytes) is no
+    reason to refuse a checkpoint, but it reaches inspect's text and JSON and import's summary
+    escaped, never raw (until 2026-12-07 the escape reached the terminal as it was)."""
+    root, _ = make(work, 2, 1, "bf16", hostile="bad_version")
+    shutil.rmtree(root + ".imp", ignore_errors=True)
+    want = "0.19\\x1b[31mRED\\xed\\xa0\\x80"  # the UTF-8 Python writes for U+D800
+    for cmd in (["inspect", root], ["inspect", "--json", root], ["check", root],
+                ["import-deepspeed", root, root + ".imp"]):
+        p = subprocess.run([ckpt] + cmd, capture_output=True)
+        text = printable(p, f"odd ds_version: ckpt {cmd[0]}")
+        if p.returncode != 0:
+            fail(f"odd ds_version: ckpt {' '.join(cmd[:2])} exited {p.returncode}\n{text}")
+        if cmd[1] == "--json":
+            got = json.loads(p.stdout)["deepspeed"]["ds_version"]
+            if got != want:
+                fail(f"odd ds_version: inspect --json says {got!r}")
+        elif cmd[0] != "check" and want not in text:
+            fail(f"odd ds_version: ckpt {cmd[0]} does not show it escaped: {text}")
+    print("ok odd ds_version: reported escaped")
+
+
 def check_mutations(ckpt, work, count=100, seed=20261203, blocks=0):
     """Damaged copies of a small checkpoint's .pt files (bits flipped anywhere or in the zip's
     central directory, bytes cut off or taken out): `check` and `export-fp32` exit 0 or 1,
@@ -379,6 +401,7 @@ def main():
     for kind in ("truncate", "os_system", "eval", "short_storage", "partitions", "missing_rank",
                  "missing_model", "bad_name", "pickle_crc", "repeat_view", "deflate_claim"):
         check_hostile(a.ckpt, a.work, kind)
+    check_odd_version(a.ckpt, a.work)
     check_mutations(a.ckpt, a.work)
     check_mutations(a.ckpt, a.work, count=40, seed=20261205, blocks=2)
     print("check_deepspeed: all ok")

@@ -355,6 +355,8 @@ def hostile(args):
                   (invalid UTF-8 once pickled) and a terminal escape sequence
     pickle_crc    one letter of a name inside the model file's data.pkl changed in place: still
                   a valid pickle, but the record no longer matches its CRC-32
+    bad_version   ds_version (rank 0's optimizer file) holds a terminal escape and a lone
+                  surrogate (accepted: reported escaped)
     repeat_view   (ZeRO >= 2) a frozen parameter of 2**34 elements whose fragment is one
                   stored element expanded (stride 0): 2 bytes in the file claiming 32 GiB
     deflate_claim (ZeRO >= 2) the model file's records deflated, a frozen fragment's storage
@@ -414,6 +416,10 @@ def hostile(args):
                                         "_mp_rank_00_optim_states.pt"))
     elif kind == "missing_model":
         os.unlink(model)
+    elif kind == "bad_version":
+        sd = torch.load(optim0)
+        sd["ds_version"] = "0.19\x1b[31mRED\ud800"
+        save(sd, optim0)
     elif kind == "repeat_view":
         sd = torch.load(model)
         name = next(iter(sd["frozen_param_shapes"]))

@@ -93,41 +93,6 @@ std::string TrimWs(std::string s) {
   return s.substr(b);
 }
 
-// Whether `s` is a name DeepSpeed could have written (a module path, a client-state key): valid
-// UTF-8 (no overlong forms, surrogates or code points past U+10FFFF) without control
-// characters. Names go into safetensors headers, manifests (JSON) and terminals; a pickle is
-// free to hold any bytes, so anything else is refused rather than carried there.
-bool PrintableUtf8(std::string_view s) {
-  for (size_t i = 0; i < s.size();) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c < 0x80) {
-      if (c < 0x20 || c == 0x7f) return false;
-      ++i;
-      continue;
-    }
-    size_t n;
-    uint32_t cp, least;
-    if ((c & 0xe0) == 0xc0) {
-      n = 1, cp = c & 0x1fu, least = 0x80;
-    } else if ((c & 0xf0) == 0xe0) {
-      n = 2, cp = c & 0x0fu, least = 0x800;
-    } else if ((c & 0xf8) == 0xf0) {
-      n = 3, cp = c & 0x07u, least = 0x10000;
-    } else {
-      return false;
-    }
-    if (s.size() - i <= n) return false;
-    for (size_t k = 1; k <= n; ++k) {
-      const auto d = static_cast<unsigned char>(s[i + k]);
-      if ((d & 0xc0) != 0x80) return false;
-      cp = (cp << 6) | (d & 0x3fu);
-    }
-    if (cp < least || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff) || cp < 0xa0) return false;
-    i += n + 1;
-  }
-  return true;
-}
-
 // Whether `dir` holds a file DeepSpeed writes into a tag directory: a model-states file or an
 // optimizer-states file (one without the other is a damaged DeepSpeed checkpoint, which
 // DeepSpeedReader::Open then reports naming the missing file, not "no checkpoint here").

@@ -7,7 +7,9 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <string_view>
 #include <type_traits>
+#include <utility>
 
 #include "ckpt/hash.h"
 #include "ckpt/json.h"
@@ -576,11 +578,11 @@ Result<Manifest> ManifestFromJson(const json& j, std::string_view source) {
   try {
     m.format = Str(j, "format", "manifest");
     if (m.format != kFormatName)
-      return DataLoss(src + ": not a ckpt manifest (format '" + m.format + "')");
+      return DataLoss(src + ": not a ckpt manifest (format '" + Excerpt(m.format, 80) + "')");
     std::string version = Str(j, "format_version", "manifest");
     int major = 0, minor = 0;
     if (std::sscanf(version.c_str(), "%d.%d", &major, &minor) != 2 || major < 0 || minor < 0)
-      return DataLoss(src + ": malformed format_version '" + version + "'");
+      return DataLoss(src + ": malformed format_version '" + Excerpt(version, 80) + "'");
     if (major > kFormatMajor) {
       return Unimplemented(src + ": written by format version " + version +
                            ", this reader supports " + std::to_string(kFormatMajor) +
@@ -803,8 +805,16 @@ Status ValidateManifest(const Manifest& m) {
   if (world < 1) return InvalidArgument("dp_world_size " + std::to_string(world) + " < 1");
   if (m.topology.zero_stage < 0 || m.topology.zero_stage > 3)
     return InvalidArgument("zero_stage " + std::to_string(m.topology.zero_stage) + " not in 0..3");
-  if (m.tag.empty() || m.tag.find('/') != std::string::npos || m.tag[0] == '.')
-    return InvalidArgument("invalid tag '" + m.tag + "'");
+  // Strings inspect and messages print, as a file's bytes or a writer's caller gave them:
+  // printable UTF-8 only (a JSON string may hold "\u001b", and anyone can compute a seal).
+  if (m.tag.empty() || m.tag.find('/') != std::string::npos || m.tag[0] == '.' ||
+      !PrintableUtf8(m.tag))
+    return InvalidArgument("invalid tag '" + Excerpt(m.tag, 80) + "'");
+  for (const auto& [what, text] : {std::pair<const char*, const std::string&>{"writer", m.writer},
+                                   {"created_utc", m.created_utc}})
+    if (!PrintableUtf8(text))
+      return InvalidArgument(std::string(what) + " '" + Excerpt(text, 80) +
+                             "' is not printable UTF-8");
   const bool sharded = m.kind == "sharded";
   if (!sharded && m.kind != "universal") return InvalidArgument("unknown kind '" + m.kind + "'");
   if (sharded) {
@@ -820,6 +830,10 @@ Status ValidateManifest(const Manifest& m) {
   std::map<std::string, const ParamEntry*> by_name;
   for (const auto& p : m.params) {
     if (p.name.empty()) return InvalidArgument("a parameter has an empty name");
+    for (const std::string* name : {&p.name, &p.tied_to})
+      if (!PrintableUtf8(*name))
+        return InvalidArgument("parameter name '" + Excerpt(*name, 80) +
+                               "' is not printable UTF-8");
     if (!by_name.emplace(p.name, &p).second)
       return InvalidArgument("parameter '" + p.name + "' appears twice");
     int64_t n = 1;

@@ -153,7 +153,8 @@ Result<LatestPointer> ReadLatestFile(const std::string& root, Env* env) {
   if (!ValidTagName(p.tag))
     return DataLoss(path + ": does not name a tag ('" + Excerpt(p.tag) + "')");
   if (!env->Exists(root + "/" + p.tag + "/" + std::string(kManifestFile)))
-    return DataLoss(path + " names '" + p.tag + "', which is not a committed tag in " + root);
+    return DataLoss(path + " names '" + Excerpt(p.tag, 80) + "', which is not a committed tag in " +
+                    root);
   CKPT_RETURN_IF_ERROR(RefuseLinkedTag(env, root + "/" + p.tag), "");
   return p;
 }

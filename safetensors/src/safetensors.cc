@@ -211,13 +211,17 @@ Result<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path) {
       if (!v.is_object()) return DataLoss(path + ": __metadata__ is not an object");
       for (auto m = v.begin(); m != v.end(); ++m) {
         if (!m.value().is_string())
-          return DataLoss(path + ": __metadata__ value for '" + m.key() + "' is not a string");
+          return DataLoss(path + ": __metadata__ value for '" + Excerpt(m.key(), 80) +
+                          "' is not a string");
         h.metadata[m.key()] = m.value().get<std::string>();
       }
       continue;
     }
-    const std::string where = path + ": tensor '" + key + "'";
     if (key.empty()) return DataLoss(path + ": empty tensor name");
+    // Names reach messages, manifests and terminals as they are (ckpt/status.h).
+    if (!PrintableUtf8(key))
+      return DataLoss(path + ": tensor name '" + Excerpt(key, 80) + "' is not printable UTF-8");
+    const std::string where = path + ": tensor '" + key + "'";
     if (!v.is_object()) return DataLoss(where + ": entry is not an object");
     auto dt = v.find("dtype");
     auto sh = v.find("shape");
@@ -229,7 +233,7 @@ Result<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path) {
     SafetensorsTensor t;
     t.name = key;
     auto dtype = DTypeFromSafetensorsName(dt->get<std::string>());
-    if (!dtype) return DataLoss(where + ": unsupported dtype " + dt->get<std::string>());
+    if (!dtype) return DataLoss(where + ": unsupported dtype " + Excerpt(dt->get<std::string>()));
     t.dtype = *dtype;
     for (const auto& d : *sh) {
       if (!d.is_number_integer() || d.get<int64_t>() < 0)
@@ -342,8 +346,8 @@ Result<std::string> BuildSafetensorsHeader(const std::vector<SafetensorsTensorSp
   std::set<std::string> seen;
   uint64_t offset = 0;
   for (const auto& t : tensors) {
-    if (t.name.empty() || t.name == "__metadata__")
-      return InvalidArgument("invalid tensor name '" + t.name + "'");
+    if (t.name.empty() || t.name == "__metadata__" || !PrintableUtf8(t.name))
+      return InvalidArgument("invalid tensor name '" + Excerpt(t.name, 80) + "'");
     if (!seen.insert(t.name).second)
       return InvalidArgument("duplicate tensor name '" + t.name + "'");
     auto len = ByteLength(t.shape, t.dtype);

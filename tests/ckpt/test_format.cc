@@ -286,6 +286,42 @@ TEST_CASE("manifest parsing refuses bad input with a clear message", "[unit]") {
     j["format"] = "torch";
     CHECK_FALSE(ManifestFromJson(j, "m.json").ok());
   }
+  SECTION("a control character in a string inspect or a message prints, refused and escaped") {
+    // JSON carries any control character ("\u001b"): a tag, writer, time or parameter name
+    // holding a terminal escape (C0) or a C1 CSI would drive the terminal that prints it.
+    const std::string esc = "x\x1b[31mred";
+    const std::string csi = std::string("x\xc2\x9b") + "31mred";
+    auto refused = [&](nlohmann::json edited, const char* what) {
+      auto r = ManifestFromJson(edited, "m.json");
+      INFO(what);
+      REQUIRE_FALSE(r.ok());
+      CHECK(r.status().code() == StatusCode::kDataLoss);
+      CHECK(r.status().message().find('\x1b') == std::string::npos);
+      CHECK(r.status().message().find("\xc2\x9b") == std::string::npos);
+      CHECK_THAT(r.status().message(), Catch::Contains("\\x1b") || Catch::Contains("\\xc2\\x9b"));
+    };
+    for (const std::string& bad : {esc, csi}) {
+      nlohmann::json e = j;
+      e["tag"] = bad;
+      refused(e, "tag");
+      e = j;
+      e["writer"] = bad;
+      refused(e, "writer");
+      e = j;
+      e["created_utc"] = bad;
+      refused(e, "created_utc");
+      e = j;
+      e["params"][0]["name"] = bad;
+      refused(e, "name");
+      e = j;
+      e["params"][1]["tied_to"] = bad;
+      refused(e, "tied_to");
+    }
+    // Printable UTF-8 beyond ASCII is a name like any other.
+    nlohmann::json e = j;
+    e["writer"] = "ckpt \xc3\xbc";
+    CHECK(ManifestFromJson(e, "m.json").ok());
+  }
 }
 
 namespace {
@@ -730,8 +766,8 @@ std::string SerializedByDom(const Manifest& m, int indent) {
 TEST_CASE("manifests are written byte for byte as nlohmann's DOM writes them", "[io]") {
   ScratchDir d;
   Manifest m = SmallModel("global_step3", 3, 3);
-  // UTF-8 and characters JSON escapes.
-  m.params[1].name = std::string("emb\xc3\xa9") + "d \"quoted\" back\\slash\ttab";
+  // UTF-8 and characters JSON escapes (a name holds no control character: ValidateManifest).
+  m.params[1].name = std::string("emb\xc3\xa9") + "d \"quoted\" back\\slash";
   m.client_state["note"] = "d\xc3\xa9j\xc3\xa0 \x01 vu";
   SaveOptions o;
   o.compression = Compression::Parse("zstd:1+shuffle").value();

@@ -373,6 +373,10 @@ TEST_CASE("writer rejects bad tensor lists", "[unit]") {
         StatusCode::kInvalidArgument);
   CHECK(BuildSafetensorsHeader({{"a", DType::kF32, {-1}}}, {}).status().code() ==
         StatusCode::kInvalidArgument);
+  // A name the reader would refuse (a control character) is not written.
+  const auto escape = BuildSafetensorsHeader({{"a\x1b[31m", DType::kF32, {1}}}, {});
+  CHECK(escape.status().code() == StatusCode::kInvalidArgument);
+  CHECK(escape.status().message().find('\x1b') == std::string::npos);
   CHECK(BuildSafetensorsHeader({{"a", DType::kF32, {1ll << 40, 1ll << 40}}}, {}).status().code() ==
         StatusCode::kInvalidArgument);
   auto h = BuildSafetensorsHeader({{"a", DType::kF32, {3}}}, {});
@@ -420,6 +424,16 @@ TEST_CASE("reader rejects malformed files with DataLoss naming the file", "[unit
       RawFile(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", std::string(8, '\0')),
       "negative dim");
   expect_dataloss(RawFile(R"({"__metadata__":{"k":3}})", ""), "metadata not string");
+  // A name holding a terminal escape (JSON carries any control character) or a C1 CSI is
+  // refused, and the message shows it escaped, never raw.
+  for (const char* name : {"a\\u001b[31mred", "a\\u009b31m", "a\\u0007"}) {
+    const std::string hdr =
+        std::string(R"({")") + name + R"(":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+    expect_dataloss(RawFile(hdr, std::string(8, '\0')), name);
+    const std::string message = ReadSafetensorsHeader(p).status().message();
+    CHECK_THAT(message, Catch::Contains("not printable"));
+    for (char c : message) CHECK((static_cast<unsigned char>(c) >= 0x20 && c != 0x7f));
+  }
   CHECK(ReadSafetensorsHeader(dir / "missing.safetensors").status().code() ==
         StatusCode::kNotFound);
 }

@@ -87,6 +87,11 @@ Status PosixError(std::string_view context, int errnum);
 // /etc/passwd is never echoed whole, and a name from a hostile file never reaches a terminal
 // raw.
 std::string Excerpt(std::string_view bytes, size_t max = 40);
+// Whether `s` is text a name or label from a file may be printed as: valid UTF-8 (no overlong
+// forms, surrogates or code points past U+10FFFF) without control characters (C0, DEL, C1).
+// Such strings go into safetensors headers, manifests (JSON) and terminals as they are; a
+// file is free to hold any bytes, so readers refuse anything else rather than carry it there.
+bool PrintableUtf8(std::string_view s);
 // The same mapper under its older name.
 inline Status ErrnoError(std::string_view context, int errnum) {
   return PosixError(context, errnum);

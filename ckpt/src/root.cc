@@ -20,7 +20,12 @@ namespace ckpt {
 
 namespace {
 
-bool IsTemporary(const std::string& name) { return name.rfind(kTempPrefix, 0) == 0; }
+// Names ckpt writes are printable UTF-8 (ValidateManifest holds tags to it): a directory whose
+// name is not (one unpacked from an archive, say) is neither a tag nor a temporary of ours,
+// and is never printed.
+bool IsTemporary(const std::string& name) {
+  return name.rfind(kTempPrefix, 0) == 0 && PrintableUtf8(name);
+}
 
 std::string Trim(std::string s) {
   while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
@@ -28,7 +33,8 @@ std::string Trim(std::string s) {
 }
 
 bool ValidTagName(const std::string& tag) {
-  return !tag.empty() && tag.find('/') == std::string::npos && tag[0] != '.' && tag.size() < 256;
+  return !tag.empty() && tag.find('/') == std::string::npos && tag[0] != '.' && tag.size() < 256 &&
+         PrintableUtf8(tag);
 }
 
 // A tag directory that is a symbolic link would have its files read from outside the root:
@@ -65,7 +71,8 @@ Status ListTags(const std::string& root, Env* env, RootListing* out) {
       out->temporary.push_back(path);
       continue;
     }
-    if (e.name[0] == '.') continue;  // never a tag (e.g. .rolled-back-*: ckpt rollback)
+    // Never a tag: .rolled-back-* (ckpt rollback), a name ckpt would not write.
+    if (e.name[0] == '.' || !PrintableUtf8(e.name)) continue;
     const std::string mpath = path + "/" + std::string(kManifestFile);
     if (!env->Exists(mpath)) continue;  // not ours
     TagInfo info;
@@ -245,7 +252,7 @@ Result<std::string> ResolveTagDir(const std::string& path, const std::string& ta
   if (!env) env = Env::Default();
   if (!env->Exists(path)) return NotFound(path + ": no such file or directory");
   if (!tag.empty()) {
-    if (!ValidTagName(tag)) return InvalidArgument("invalid tag '" + tag + "'");
+    if (!ValidTagName(tag)) return InvalidArgument("invalid tag '" + Excerpt(tag, 80) + "'");
     const std::string dir = path + "/" + tag;
     if (!env->Exists(dir)) return NotFound(path + " has no tag '" + tag + "'");
     CKPT_RETURN_IF_ERROR(RefuseLinkedTag(env, dir), "");

@@ -391,6 +391,38 @@ TEST_CASE("symbolic links and foreign files are not followed or echoed", "[io]")
   }
 }
 
+TEST_CASE("a terminal escape in latest or a directory's name never reaches the output raw",
+          "[io]") {
+  testing::ScratchDir dir("ckpt-escape");
+  const std::string root = dir / "root";
+  WriteSmallRoot(root, 1, 2, "none", 2, 300);
+  const std::string esc = "global_step9\x1b]0;owned\x07\x1b[31m";
+  auto no_control = [](const std::string& out) {
+    for (char c : out)
+      if (static_cast<unsigned char>(c) < 0x20 && c != '\n') return false;
+    return true;
+  };
+  std::string out;
+  SECTION("latest naming a tag with one: refused, shown escaped") {
+    fs::create_directory(root + "/" + esc);  // even where such a directory exists
+    Spit(root + "/latest", esc);
+    CHECK(RunCli("check " + root, &out) == 1);
+    INFO(out);
+    CHECK(no_control(out));
+    CHECK(out.find("\\x1b") != std::string::npos);
+  }
+  SECTION("a tag directory or a temporary named with one: not a tag, never printed") {
+    fs::copy(root + "/global_step200", root + "/" + esc, fs::copy_options::recursive);
+    fs::create_directory(root + "/.tmp-" + esc);
+    for (const char* cmd : {"ls ", "ls --json ", "check ", "gc --dry-run "}) {
+      CHECK(RunCli(cmd + root, &out) == 0);
+      INFO(cmd << out);
+      CHECK(no_control(out));
+    }
+    CHECK(fs::exists(root + "/.tmp-" + esc));  // not ours: gc leaves it
+  }
+}
+
 TEST_CASE("latest: every bit flipped is corruption, never another tag", "[io]") {
   testing::ScratchDir dir("ckpt-latest");
   const std::string root = dir / "root";

@@ -229,6 +229,40 @@ Status CheckStorage(hid_t dset, const std::string& where) {
       return DataLoss(where + ": filter " + std::to_string(id) +
                       ", which the format does not define; refused");
   }
+  // Every element stored: ckpt writes every chunk of a chunked dataset and allocates a
+  // contiguous one whole. HDF5 reads an unwritten chunk or an unallocated dataset as the fill
+  // value, so without this a file of a few KB, its checksums computed over zeros, could claim a
+  // dataset of any size, and export would write all of it.
+  Handle space = Space(H5Dget_space(dset));
+  const hssize_t points = space.valid() ? H5Sget_simple_extent_npoints(space.get()) : -1;
+  if (points < 0) return DataLoss(where + ": unreadable dataspace");
+  if (points > 0 && layout == H5D_CONTIGUOUS) {
+    Handle type = Type(H5Dget_type(dset));
+    const size_t elem = type.valid() ? H5Tget_size(type.get()) : 0;
+    const hsize_t stored = H5Dget_storage_size(dset);
+    if (elem == 0 || stored / elem != static_cast<hsize_t>(points) || stored % elem != 0)
+      return DataLoss(where + ": " + std::to_string(stored) + " bytes stored for " +
+                      std::to_string(points) + " elements of " + std::to_string(elem) +
+                      " bytes; a ckpt file stores every element");
+  } else if (points > 0) {
+    const int rank = H5Sget_simple_extent_ndims(space.get());
+    hsize_t dims[H5S_MAX_RANK] = {0}, chunk[H5S_MAX_RANK] = {0};
+    if (rank < 1 || rank > H5S_MAX_RANK ||
+        H5Sget_simple_extent_dims(space.get(), dims, nullptr) != rank ||
+        H5Pget_chunk(dcpl.get(), rank, chunk) != rank)
+      return DataLoss(where + ": unreadable chunk layout");
+    hsize_t expect = 1;
+    for (int k = 0; k < rank; ++k) {
+      if (chunk[k] == 0) return DataLoss(where + ": a chunk dimension of 0");
+      expect *= (dims[k] + chunk[k] - 1) / chunk[k];  // at most the element count: no overflow
+    }
+    hsize_t stored = 0;
+    if (H5Dget_num_chunks(dset, space.get(), &stored) < 0)
+      return DataLoss(where + ": unreadable chunk index (" + ErrorText() + ")");
+    if (stored != expect)
+      return DataLoss(where + ": " + std::to_string(stored) + " of its " + std::to_string(expect) +
+                      " chunks stored; a ckpt file stores every chunk");
+  }
   H5Eclear2(H5E_DEFAULT);
   return Status::Ok();
 }

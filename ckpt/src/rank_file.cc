@@ -1254,7 +1254,8 @@ Result<const RankFile::Impl::ZstdChunks*> RankFile::Impl::Zstd(const DatasetReco
       hsize_t size = 0;
       if (H5Dget_chunk_info_by_coord(d, offset, &mask, &addr, &size) < 0 || mask != 0 ||
           addr == HADDR_UNDEF)
-        return Status::Ok();  // a skipped filter or an unwritten chunk: HDF5 knows what to do
+        return Status::Ok();  // a skipped filter: HDF5 knows what to do (unwritten chunks are
+                              // refused at open: h5::CheckStorage)
       if (size == 0 || size > max_frame || addr > file_bytes || size > file_bytes - addr)
         return DataLoss(label + ": dataset /" + rec.name + ": chunk " + std::to_string(c) +
                         " of " + std::to_string(n) + " (" + std::to_string(size) +

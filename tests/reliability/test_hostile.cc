@@ -278,6 +278,30 @@ TEST_CASE("external storage, external and soft links, virtual datasets: refused"
     h.Reseal();
     ExpectRefusedEverywhere(h, "virtual layout");
   }
+  SECTION("master never written: chunks missing, or contiguous storage never allocated") {
+    // HDF5 reads either as the fill value (zeros); the manifest resealed over zeros, so only
+    // the structure can tell a file of a few KB from one that holds the dataset.
+    for (int variant = 0; variant < 2; ++variant) {
+      Hostile h;
+      const Manifest m = LoadManifest(h.tag);
+      const DatasetRecord* rec = m.FindDataset(0, "master");
+      hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+      if (variant == 0) {
+        const hsize_t chunk = static_cast<hsize_t>((rec->shape[0] + 3) / 4);
+        REQUIRE(H5Pset_chunk(dcpl, 1, &chunk) >= 0);
+      }
+      h.Recreate("master", dcpl);  // created, never written
+      H5Pclose(dcpl);
+      h.Reseal({{"master", std::string(rec->bytes, '\0')}});
+      std::string out;
+      CHECK(RunCli("check --deep " + h.root, &out) == 1);
+      INFO(out);
+      CHECK(out.find(variant == 0 ? "0 of its 4 chunks stored" : "0 bytes stored") !=
+            std::string::npos);
+      CHECK(RunCli("export-fp32 " + h.root + " " + h.dir / "e", &out) == 1);
+      CHECK(!fs::exists(h.dir / "e"));
+    }
+  }
   SECTION("a layout and a filter the format does not define") {
     for (int variant = 0; variant < 2; ++variant) {
       Hostile h;

@@ -153,7 +153,9 @@ Result<Handle> OpenSealed(const std::string& path, const std::string& label);
 
 // Refuses, before its data is read, a dataset whose storage the format does not define:
 // external storage, a virtual or compact layout, a filter other than shuffle and zstd (an
-// unknown filter would make HDF5 search and load plugins). DataLoss naming `where`.
+// unknown filter would make HDF5 search and load plugins), elements not stored (an unwritten
+// chunk, an unallocated contiguous dataset: HDF5 reads them as the fill value). DataLoss
+// naming `where`.
 Status CheckStorage(hid_t dset, const std::string& where);
 
 // A dataset-access (or link-access) property list on which external links never resolve.

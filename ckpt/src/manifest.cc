@@ -10,6 +10,7 @@
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "ckpt/hash.h"
 #include "ckpt/json.h"
@@ -487,7 +488,7 @@ std::vector<int64_t> Shape(const json& j, const char* key, const std::string& wh
 DType Dtype(const json& j, const char* key, const std::string& where) {
   std::string name = Str(j, key, where);
   auto t = DTypeFromName(name);
-  if (!t) throw SchemaError{where + "." + key + ": unknown dtype '" + name + "'"};
+  if (!t) throw SchemaError{where + "." + key + ": unknown dtype '" + Excerpt(name, 80) + "'"};
   return *t;
 }
 
@@ -584,7 +585,7 @@ Result<Manifest> ManifestFromJson(const json& j, std::string_view source) {
     if (std::sscanf(version.c_str(), "%d.%d", &major, &minor) != 2 || major < 0 || minor < 0)
       return DataLoss(src + ": malformed format_version '" + Excerpt(version, 80) + "'");
     if (major > kFormatMajor) {
-      return Unimplemented(src + ": written by format version " + version +
+      return Unimplemented(src + ": written by format version " + Excerpt(version, 80) +
                            ", this reader supports " + std::to_string(kFormatMajor) +
                            ".x; upgrade ckpt to read it");
     }
@@ -815,12 +816,21 @@ Status ValidateManifest(const Manifest& m) {
     if (!PrintableUtf8(text))
       return InvalidArgument(std::string(what) + " '" + Excerpt(text, 80) +
                              "' is not printable UTF-8");
+  for (const auto& f : m.files) {
+    std::vector<const std::string*> texts = {&f.path, &f.compression};
+    for (const auto& d : f.datasets) texts.insert(texts.end(), {&d.name, &d.kind, &d.blob_kind});
+    for (const std::string* text : texts)
+      if (!PrintableUtf8(*text))
+        return InvalidArgument("file record string '" + Excerpt(*text, 80) +
+                               "' is not printable UTF-8");
+  }
   const bool sharded = m.kind == "sharded";
-  if (!sharded && m.kind != "universal") return InvalidArgument("unknown kind '" + m.kind + "'");
+  if (!sharded && m.kind != "universal")
+    return InvalidArgument("unknown kind '" + Excerpt(m.kind, 80) + "'");
   if (sharded) {
     if (m.partition.scheme != "replicated" && m.partition.scheme != "flat" &&
         m.partition.scheme != "per_param" && m.partition.scheme != "param_owner")
-      return InvalidArgument("unknown partition scheme '" + m.partition.scheme + "'");
+      return InvalidArgument("unknown partition scheme '" + Excerpt(m.partition.scheme, 80) + "'");
     if (m.partition.alignment < 1) return InvalidArgument("partition alignment < 1");
     if (static_cast<int>(m.partition.shard_numel.size()) != world)
       return InvalidArgument("partition.shard_numel has " +

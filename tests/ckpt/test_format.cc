@@ -317,6 +317,25 @@ TEST_CASE("manifest parsing refuses bad input with a clear message", "[unit]") {
       e["params"][1]["tied_to"] = bad;
       refused(e, "tied_to");
     }
+    // A file record's path and a dataset's name and kinds likewise (ValidateManifest, as a
+    // writer and every reader apply it).
+    for (int what = 0; what < 3; ++what) {
+      Manifest bad = SmallModel("t", 1, 1);
+      FileRecord f;
+      f.rank = 0;
+      f.path = what == 0 ? esc : RankFileName(0);
+      f.compression = "none";
+      DatasetRecord d;
+      d.name = what == 1 ? esc : "master";
+      d.kind = what == 2 ? csi : "tensor";
+      f.datasets.push_back(d);
+      bad.files.push_back(f);
+      const Status v = ValidateManifest(bad);
+      INFO(what << ": " << v.message());
+      CHECK(v.code() == StatusCode::kInvalidArgument);
+      CHECK_THAT(v.message(), Catch::Contains("not printable"));
+      CHECK(v.message().find('\x1b') == std::string::npos);
+    }
     // Printable UTF-8 beyond ASCII is a name like any other.
     nlohmann::json e = j;
     e["writer"] = "ckpt \xc3\xbc";

@@ -26,6 +26,7 @@
 #include <string_view>
 
 #include "ckpt/progress.h"
+#include "ckpt/root.h"
 #include "ckpt/run_ahead.h"
 #include "ckpt/shape.h"
 #include "torch_archive.h"
@@ -93,6 +94,16 @@ std::string TrimWs(std::string s) {
   return s.substr(b);
 }
 
+// Whether a directory entry could be a file DeepSpeed writes into a tag directory. A name that
+// is not printable UTF-8 (a terminal escape in a name unpacked from an archive) is never one:
+// DeepSpeed names its files from digits and ASCII words, and such a name would otherwise reach
+// a message as it is.
+bool MayBeDeepSpeedFile(const DirEntry& e) {
+  int mp = 0;
+  return !e.is_dir && PrintableUtf8(e.name) &&
+         (IsModelStates(e.name) || ParseOptimName(e.name, &mp));
+}
+
 // Whether `dir` holds a file DeepSpeed writes into a tag directory: a model-states file or an
 // optimizer-states file (one without the other is a damaged DeepSpeed checkpoint, which
 // DeepSpeedReader::Open then reports naming the missing file, not "no checkpoint here").
@@ -100,8 +111,7 @@ bool HasDeepSpeedFiles(Env* env, const std::string& dir) {
   auto list = env->ListDir(dir);
   if (!list.ok()) return false;
   for (const auto& e : *list) {
-    int mp = 0;
-    if (!e.is_dir && (IsModelStates(e.name) || ParseOptimName(e.name, &mp))) return true;
+    if (MayBeDeepSpeedFile(e)) return true;
   }
   return false;
 }
@@ -165,7 +175,7 @@ std::string DeepSpeedTagDir(const std::string& path, const std::string& tag, Env
   auto latest = ReadCheckpointFileToString(env, path + "/latest", 4096);
   if (!latest.ok()) return "";
   const std::string t = TrimWs(*latest);
-  if (t.empty() || t.find('/') != std::string::npos || t == "..") return "";
+  if (t.empty() || t.find('/') != std::string::npos || t == ".." || !PrintableUtf8(t)) return "";
   const std::string dir = path + "/" + t;
   return HasDeepSpeedFiles(env, dir) ? dir : "";
 }
@@ -439,17 +449,24 @@ Result<DeepSpeedReader> DeepSpeedReader::Open(const std::string& path, const std
           path +
           ": no *_model_states.pt or *_optim_states.pt here and no `latest` file (pass --tag)");
     // A `latest` that cannot be read (a symbolic link, an I/O error) says why.
-    if (auto latest = ReadCheckpointFileToString(env, path + "/latest", 4096); !latest.ok())
-      return latest.status();
+    auto latest = ReadCheckpointFileToString(env, path + "/latest", 4096);
+    if (!latest.ok()) return latest.status();
+    if (const std::string t = TrimWs(*latest); !PrintableUtf8(t))
+      return DataLoss(path + "/latest: names '" + Excerpt(t, 64) +
+                      "', not a tag DeepSpeed writes (a control character or invalid UTF-8)");
     return NotFound(
         path + ": `latest` names a directory without DeepSpeed model- or optimizer-states files");
   }
+  // A tag directory under the root (named by `latest` or --tag) that is a symbolic link would
+  // have every file read from outside the root, as ckpt's own roots refuse.
+  if (I.dir != path) CKPT_RETURN_IF_ERROR(RefuseLinkedTag(env, I.dir), "");
   CKPT_ASSIGN_OR_RETURN(auto entries, env->ListDir(I.dir), I.dir);
   std::map<int, std::string> optim_names;
   std::map<int, std::string> z3_models;
   std::string prefix;
   bool have_prefix = false;
   for (const auto& e : entries) {
+    if (!PrintableUtf8(e.name)) continue;  // never DeepSpeed's (MayBeDeepSpeedFile)
     if (e.is_dir) {
       if (e.name == "offloaded_tensors")
         return Unimplemented(I.dir + ": NVMe-offloaded optimizer state (offloaded_tensors/) is not read");
@@ -706,7 +723,23 @@ Result<DeepSpeedReader> DeepSpeedReader::Open(const std::string& path, const std
       // for DeepSpeedZeroOptimizer, which strips it; BF16_Optimizer keeps it); ZeRO-3 the
       // saved flat group.
       gt.length = gt.master->numel();
-      if (stage < 3 && !bf16_optimizer) gt.length += paddings[static_cast<size_t>(r)][g];
+      if (stage < 3 && !bf16_optimizer) {
+        // DeepSpeed pads only the last rank's partition, by less than a partition (it strips
+        // the padding from what it saves, and rank 0's partition is whole): a padding beyond
+        // rank 0's saved partition (and a little slack for a model smaller than DeepSpeed's
+        // alignment) is a damaged or hostile file, and would size inspect's partitions and
+        // the group offsets (summed in int64) by a number no byte backs.
+        constexpr int64_t kSlack = int64_t{1} << 16;
+        const int64_t padding = paddings[static_cast<size_t>(r)][g];
+        const int64_t partition =
+            std::max(gt.master->numel(), r == 0 ? int64_t{0} : I.groups[0][g].master->numel());
+        if (padding > partition + kSlack)
+          return DataLoss(f.path() + ": group_paddings claims " + std::to_string(padding) +
+                          " elements of padding for group " + std::to_string(g) +
+                          ", more than a partition of its group holds (" +
+                          std::to_string(partition) + ")");
+        gt.length += padding;
+      }
       gt.base = base_off;
       base_off += gt.length;
       I.groups[static_cast<size_t>(r)].push_back(gt);

@@ -37,15 +37,6 @@ bool ValidTagName(const std::string& tag) {
          PrintableUtf8(tag);
 }
 
-// A tag directory that is a symbolic link would have its files read from outside the root:
-// refused (DataLoss) unless the user allowed links (FollowSymlinkedTags).
-Status RefuseLinkedTag(Env* env, const std::string& dir) {
-  if (!env->IsSymlink(dir) || FollowSymlinkedTags()) return Status::Ok();
-  return DataLoss(dir + " is a symbolic link: a tag directory is read only from inside its root "
-                        "(set CKPT_FOLLOW_SYMLINKS=1, or pass `ckpt --follow-symlinks`, to "
-                        "allow it)");
-}
-
 // The largest `latest` file readers look at: a tag name (< 256) and two short lines.
 constexpr size_t kMaxLatestBytes = 512;
 
@@ -206,6 +197,14 @@ Result<std::string> ResolveLatest(const std::string& root, const RootListing& li
 bool FollowSymlinkedTags() {
   const char* v = std::getenv("CKPT_FOLLOW_SYMLINKS");
   return v && std::string_view(v) == "1";
+}
+
+Status RefuseLinkedTag(Env* env, const std::string& dir) {
+  if (!env->IsSymlink(dir) || FollowSymlinkedTags()) return Status::Ok();
+  return DataLoss(dir +
+                  " is a symbolic link: a tag directory is read only from inside its root "
+                  "(set CKPT_FOLLOW_SYMLINKS=1, or pass `ckpt --follow-symlinks`, to "
+                  "allow it)");
 }
 
 std::string LatestFileText(const std::string& tag, int64_t global_step) {

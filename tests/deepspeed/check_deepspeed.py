@@ -267,6 +267,7 @@ def printable(p, what):
 HOSTILE_MESSAGES = {
     "repeat_view": "its elements repeat",
     "deflate_claim": "more than deflate can hold",
+    "huge_padding": "more than a partition of its group holds",
 }
 
 
@@ -314,6 +315,44 @@ def check_odd_version(ckpt, work):
         elif cmd[0] != "check" and want not in text:
             fail(f"odd ds_version: ckpt {cmd[0]} does not show it escaped: {text}")
     print("ok odd ds_version: reported escaped")
+
+
+def check_odd_names(ckpt, work):
+    """Names a DeepSpeed root holds that no DeepSpeed run writes, as an archive unpacks them:
+    a `latest` naming a tag directory whose name carries a terminal escape is refused with the
+    name escaped (until 2026-12-07 it was followed and the directory's path reached every
+    message raw), and a file in the tag directory named with one (ending _model_states.pt,
+    which was refused as a tensor-parallel file, its name printed raw) is passed over."""
+    esc = "global_step7\x1b[31mRED\x07"
+    escaped = "'global_step7\\x1b[31mRED\\x07'"
+    # 1. `latest` names a directory with an escape in its name.
+    root, _ = make(work, 2, 2, "bf16")
+    os.rename(os.path.join(root, "global_step7"), os.path.join(root, esc))
+    with open(os.path.join(root, "latest"), "w") as f:
+        f.write(esc)
+    shutil.rmtree(root + ".out", ignore_errors=True)
+    for cmd in (["inspect", root], ["check", root], ["export-fp32", root, root + ".out"],
+                ["import-deepspeed", root, root + ".out"]):
+        p = subprocess.run([ckpt] + cmd, capture_output=True)
+        text = printable(p, f"odd latest: ckpt {cmd[0]}")
+        if p.returncode != 1 or "latest" not in text or escaped not in text:
+            fail(f"odd latest: ckpt {cmd[0]} exited {p.returncode}: {text}")
+        if os.path.exists(root + ".out"):
+            fail(f"odd latest: ckpt {cmd[0]} wrote {root}.out")
+    # 2. A file named with an escape beside the checkpoint's own: not DeepSpeed's, passed over.
+    root, truth = make(work, 2, 2, "bf16")
+    tag = os.path.join(root, "global_step7")
+    shutil.copy(os.path.join(tag, "mp_rank_00_model_states.pt"),
+                os.path.join(tag, "\x1b[31mRED_model_states.pt"))
+    shutil.rmtree(root + ".out", ignore_errors=True)
+    for cmd in (["inspect", root], ["check", root], ["export-fp32", root, root + ".out"]):
+        p = subprocess.run([ckpt] + cmd, capture_output=True)
+        text = printable(p, f"odd file name: ckpt {cmd[0]}")
+        if p.returncode != 0:
+            fail(f"odd file name: ckpt {cmd[0]} exited {p.returncode}: {text}")
+    meta, tensors = exported(root + ".out")
+    check_weights(tensors, meta, truth, "odd file name: export-fp32")
+    print("ok odd names: a `latest` naming one refused escaped, a file named with one passed over")
 
 
 def check_mutations(ckpt, work, count=100, seed=20261203, blocks=0):
@@ -399,9 +438,10 @@ def main():
     check_next_update(a.ckpt, a.work, 2, 2, "bf16")
     check_next_update(a.ckpt, a.work, 3, 3, "fp32")
     for kind in ("truncate", "os_system", "eval", "short_storage", "partitions", "missing_rank",
-                 "missing_model", "bad_name", "pickle_crc", "repeat_view", "deflate_claim"):
+                 "missing_model", "bad_name", "pickle_crc", "repeat_view", "deflate_claim", "huge_padding"):
         check_hostile(a.ckpt, a.work, kind)
     check_odd_version(a.ckpt, a.work)
+    check_odd_names(a.ckpt, a.work)
     check_mutations(a.ckpt, a.work)
     check_mutations(a.ckpt, a.work, count=40, seed=20261205, blocks=2)
     print("check_deepspeed: all ok")

@@ -361,7 +361,10 @@ def hostile(args):
                   stored element expanded (stride 0): 2 bytes in the file claiming 32 GiB
     deflate_claim (ZeRO >= 2) the model file's records deflated, a frozen fragment's storage
                   claiming 2**30 elements (pickle and zip headers agree) where its deflated
-                  bytes hold 4099: a claim no deflate stream of that size can meet"""
+                  bytes hold 4099: a claim no deflate stream of that size can meet
+    huge_padding  (ZeRO 1/2) every rank's group_paddings claims 2**40 elements for group 0, so
+                  the partitions still agree in length: padding no byte backs (DeepSpeed pads
+                  only the last rank, by less than a partition)"""
     tag_dir = os.path.join(args.out, args.tag)
     prefix = "bf16_" if args.dtype == "bf16" else ""
     optim0 = os.path.join(tag_dir, f"{prefix}zero_pp_rank_0_mp_rank_00_optim_states.pt")
@@ -437,6 +440,12 @@ def hostile(args):
         sd["frozen_param_fragments"][name] = torch.zeros(small, dtype=dt)
         save(sd, model)
         claim_size(model, small, claim, torch.tensor([], dtype=dt).element_size())
+    elif kind == "huge_padding":
+        for r in range(args.world):
+            path = os.path.join(tag_dir, f"{prefix}zero_pp_rank_{r}_mp_rank_00_optim_states.pt")
+            sd = torch.load(path)
+            sd["optimizer_state_dict"]["group_paddings"][0] = 2 ** 40
+            save(sd, path)
     else:
         raise SystemExit(f"unknown --hostile {kind}")
 

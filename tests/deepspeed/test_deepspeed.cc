@@ -6,6 +6,7 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstdlib>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -192,6 +193,37 @@ TEST_CASE("libzip is opened on first use, not loaded at start", "[io]") {
   CHECK(Mapped("libzip"));
 }
 
+TEST_CASE("a name with a control character is never a DeepSpeed tag or file", "[io]") {
+  // A root unpacked from an archive can hold any name. Until 2026-12-07 a `latest` naming a
+  // directory with a terminal escape was followed (its path then in every message, raw), and
+  // a file ending _model_states.pt with one refused the checkpoint, its name printed raw.
+  ckpt::testing::ScratchDir dir("dsodd");
+  const std::string ds = dir / "ds";
+  REQUIRE(MakeDeepSpeed(ds, "--zero 2 --world 1 --dtype fp32"));
+  const std::string odd = "global_step7\x1b]0;pwned\x07";
+  std::filesystem::rename(dir / "ds/global_step7", std::filesystem::path(ds) / odd);
+  {
+    std::ofstream latest(ds + "/latest", std::ios::trunc);
+    latest << odd;
+  }
+  CHECK(ckpt::DeepSpeedTagDir(ds, "").empty());
+  auto r = ckpt::DeepSpeedReader::Open(ds);
+  REQUIRE_FALSE(r.ok());
+  INFO(r.status().ToString());
+  CHECK(r.status().code() == ckpt::StatusCode::kDataLoss);
+  CHECK(r.status().message().find("names 'global_step7\\x1b]0;pwned\\x07'") != std::string::npos);
+  CHECK(r.status().message().find('\x1b') == std::string::npos);
+
+  // The directory by its name (--tag, the user's own words) reads; a file in it whose name
+  // holds an escape is passed over.
+  std::filesystem::copy_file(std::filesystem::path(ds) / odd / "mp_rank_00_model_states.pt",
+                             std::filesystem::path(ds) / odd / "\x1b[2J_model_states.pt");
+  auto by_tag = ckpt::DeepSpeedReader::Open(ds, odd);
+  INFO(by_tag.status().ToString());
+  REQUIRE(by_tag.ok());
+  CHECK_FALSE(by_tag->manifest().params.empty());
+}
+
 TEST_CASE("DeepSpeed files are read through the Env: storages with ReadLarge, links refused",
           "[io]") {
   // Parameters of 1024 x 1024 fp32 (4 MiB): each is one read of a flat partition's storage,
@@ -250,6 +282,27 @@ TEST_CASE("DeepSpeed files are read through the Env: storages with ReadLarge, li
   REQUIRE_FALSE(refused.ok());
   CHECK(refused.status().code() == ckpt::StatusCode::kDataLoss);
   CHECK(refused.status().message().find("symbolic link") != std::string::npos);
+
+  // A tag directory that is itself a link (`latest` or --tag naming it) is refused as ckpt's
+  // own roots refuse one, unless links are allowed (until 2026-12-07 it was followed: every
+  // file read from wherever the link pointed).
+  const std::string root = dir / "linkedtag";
+  std::filesystem::create_directories(root);
+  std::filesystem::copy_file(std::filesystem::path(ds) / "latest",
+                             std::filesystem::path(root) / "latest");
+  std::filesystem::create_directory_symlink(tag, std::filesystem::path(root) / tag.filename());
+  for (const std::string& t : {std::string(), tag.filename().string()}) {
+    auto via_link = ckpt::DeepSpeedReader::Open(root, t);
+    REQUIRE_FALSE(via_link.ok());
+    INFO(via_link.status().ToString());
+    CHECK(via_link.status().code() == ckpt::StatusCode::kDataLoss);
+    CHECK(via_link.status().message().find("is a symbolic link") != std::string::npos);
+  }
+  ::setenv("CKPT_FOLLOW_SYMLINKS", "1", 1);
+  auto allowed = ckpt::DeepSpeedReader::Open(root);
+  ::unsetenv("CKPT_FOLLOW_SYMLINKS");
+  INFO(allowed.status().ToString());
+  CHECK(allowed.ok());
 }
 
 TEST_CASE("a DeepSpeed partition reads whole: stripped padding as zeros, a range outside refused",

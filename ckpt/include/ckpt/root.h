@@ -73,6 +73,11 @@ Result<Manifest> ReadTagManifest(const std::string& tag_dir, Env* env = nullptr)
 // listed with an error and refused by ResolveTagDir and ReadLatest (DataLoss). Files inside a
 // tag (manifest, rank files, `latest`) are never followed through links.
 bool FollowSymlinkedTags();
+// A tag directory that is a symbolic link would have its files read from outside the root:
+// refused (DataLoss, naming it and the way to allow it) unless FollowSymlinkedTags(). Every
+// reader of a tag under a root asks this: ckpt's own (ResolveTagDir, ReadLatest) and
+// DeepSpeed's (DeepSpeedReader::Open).
+Status RefuseLinkedTag(Env* env, const std::string& dir);
 // A directory path without trailing slashes ("a/b/" -> "a/b").
 std::string TrimSlashes(std::string path);
 

@@ -81,9 +81,9 @@ Status Compare(const DiffOptions& o, Sources& s, DiffReport& report) {
                        std::fabs(static_cast<double>(v.first - v.second)), {}});
   }
   if (ma.optimizer != mb.optimizer)
-    note("optimizer: " + ma.optimizer.dump() + " vs " + mb.optimizer.dump());
+    note("optimizer: " + JsonText(ma.optimizer) + " vs " + JsonText(mb.optimizer));
   if (ma.client_state != mb.client_state)
-    note("client_state: " + ma.client_state.dump() + " vs " + mb.client_state.dump());
+    note("client_state: " + JsonText(ma.client_state) + " vs " + JsonText(mb.client_state));
 
   // Parameter tables, then the values of every parameter both hold alike.
   std::vector<std::pair<const ParamEntry*, std::vector<std::string_view>>> compared;

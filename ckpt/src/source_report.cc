@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "ckpt/deepspeed.h"
+#include "ckpt/json.h"
 #include "ckpt/progress.h"
 #include "ckpt/root.h"
 #include "ckpt/shape.h"
@@ -114,7 +115,7 @@ std::string InspectSourceToText(const StateSource& source) {
     if (!ds->buffers.empty())
       out += StrFormat("buffers        %zu (listed as frozen)\n", ds->buffers.size());
     if (!ds->lr_scheduler.is_null())
-      out += StrFormat("lr_scheduler   %s\n", ds->lr_scheduler.dump().c_str());
+      out += StrFormat("lr_scheduler   %s\n", JsonText(ds->lr_scheduler).c_str());
   } else {
     out += StrFormat("format         %s %d.%d%s, written by %s at %s\n", m.format.c_str(),
                      m.version_major, m.version_minor,
@@ -132,7 +133,7 @@ std::string InspectSourceToText(const StateSource& source) {
                    m.topology.dp_world_size, m.topology.tp, m.topology.pp, m.topology.zero_stage,
                    m.partition.scheme.c_str(), static_cast<long long>(m.partition.alignment),
                    source.kind() == SourceKind::kUniversal ? " of the source" : "");
-  out += StrFormat("optimizer      %s\n", m.optimizer.dump().c_str());
+  out += StrFormat("optimizer      %s\n", JsonText(m.optimizer).c_str());
   if (!ds) {
     uint64_t bytes = 0;
     std::string comp;
@@ -156,7 +157,7 @@ std::string InspectSourceToText(const StateSource& source) {
                      note.c_str());
   }
   if (!m.client_state.empty())
-    out += StrFormat("client_state   %s\n", m.client_state.dump().c_str());
+    out += StrFormat("client_state   %s\n", JsonText(m.client_state).c_str());
   return out;
 }
 

@@ -821,3 +821,31 @@ TEST_CASE("manifests are written byte for byte as nlohmann's DOM writes them", "
   bad.params[1].name = "\xff";
   CHECK_THROWS(SerializeManifest(bad));
 }
+
+TEST_CASE("JsonText: nlohmann's layout, every control character escaped, never a throw", "[unit]") {
+  using nlohmann::json;
+  // Plain documents print exactly as nlohmann's dump() and dump(2) print them.
+  const json plain =
+      json::parse(R"({"a": [1, 2.5, -3, true, null, {}], "b": {"c": "d \"q\" \\ é 中"},
+                                     "e": [], "f": "tab\there", "g": 1e300})");
+  CHECK(JsonText(plain) == plain.dump());
+  CHECK(JsonText(plain, 2) == plain.dump(2));
+  CHECK(JsonText(plain, 0) == plain.dump(0));
+  // C0, DEL and C1 (an ESC or a C1 CSI drives a terminal): \u00XX; U+00A0 and beyond as they are.
+  const std::string odd =
+      "\x1b[31m\x07\x7f\xc2\x9b"
+      "31m\xc2\x85\xc2\x9f\xc2\xa0\xe2\x80\xa8";
+  const json j = {{"note", odd}, {odd, 1}};
+  for (int indent : {-1, 2}) {
+    const std::string text = JsonText(j, indent);
+    INFO(text);
+    CHECK(text.find("\\u001b[31m\\u0007\\u007f\\u009b31m\\u0085\\u009f\xc2\xa0\xe2\x80\xa8") !=
+          std::string::npos);
+    CHECK(PrintableUtf8(text) == (indent < 0));  // the indented text holds newlines
+    CHECK(json::parse(text) == j);               // the same strings back
+  }
+  // Bytes that are not UTF-8 (a path): each as \udcXX, and no throw where dump() throws.
+  const json bad = {{"path", std::string("run\xff\xfe\xc2")}};
+  CHECK_THROWS(bad.dump());
+  CHECK(JsonText(bad) == R"({"path":"run\udcff\udcfe\udcc2"})");
+}

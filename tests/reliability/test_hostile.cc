@@ -447,6 +447,42 @@ TEST_CASE("a terminal escape in latest or a directory's name never reaches the o
   }
 }
 
+TEST_CASE("client_state and optimizer strings reach inspect and diff escaped", "[io]") {
+  // A sealed manifest's client_state is free JSON: any string, a C1 CSI or DEL among them
+  // (JSON escapes neither). Until 2026-12-07 inspect's and diff's text printed them raw
+  // (nlohmann's dump escapes only C0), and `inspect --json` the C1 and DEL bytes.
+  testing::ScratchDir dir("ckpt-client-escape");
+  const std::string a = dir / "a", b = dir / "b";
+  WriteSmallRoot(a, 1, 2, "none", 2, 300);
+  fs::copy(a, b, fs::copy_options::recursive);
+  const std::string odd =
+      "\xc2\x9b"
+      "31mRED\x7f\x1b]0;t\x07 \xc3\xa9";
+  for (const auto& [root, note] : {std::pair{a, odd}, std::pair{b, odd + "!"}}) {
+    Manifest m = LoadManifest(root + "/global_step200");
+    m.client_state = {{"note", note}};
+    m.optimizer["note"] = note;
+    StoreManifest(root + "/global_step200", m);
+  }
+  auto terminal_safe = [](const std::string& out) {
+    for (size_t i = 0; i < out.size(); ++i) {
+      const auto c = static_cast<unsigned char>(out[i]);
+      if ((c < 0x20 && c != '\n') || c == 0x7f) return false;
+      if (c == 0xc2 && i + 1 < out.size() && static_cast<unsigned char>(out[i + 1]) < 0xa0)
+        return false;  // C1
+    }
+    return true;
+  };
+  std::string out;
+  for (const std::string& args : {"inspect " + a, "inspect --json " + a, "diff " + a + " " + b}) {
+    const int rc = RunCli(args, &out);
+    INFO(args << "\n" << out);
+    CHECK(rc == (args.rfind("diff", 0) == 0 ? 1 : 0));
+    CHECK(terminal_safe(out));
+    CHECK(out.find("\\u009b31mRED\\u007f\\u001b]0;t\\u0007 \xc3\xa9") != std::string::npos);
+  }
+}
+
 TEST_CASE("latest: every bit flipped is corruption, never another tag", "[io]") {
   testing::ScratchDir dir("ckpt-latest");
   const std::string root = dir / "root";

@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ckpt/json.h"
 #include "ckpt/writer.h"
 #include "command.h"
 
@@ -34,108 +35,6 @@ int ReportError(std::string_view command, const Status& status, bool json) {
 }
 
 namespace {
-
-// Decodes one UTF-8 sequence at s[i]; its length, or 0 when the bytes there are not valid
-// UTF-8 (overlong forms, surrogates and code points above U+10FFFF included).
-size_t Utf8SequenceLength(std::string_view s, size_t i) {
-  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[i + k]); };
-  const unsigned char c = b(0);
-  if (c < 0x80) return 1;
-  size_t n = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
-  if (n == 0 || i + n > s.size()) return 0;
-  for (size_t k = 1; k < n; ++k) {
-    if ((b(k) & 0xC0) != 0x80) return 0;
-  }
-  if (c == 0xE0 && b(1) < 0xA0) return 0;   // overlong
-  if (c == 0xED && b(1) >= 0xA0) return 0;  // UTF-16 surrogate
-  if (c == 0xF0 && b(1) < 0x90) return 0;   // overlong
-  if (c == 0xF4 && b(1) >= 0x90) return 0;  // above U+10FFFF
-  return n;
-}
-
-// A JSON string literal for bytes that are meant to be UTF-8 (paths are bytes): valid UTF-8 is
-// written as nlohmann's dump writes it; each byte that is not part of valid UTF-8 is written as
-// the escape \udcXX (XX its value), Python's "surrogateescape" (PEP 383): json.loads then
-// os.fsencode() in Python gives back the exact bytes. docs/architecture.md, "--json".
-void AppendJsonString(std::string_view s, std::string& out) {
-  static const char kHex[] = "0123456789abcdef";
-  out += '"';
-  for (size_t i = 0; i < s.size();) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    const size_t n = Utf8SequenceLength(s, i);
-    if (n == 0) {
-      out += "\\udc";
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
-      ++i;
-      continue;
-    }
-    if (n > 1) {
-      out.append(s.substr(i, n));
-      i += n;
-      continue;
-    }
-    ++i;
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (c < 0x20) {
-          out += "\\u00";
-          out += kHex[c >> 4];
-          out += kHex[c & 15];
-        } else {
-          out += static_cast<char>(c);
-        }
-    }
-  }
-  out += '"';
-}
-
-// nlohmann's dump(2) layout, with AppendJsonString for every string: never throws, whatever
-// bytes a string holds (a command must not fail after it has published its output).
-void AppendJson(const nlohmann::json& j, int depth, std::string& out) {
-  const std::string pad(static_cast<size_t>(2 * (depth + 1)), ' ');
-  const std::string close_pad(static_cast<size_t>(2 * depth), ' ');
-  if (j.is_object()) {
-    if (j.empty()) {
-      out += "{}";
-      return;
-    }
-    out += "{\n";
-    bool first = true;
-    for (auto it = j.begin(); it != j.end(); ++it) {
-      if (!first) out += ",\n";
-      first = false;
-      out += pad;
-      AppendJsonString(it.key(), out);
-      out += ": ";
-      AppendJson(it.value(), depth + 1, out);
-    }
-    out += "\n" + close_pad + "}";
-  } else if (j.is_array()) {
-    if (j.empty()) {
-      out += "[]";
-      return;
-    }
-    out += "[\n";
-    for (size_t i = 0; i < j.size(); ++i) {
-      if (i) out += ",\n";
-      out += pad;
-      AppendJson(j[i], depth + 1, out);
-    }
-    out += "\n" + close_pad + "]";
-  } else if (j.is_string()) {
-    AppendJsonString(j.get_ref<const std::string&>(), out);
-  } else {
-    out += j.dump();
-  }
-}
 
 // Levenshtein distance, for "did you mean".
 size_t EditDistance(std::string_view a, std::string_view b) {
@@ -170,11 +69,7 @@ std::string ClosestCommand(std::string_view typed) {
 
 }  // namespace
 
-void PrintJson(const nlohmann::json& j) {
-  std::string out;
-  AppendJson(j, 0, out);
-  std::cout << out << std::endl;
-}
+void PrintJson(const nlohmann::json& j) { std::cout << JsonText(j, 2) << std::endl; }
 
 }  // namespace ckpt::cli
 

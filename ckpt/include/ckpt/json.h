@@ -32,4 +32,13 @@ using JsonKeyFilter = std::function<bool(int depth, const std::string& key)>;
 Result<nlohmann::json> ParseJsonKeeping(std::string_view text, std::string_view source,
                                         const JsonKeyFilter& keep, int max_depth = kMaxJsonDepth);
 
+// JSON text for a terminal or a pipe (the CLI's --json, the JSON fields inspect and diff
+// print): never throws, whatever bytes a string holds (a command must not fail after it has
+// published its output). Valid UTF-8 is kept as it is but for the control characters (C0, DEL
+// and C1: U+0000-U+001F, U+007F-U+009F), escaped \u00XX, so no string a file holds can drive a
+// terminal (an ESC or a C1 CSI); each byte that is not part of valid UTF-8 is escaped \udcXX
+// (XX its value), Python's "surrogateescape" (PEP 383): json.loads then os.fsencode() gives
+// back the exact bytes. indent < 0: one line, as nlohmann's dump(); else dump(indent)'s layout.
+std::string JsonText(const nlohmann::json& j, int indent = -1);
+
 }  // namespace ckpt

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ckpt/json.h"
 #include "ckpt/root.h"
 #include "safetensors/safetensors.h"
 
@@ -26,6 +27,18 @@ void AddAlias(const std::map<std::string, const ParamEntry*>& by_name, const std
   if (alias == owner || by_name.count(alias) != 0) return;
   if (by_name.count(owner) == 0) return;
   aliases.emplace(alias, owner);
+}
+
+// A JSON input (a parameter table, a safetensors index): read whole, but not past 256 MiB (an
+// index of a 400B-parameter model is well under 1 MiB), so a wrong file is an error, not a
+// read of whatever size it has.
+Result<std::string> ReadJsonFile(Env* env, const std::string& path) {
+  constexpr uint64_t kMaxJsonBytes = uint64_t{256} << 20;
+  CKPT_ASSIGN_OR_RETURN(uint64_t size, env->FileSize(path), "");
+  if (size > kMaxJsonBytes)
+    return InvalidArgument(path + ": " + std::to_string(size) +
+                           " bytes, more than a JSON parameter table or index holds (256 MiB)");
+  return env->ReadFileToString(path);
 }
 
 }  // namespace
@@ -75,10 +88,9 @@ Result<ParamTable> ParamTableFromCheckpoint(const std::string& path, const std::
 
 Result<ParamTable> ParamTableFromJsonFile(const std::string& path, Env* env) {
   if (!env) env = Env::Default();
-  CKPT_ASSIGN_OR_RETURN(std::string text, env->ReadFileToString(path), "parameter table");
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return DataLoss(path + ": not valid JSON");
-  if (j.is_object() && j.contains("params")) j = j["params"];
+  CKPT_ASSIGN_OR_RETURN(std::string text, ReadJsonFile(env, path), "parameter table");
+  CKPT_ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(text, path), "");
+  if (j.is_object() && j.contains("params")) j = nlohmann::json(j["params"]);
   if (!j.is_array() || j.empty()) {
     return InvalidArgument(path + ": expected a non-empty array of parameters (or \"params\")");
   }
@@ -95,13 +107,14 @@ Result<ParamTable> ParamTableFromJsonFile(const std::string& path, Env* env) {
     ParamEntry p;
     p.name = e["name"].get<std::string>();
     if (p.name.empty() || !names.insert(p.name).second) {
-      return InvalidArgument(where + ": empty or duplicate name '" + p.name + "'");
+      return InvalidArgument(where + ": empty or duplicate name '" + Excerpt(p.name, 80) + "'");
     }
     int64_t numel = 1;
     for (const auto& d : e["shape"]) {
       if (!d.is_number_integer() || d.get<int64_t>() < 0 ||
           __builtin_mul_overflow(numel, d.get<int64_t>(), &numel)) {
-        return InvalidArgument(where + " (" + p.name + "): shape entries must be integers >= 0");
+        return InvalidArgument(where + " ('" + Excerpt(p.name, 80) +
+                               "'): shape entries must be integers >= 0");
       }
       p.shape.push_back(d.get<int64_t>());
     }
@@ -109,7 +122,7 @@ Result<ParamTable> ParamTableFromJsonFile(const std::string& path, Env* env) {
     if (e.contains("dtype")) {
       auto dt = e["dtype"].is_string() ? DTypeFromName(e["dtype"].get<std::string>())
                                        : std::optional<DType>();
-      if (!dt) return InvalidArgument(where + " (" + p.name + "): unknown dtype");
+      if (!dt) return InvalidArgument(where + " ('" + Excerpt(p.name, 80) + "'): unknown dtype");
       p.dtype = *dt;
     }
     if (e.contains("frozen")) p.frozen = e["frozen"].is_boolean() && e["frozen"].get<bool>();
@@ -120,7 +133,8 @@ Result<ParamTable> ParamTableFromJsonFile(const std::string& path, Env* env) {
   }
   for (const ParamEntry& p : t.params) {
     if (!p.tied_to.empty() && names.count(p.tied_to) == 0) {
-      return InvalidArgument(path + ": '" + p.name + "' is tied to unknown '" + p.tied_to + "'");
+      return InvalidArgument(path + ": '" + Excerpt(p.name, 80) + "' is tied to unknown '" +
+                             Excerpt(p.tied_to, 80) + "'");
     }
   }
   return t;
@@ -138,22 +152,21 @@ Result<ParamTable> ParamTableFromSafetensors(const std::string& path) {
     const fs::path index = fs::path(path) / "model.safetensors.index.json";
     const fs::path single = fs::path(path) / "model.safetensors";
     if (env->Exists(index.string())) {
-      CKPT_ASSIGN_OR_RETURN(std::string text, env->ReadFileToString(index.string()));
-      nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-      if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") ||
-          !j["weight_map"].is_object()) {
+      CKPT_ASSIGN_OR_RETURN(std::string text, ReadJsonFile(env, index.string()), "");
+      CKPT_ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(text, index.string()), "");
+      if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
         return DataLoss(index.string() + ": not a safetensors index (no weight_map object)");
       }
       std::set<std::string> seen;
       for (const auto& [name, file] : j["weight_map"].items()) {
         if (!file.is_string()) {
-          return DataLoss(index.string() + ": weight_map entry '" + name +
+          return DataLoss(index.string() + ": weight_map entry '" + Excerpt(name, 80) +
                           "' is not a file name");
         }
         const std::string f = file.get<std::string>();
         if (f.find('/') != std::string::npos || f == "..") {
-          return DataLoss(index.string() + ": weight_map names a file outside the directory: " +
-                          f);
+          return DataLoss(index.string() + ": weight_map names a file outside the directory: '" +
+                          Excerpt(f, 80) + "'");
         }
         if (seen.insert(f).second) files.push_back((fs::path(path) / f).string());
       }
@@ -189,16 +202,17 @@ Result<ParamTable> ParamTableFromSafetensors(const std::string& path) {
   std::map<std::string, const ParamEntry*> by_name;
   for (const ParamEntry& p : t.params) {
     if (!by_name.emplace(p.name, &p).second) {
-      return DataLoss(t.source + ": tensor '" + p.name + "' appears in more than one file");
+      return DataLoss(t.source + ": tensor '" + Excerpt(p.name, 80) +
+                      "' appears in more than one file");
     }
   }
   std::map<std::string, std::string> aliases;
   for (const auto& [k, v] : metadata) {
     AddAlias(by_name, k, v, aliases);
     if (!v.empty() && v.front() == '{') {
-      nlohmann::json j = nlohmann::json::parse(v, nullptr, /*allow_exceptions=*/false);
-      if (j.is_object()) {
-        for (const auto& [alias, owner] : j.items()) {
+      auto j = ParseJson(v, t.source);  // depth-bounded: a metadata value is free text
+      if (j.ok() && j->is_object()) {
+        for (const auto& [alias, owner] : j->items()) {
           if (owner.is_string()) AddAlias(by_name, alias, owner.get<std::string>(), aliases);
         }
       }

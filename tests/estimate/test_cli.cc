@@ -1,6 +1,7 @@
 // `ckpt estimate` end to end: the seed 000 tables as printed, --json, exit codes.
 #include <catch2/catch.hpp>
 
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -132,4 +133,54 @@ TEST_CASE("a JSON parameter table drives zero3 counts and checkpoint sizes", "[u
     out << R"([{"name": "a", "shape": [-1]}])";
   }
   CHECK(Estimate("checkpoint --param-table " + dir / "bad.json" + " --ranks 2 --zero 1").rc == 2);
+}
+
+TEST_CASE("hostile parameter tables and safetensors indexes: refused or read, never a crash",
+          "[unit]") {
+  // JSON nested 200000 deep in a safetensors index's metadata was dumped recursively (a stack
+  // overflow: SIGSEGV, until 2026-12-07); names reached messages with their control bytes raw.
+  ScratchDir dir("estimate-hostile");
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  auto no_control = [](const std::string& s) {
+    for (char c : s)
+      if (static_cast<unsigned char>(c) < 0x20 && c != '\n') return false;
+    return true;
+  };
+  const std::string st = dir / "st";
+  std::filesystem::create_directories(st);
+  {
+    std::ofstream out(st + "/model.safetensors.index.json");
+    out << R"({"weight_map": {"w": "model-1.safetensors"}, "metadata": {"x": {"y": )" << deep
+        << "}}}";
+  }
+  auto r = Estimate("checkpoint --from-safetensors " + st + " --ranks 1 --zero 0");
+  INFO(r.err);
+  CHECK(r.rc == 1);
+  CHECK(r.err.find("nested deeper than 128") != std::string::npos);
+  {
+    std::ofstream out(st + "/model.safetensors.index.json");
+    out << R"({"weight_map": {"w\u001b[31m": 5, "v": "model-1.safetensors"}})";
+  }
+  r = Estimate("checkpoint --from-safetensors " + st + " --ranks 1 --zero 0");
+  INFO(r.err);
+  CHECK(r.rc == 1);
+  CHECK(r.err.find("'w\\x1b[31m' is not a file name") != std::string::npos);
+  CHECK(no_control(r.err));
+  {
+    std::ofstream out(dir / "table.json");
+    out << R"([{"name": "a\u001b]0;t\u0007", "shape": [2]}, {"name": "a\u001b]0;t\u0007", "shape": [2]}])";
+  }
+  r = Estimate("checkpoint --param-table " + dir / "table.json" + " --ranks 1 --zero 0");
+  INFO(r.err);
+  CHECK(r.rc == 2);
+  CHECK(r.err.find("duplicate name 'a\\x1b]0;t\\x07'") != std::string::npos);
+  CHECK(no_control(r.err));
+  {
+    std::ofstream out(dir / "deep.json");
+    out << R"([{"name": "a", "shape": [2], "x": )" << deep << "}]";
+  }
+  r = Estimate("checkpoint --param-table " + dir / "deep.json" + " --ranks 1 --zero 0");
+  INFO(r.err);
+  CHECK(r.rc == 1);
+  CHECK(r.err.find("nested deeper than 128") != std::string::npos);
 }

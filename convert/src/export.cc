@@ -568,11 +568,16 @@ struct ExportIdentity {
   std::map<std::string, std::string> values;
 };
 
+// A string from an export's files (a header's __metadata__ value, the index's names) for a
+// message: as it is when it is printable UTF-8, else escaped whole (Excerpt), so a terminal
+// escape a file holds never reaches the terminal raw.
+std::string Shown(const std::string& s) { return PrintableUtf8(s) ? s : Excerpt(s, s.size()); }
+
 std::map<std::string, std::string> IdentityOf(const safetensors::SafetensorsHeader& h) {
   std::map<std::string, std::string> v;
   for (const char* key : {"ckpt_tag", "ckpt_global_step", "ckpt_dtype", "tied_weights"}) {
     auto it = h.metadata.find(key);
-    v[key] = it == h.metadata.end() ? std::string("(absent)") : it->second;
+    v[key] = it == h.metadata.end() ? std::string("(absent)") : Shown(it->second);
   }
   return v;
 }
@@ -624,7 +629,7 @@ void ListIndexedFiles(const std::vector<std::string>& shards, bool single, Expor
   if (index) {
     for (const auto& [tensor, file] : (*index)["weight_map"].items()) {
       if (!file.is_string()) {
-        c.problems.push_back({kIndexFile, tensor, "weight_map entry is not a file name"});
+        c.problems.push_back({kIndexFile, Shown(tensor), "weight_map entry is not a file name"});
         continue;
       }
       listed.insert(file.get<std::string>());
@@ -633,7 +638,7 @@ void ListIndexedFiles(const std::vector<std::string>& shards, bool single, Expor
   for (const auto& name : listed) {
     if (name.find('/') != std::string::npos || !IsShardName(name)) {
       c.problems.push_back(
-          {kIndexFile, "", "weight_map names '" + name + "', not a shard of this directory"});
+          {kIndexFile, "", "weight_map names '" + Shown(name) + "', not a shard of this directory"});
       continue;
     }
     files.push_back(name);
@@ -742,9 +747,11 @@ void CheckIndexAgainstHeaders(const nlohmann::json& index, HeadersSeen& seen, Ex
     auto it = seen.tensor_file.find(tensor);
     if (it == seen.tensor_file.end()) {
       if (!unreadable.count(f))
-        c.problems.push_back({kIndexFile, tensor, "listed in " + f + ", which does not hold it"});
+        c.problems.push_back(
+            {kIndexFile, Shown(tensor), "listed in " + Shown(f) + ", which does not hold it"});
     } else if (it->second != f) {
-      c.problems.push_back({kIndexFile, tensor, "listed in " + f + " but stored in " + it->second});
+      c.problems.push_back(
+          {kIndexFile, Shown(tensor), "listed in " + Shown(f) + " but stored in " + it->second});
     }
   }
   for (const auto& [tensor, file] : seen.tensor_file)
@@ -757,7 +764,7 @@ void CheckIndexAgainstHeaders(const nlohmann::json& index, HeadersSeen& seen, Ex
     c.problems.push_back(
         {kIndexFile, "",
          "metadata.total_size " +
-             (meta.is_object() && meta.contains("total_size") ? meta["total_size"].dump()
+             (meta.is_object() && meta.contains("total_size") ? JsonText(meta["total_size"])
                                                               : std::string("missing")) +
              " differs from the shards' " + std::to_string(seen.total_size) + " tensor bytes"});
   }
@@ -765,9 +772,12 @@ void CheckIndexAgainstHeaders(const nlohmann::json& index, HeadersSeen& seen, Ex
     const std::string shard_tied = seen.first->values["tied_weights"];
     const nlohmann::json index_tied =
         meta.is_object() && meta.contains("tied_weights") ? meta["tied_weights"] : nlohmann::json();
-    const nlohmann::json parsed_shard_tied =
-        shard_tied == "(absent)" ? nlohmann::json()
-                                 : nlohmann::json::parse(shard_tied, nullptr, false);
+    nlohmann::json parsed_shard_tied;  // null when absent; discarded (equal to nothing) if bad
+    if (shard_tied != "(absent)") {
+      auto parsed = ParseJson(shard_tied, "tied_weights");  // depth-bounded: free text
+      parsed_shard_tied =
+          parsed.ok() ? std::move(*parsed) : nlohmann::json(nlohmann::json::value_t::discarded);
+    }
     if (index_tied != parsed_shard_tied)
       c.problems.push_back({kIndexFile, "",
                             "metadata.tied_weights differs from the shards' "

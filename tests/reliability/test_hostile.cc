@@ -483,6 +483,55 @@ TEST_CASE("client_state and optimizer strings reach inspect and diff escaped", "
   }
 }
 
+TEST_CASE("an export's index names and __metadata__ reach ckpt check escaped", "[io]") {
+  // `ckpt check` of a safetensors export quotes the index's tensor and file names and the
+  // shards' __metadata__ values (free text in any safetensors file); until 2026-12-07 a
+  // terminal escape or a C1 CSI in them reached the terminal raw.
+  testing::ScratchDir dir("ckpt-export-escape");
+  const std::string root = dir / "root", ex = dir / "ex";
+  WriteSmallRoot(root, 1, 2, "none", 1, 300000);
+  REQUIRE(RunCli("export-fp32 " + root + " " + ex + " --max-shard-size 400KB") == 0);
+  const std::string index = ex + "/model.safetensors.index.json";
+  const std::string odd = "\x1b[31m\xc2\x9b";
+  auto j = nlohmann::json::parse(Slurp(index));
+  const std::string first = j["weight_map"].begin().key();
+  const std::string shard = j["weight_map"][first].get<std::string>();
+  j["weight_map"][first] = odd + "model.safetensors";
+  j["weight_map"]["odd" + odd] = 5;
+  Spit(index, j.dump());
+  {  // the shard's ckpt_tag holds the escape; its integrity record dropped (as another tool's)
+    const std::string bytes = Slurp(ex + "/" + shard);
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[i]);
+    auto h = nlohmann::json::parse(bytes.substr(8, n));
+    h["__metadata__"]["ckpt_tag"] = "global_step100" + odd;
+    h["__metadata__"].erase("ckpt_header_xxh3");
+    h["__metadata__"].erase("ckpt_tensor_xxh3");
+    const std::string text = h.dump();
+    std::string out(8, '\0');
+    for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(text.size() >> (8 * i));
+    Spit(ex + "/" + shard, out + text + bytes.substr(8 + n));
+  }
+  auto terminal_safe = [](const std::string& out) {
+    for (size_t i = 0; i < out.size(); ++i) {
+      const auto c = static_cast<unsigned char>(out[i]);
+      if ((c < 0x20 && c != '\n') || c == 0x7f) return false;
+      if (c == 0xc2 && i + 1 < out.size() && static_cast<unsigned char>(out[i + 1]) < 0xa0)
+        return false;  // C1
+    }
+    return true;
+  };
+  std::string out;
+  for (const std::string& args :
+       {"check " + ex, "check --json " + ex, "check --tag global_step100 " + ex}) {
+    CHECK(RunCli(args, &out) == 1);
+    INFO(args << "\n" << out);
+    CHECK(terminal_safe(out));
+    CHECK(out.find("1b[31m") != std::string::npos);  // shown, escaped
+  }
+  CHECK(out.find("export of tag 'global_step100\\x1b[31m\\xc2\\x9b'") != std::string::npos);
+}
+
 TEST_CASE("latest: every bit flipped is corruption, never another tag", "[io]") {
   testing::ScratchDir dir("ckpt-latest");
   const std::string root = dir / "root";

@@ -323,6 +323,7 @@ bool Verbose() {
 void Expect(const ckpt::Status& s, const char* what) {
   if (Verbose() && !s.ok())
     std::fprintf(stderr, "fuzz_deepspeed: %s: %s\n", what, s.ToString().c_str());
+  ckpt_fuzz::RequireTerminalSafe(s);  // whatever a .pt file holds reaches a message escaped
   if (s.ok() || Refusal(s)) return;
   std::fprintf(stderr, "fuzz_deepspeed: %s: unexpected %s\n", what, s.ToString().c_str());
   std::abort();
@@ -400,6 +401,9 @@ bool ReadThroughReader(ckpt::DeepSpeedReader& r) {
   }
   auto problems = r.Check();
   note(problems.status(), "Check");
+  if (problems.ok())
+    for (const ckpt::Problem& p : *problems)
+      if (!ckpt_fuzz::TerminalSafe(p.file + p.dataset + p.what)) __builtin_trap();
   if (problems.ok() && Verbose())
     for (const ckpt::Problem& p : *problems)
       std::fprintf(stderr, "fuzz_deepspeed: Check: %s: %s\n", p.file.c_str(), p.what.c_str());
@@ -418,7 +422,7 @@ bool ReadThroughSource(const std::string& dir) {
   if (!src.ok()) return false;
   ckpt::StateSource& s = **src;
   (void)ckpt::InspectSourceToJson(s).dump();
-  (void)ckpt::InspectSourceToText(s);
+  if (!ckpt_fuzz::TerminalSafe(ckpt::InspectSourceToText(s))) __builtin_trap();
   bool all_ok = true;
   std::vector<ckpt::StateSource::ParamSlice> slices;
   int64_t total = 0;
@@ -514,6 +518,9 @@ bool RunOne(const uint8_t* data, size_t size) {
   if (rc.ok()) Expect(rc->Check().status(), "Check after check_records");
   auto check = ckpt::CheckSource(f.dir, "", /*deep=*/true);
   Expect(check.status(), "CheckSource");
+  if (check.ok())
+    for (const ckpt::Problem& p : check->problems)
+      if (!ckpt_fuzz::TerminalSafe(p.file + p.dataset + p.what)) __builtin_trap();
   all_ok = all_ok && check.ok() && check->problems.empty();
 
   ckpt_fuzz::WriteFile(path, pristine.data(), pristine.size());

@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "ckpt/json.h"
+#include "fuzz_util.h"
 
 namespace {
 
@@ -26,7 +27,13 @@ int Depth(const nlohmann::json& j, int limit) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);
   auto j = ckpt::ParseJson(text, "fuzz");
+  ckpt_fuzz::RequireTerminalSafe(j.status());
   if (!j.ok()) return 0;
+  // The terminal's JSON printer: one printable line whatever the strings hold, the same value.
+  const std::string shown = ckpt::JsonText(*j);
+  if (!ckpt_fuzz::TerminalSafe(shown) || shown.find('\n') != std::string::npos) __builtin_trap();
+  auto back = ckpt::ParseJson(shown, "fuzz (JsonText)");
+  if (!back.ok() || *back != *j) __builtin_trap();
   // Depth counts nested arrays and objects: at most kMaxJsonDepth levels are accepted.
   if (Depth(*j, ckpt::kMaxJsonDepth + 1) > ckpt::kMaxJsonDepth) __builtin_trap();
   const std::string again = j->dump();

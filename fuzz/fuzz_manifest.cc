@@ -20,6 +20,7 @@
 
 #include "ckpt/hash.h"
 #include "ckpt/json.h"
+#include "fuzz_util.h"
 #include "ckpt/manifest.h"
 
 namespace {
@@ -34,6 +35,9 @@ void CheckOne(std::string_view text) {
   const bool fast = ckpt::GetManifestParseStats().fast != fast_before;
   auto s = ckpt::ParseManifestSummary(text, "fuzz/manifest.json");
   if (s.ok()) ++counts.summarized;
+  // Whatever the manifest holds reaches a message escaped or not at all.
+  ckpt_fuzz::RequireTerminalSafe(m.status());
+  ckpt_fuzz::RequireTerminalSafe(s.status());
   if (!m.ok()) {
     // A seal mismatch or invalid JSON is refused by both.
     const std::string why = m.status().message();

@@ -117,13 +117,20 @@ bool RunOne(const uint8_t* data, size_t size) {
   ++counts.inputs;
   auto problems = ckpt::CheckCheckpoint(fx.dir, /*deep=*/true);
   bool all_ok = problems.ok() && problems->empty();
+  // Whatever the file holds reaches a message escaped or not at all.
+  ckpt_fuzz::RequireTerminalSafe(problems.status());
+  if (problems.ok())
+    for (const auto& p : *problems)
+      if (!ckpt_fuzz::TerminalSafe(p.file + p.dataset + p.what)) __builtin_trap();
   auto reader = ckpt::CheckpointReader::Open(fx.dir);
+  ckpt_fuzz::RequireTerminalSafe(reader.status());
   if (reader.ok()) {
     ++counts.past_manifest;
     bool past_seal = false;
     for (const auto& file : reader->manifest().files) {
       for (const auto& d : file.datasets) {
         auto bytes = reader->ReadDatasetBytes(file.rank, d.name);
+        ckpt_fuzz::RequireTerminalSafe(bytes.status());
         all_ok = all_ok && bytes.ok();
         if (bytes.ok() || bytes.status().message().find("not opened") == std::string::npos)
           past_seal = true;
@@ -136,12 +143,17 @@ bool RunOne(const uint8_t* data, size_t size) {
       for (const auto& d : file.datasets) {
         if (d.shape.size() != 1 || d.shape[0] < 3) continue;
         std::vector<uint8_t> buf(d.bytes);
-        all_ok = reader->ReadSlice(file.rank, d.name, 1, d.shape[0] - 2, buf.data()).ok() &&
-                 all_ok;
+        const ckpt::Status slice =
+            reader->ReadSlice(file.rank, d.name, 1, d.shape[0] - 2, buf.data());
+        ckpt_fuzz::RequireTerminalSafe(slice);
+        all_ok = slice.ok() && all_ok;
       }
     }
-    for (const auto& p : reader->manifest().params)
-      all_ok = reader->ReadParamFull(p.name).ok() && all_ok;
+    for (const auto& p : reader->manifest().params) {
+      auto full = reader->ReadParamFull(p.name);
+      ckpt_fuzz::RequireTerminalSafe(full.status());
+      all_ok = full.ok() && all_ok;
+    }
   } else {
     all_ok = false;
   }

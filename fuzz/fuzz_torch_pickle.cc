@@ -16,6 +16,7 @@
 #include <string_view>
 
 #include "ckpt/torch_pickle.h"
+#include "fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const bool expect_parse = std::getenv("CKPT_FUZZ_EXPECT_PARSE") != nullptr;
@@ -25,6 +26,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       std::string_view(reinterpret_cast<const char*>(data), size), "fuzz.pkl", limits);
   if (!doc.ok()) {
     if (doc.status().code() != ckpt::StatusCode::kDataLoss) std::abort();
+    ckpt_fuzz::RequireTerminalSafe(doc.status());  // the pickle's bytes escaped, if quoted
     if (expect_parse) {
       std::fprintf(stderr, "seed did not parse: %s\n", doc.status().ToString().c_str());
       std::abort();

@@ -7,8 +7,11 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <vector>
+
+#include "ckpt/status.h"
 
 namespace ckpt_fuzz {
 
@@ -42,6 +45,25 @@ inline void WriteFile(const std::string& path, const void* data, size_t size) {
   out.write(static_cast<const char*>(data), static_cast<std::streamsize>(size));
   out.close();
   if (!out) std::abort();
+}
+
+// Whether `text` (a message or a report a command prints) shows on a terminal as text: every
+// line printable UTF-8 (ckpt::PrintableUtf8: no C0 control but the newlines between lines, no
+// DEL, no C1, no invalid UTF-8). Whatever an input holds reaches messages escaped (Excerpt) or
+// not at all; the harnesses' own paths are plain ASCII.
+inline bool TerminalSafe(std::string_view text) {
+  for (size_t start = 0;;) {
+    const size_t nl = text.find('\n', start);
+    if (!ckpt::PrintableUtf8(text.substr(start, nl == std::string_view::npos ? nl : nl - start)))
+      return false;
+    if (nl == std::string_view::npos) return true;
+    start = nl + 1;
+  }
+}
+
+// Traps when an error's message would print something of the input raw.
+inline void RequireTerminalSafe(const ckpt::Status& s) {
+  if (!s.ok() && !TerminalSafe(s.message())) __builtin_trap();
 }
 
 }  // namespace ckpt_fuzz

@@ -60,7 +60,7 @@ Status CheckReshardable(const Manifest& source, const ReshardTarget& target,
     const bool same = type == optimizer_type ||
                       (optimizer_type == "adamw" && type == "adam");  // same two moments
     if (!same)
-      return FailedPrecondition("optimizer differs: " + where + " holds '" + type +
+      return FailedPrecondition("optimizer differs: " + where + " holds '" + Excerpt(type, 64) +
                                 "' state, this run uses '" + optimizer_type + "'");
   }
   if (static_cast<int>(target.partition.shard_numel.size()) != target.world)

@@ -644,7 +644,7 @@ Result<AdamWHyper> StateSource::OptimizerHyper(std::string* source) {
   if (opt.is_object() && opt.contains("type") && opt["type"].is_string()) {
     const std::string type = opt["type"].get<std::string>();
     if (type != "adamw" && type != "adam")
-      return Unimplemented("optimizer type '" + type + "' in " + dir() +
+      return Unimplemented("optimizer type '" + Excerpt(type, 64) + "' in " + dir() +
                            ": only AdamW hyper-parameters are read");
   }
   // A DeepSpeed source whose optimizer groups differ records them all as an array

@@ -13,6 +13,7 @@
 #include "ckpt/dtype.h"
 #include "ckpt/env.h"
 #include "ckpt/hash.h"
+#include "ckpt/json.h"
 #include "ckpt/load_resharded.h"
 #include "ckpt/shape.h"
 #include "ckpt/utc_time.h"
@@ -915,7 +916,7 @@ ckpt::Status Engine::Restore(const ckpt::CheckpointReader& reader,
   if (m.engine_config.contains("corpus_xxh3") &&
       m.engine_config["corpus_xxh3"] != corpus_.digest()) {
     return ckpt::FailedPrecondition(where + " was trained on another corpus (xxh3 " +
-                                    m.engine_config["corpus_xxh3"].dump() + ", this one " +
+                                    ckpt::JsonText(m.engine_config["corpus_xxh3"]) + ", this one " +
                                     corpus_.digest() + ")");
   }
 
@@ -1006,9 +1007,9 @@ ckpt::Status Engine::Restore(const ckpt::CheckpointReader& reader,
                         "restore");
   CKPT_ASSIGN_OR_RETURN(DataPosition position, DataPosition::FromJson(pos_json), "restore");
   if (pos_json.contains("samples_per_epoch") && pos_json["samples_per_epoch"] != n_samples) {
-    return ckpt::FailedPrecondition(where + " counts " + pos_json["samples_per_epoch"].dump() +
-                                    " samples per epoch, this corpus cut has " +
-                                    std::to_string(n_samples));
+    return ckpt::FailedPrecondition(
+        where + " counts " + ckpt::JsonText(pos_json["samples_per_epoch"]) +
+        " samples per epoch, this corpus cut has " + std::to_string(n_samples));
   }
   std::mt19937_64 shuffle;
   if (same_world && has(rank_, kRngShuffle)) {

@@ -28,6 +28,7 @@
 #include "ckpt/manifest.h"
 #include "ckpt/reader.h"
 #include "ckpt/root.h"
+#include "ckpt/state_source.h"
 #include "reliability_util.h"
 
 namespace fs = std::filesystem;
@@ -481,6 +482,18 @@ TEST_CASE("client_state and optimizer strings reach inspect and diff escaped", "
     CHECK(terminal_safe(out));
     CHECK(out.find("\\u009b31mRED\\u007f\\u001b]0;t\\u0007 \xc3\xa9") != std::string::npos);
   }
+  // An optimizer type that is not AdamW is refused by name (next-update, a resharded load):
+  // the name escaped.
+  Manifest m = LoadManifest(a + "/global_step200");
+  m.optimizer["type"] = odd;
+  StoreManifest(a + "/global_step200", m);
+  auto src = OpenStateSource(a, SourceOptions{});
+  REQUIRE(src.ok());
+  auto hyper = (*src)->OptimizerHyper();
+  REQUIRE_FALSE(hyper.ok());
+  INFO(hyper.status().ToString());
+  CHECK(terminal_safe(hyper.status().message()));
+  CHECK(hyper.status().message().find("optimizer type '\\xc2\\x9b31mRED") != std::string::npos);
 }
 
 TEST_CASE("an export's index names and __metadata__ reach ckpt check escaped", "[io]") {

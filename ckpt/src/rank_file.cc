@@ -1106,7 +1106,8 @@ Status RankFile::Parse() {
     return DataLoss(im.label + ": not a " +
                     (im.universal ? std::string("universal checkpoint file") : "ckpt rank file") +
                     " (attribute 'format' is " +
-                    (format.ok() ? "'" + *format + "'" : std::string("missing")) + ")");
+                    (format.ok() ? "'" + Excerpt(*format, 64) + "'" : std::string("missing")) +
+                    ")");
   }
   const Result<std::string> version = h5::ReadStringAttr(fid, "format_version");
   int major = -1, minor = -1;
@@ -1114,7 +1115,7 @@ Status RankFile::Parse() {
     return DataLoss(im.label + ": missing or malformed attribute 'format_version'");
   }
   if (major > supported_major) {
-    return Unimplemented(im.label + ": written by format version " + *version +
+    return Unimplemented(im.label + ": written by format version " + Excerpt(*version, 64) +
                          ", this reader supports " + std::to_string(supported_major) +
                          ".x; upgrade ckpt to read it");
   }

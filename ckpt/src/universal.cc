@@ -163,9 +163,10 @@ Result<UniversalReader> UniversalReader::Open(const std::string& dir_arg, Env* e
                         impl->file_path);
   int major = 0, minor = 0;
   if (std::sscanf(version.c_str(), "%d.%d", &major, &minor) != 2)
-    return DataLoss(impl->file_path + ": bad format_version '" + version + "'");
+    return DataLoss(impl->file_path + ": bad format_version '" + Excerpt(version, 64) + "'");
   if (major > kUniversalMajor)
-    return Unimplemented(impl->file_path + ": written by universal layout " + version +
+    return Unimplemented(impl->file_path + ": written by universal layout " +
+                         Excerpt(version, 64) +
                          ", this reader supports " + std::to_string(kUniversalMajor) + ".x");
   return UniversalReader(std::move(impl));
 }

@@ -15,14 +15,17 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "ckpt/h5.h"
 #include "ckpt/hash.h"
 #include "ckpt/json.h"
 #include "ckpt/manifest.h"
@@ -543,6 +546,36 @@ TEST_CASE("an export's index names and __metadata__ reach ckpt check escaped", "
     CHECK(out.find("1b[31m") != std::string::npos);  // shown, escaped
   }
   CHECK(out.find("export of tag 'global_step100\\x1b[31m\\xc2\\x9b'") != std::string::npos);
+}
+
+TEST_CASE("a rank file's format attributes reach messages escaped", "[io]") {
+  // The root attributes `format` and `format_version` are the file's bytes (its metadata seal
+  // recomputed, or absent as in files before 1.2): until 2026-12-07 a foreign format or a newer
+  // version was quoted raw.
+  for (const auto& [attr, value, rc] :
+       {std::tuple{"format", "ckpt\x1b]0;t\x07\xc2\x9b", 1},
+        std::tuple{"format_version", "9.0\x1b]0;t\x07\xc2\x9b", 2}}) {
+    Hostile h;
+    hid_t f = H5Fopen(h.file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    REQUIRE(f >= 0);
+    REQUIRE(H5Adelete(f, attr) >= 0);
+    REQUIRE(h5::WriteStringAttr(f, attr, value).ok());
+    H5Fclose(f);
+    h.Reseal();
+    std::string out;
+    for (const std::string& args :
+         {"check --deep " + h.root, "export-fp32 " + h.root + " " + h.dir / "e"}) {
+      const int got = RunCli(args, &out);
+      INFO(attr << ": " << args << "\n" << out);
+      CHECK(got == (args.rfind("check", 0) == 0 ? 1 : rc));
+      CHECK(std::none_of(out.begin(), out.end(), [](char c) {
+        return (static_cast<unsigned char>(c) < 0x20 && c != '\n') ||
+               static_cast<unsigned char>(c) >= 0x7f;
+      }));
+      CHECK(out.find("\\x1b]0;t\\x07\\xc2\\x9b") != std::string::npos);
+    }
+    CHECK(!fs::exists(h.dir / "e"));
+  }
 }
 
 TEST_CASE("latest: every bit flipped is corruption, never another tag", "[io]") {

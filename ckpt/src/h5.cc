@@ -42,7 +42,7 @@ std::string ErrorText() {
   std::string msg;
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, CollectMessage, &msg);
   H5Eclear2(H5E_DEFAULT);
-  return msg.empty() ? "HDF5 error" : msg;
+  return msg.empty() ? "HDF5 error" : Shown(msg);  // it may quote a name from the file
 }
 
 namespace {

@@ -57,7 +57,7 @@ herr_t CollectExtents(hid_t obj, const char* name, const H5O_info_t* info, void*
   Handle d = Dataset(H5Dopen2(obj, name, H5P_DEFAULT));
   Handle dcpl = Plist(d.valid() ? H5Dget_create_plist(d.get()) : H5I_INVALID_HID);
   if (!dcpl.valid()) {
-    walk->error = std::string("dataset /") + name + ": " + ErrorText();
+    walk->error = "dataset /" + Shown(name) + ": " + ErrorText();
     return -1;
   }
   const H5D_layout_t layout = H5Pget_layout(dcpl.get());
@@ -69,7 +69,7 @@ herr_t CollectExtents(hid_t obj, const char* name, const H5O_info_t* info, void*
     hsize_t n = 0;
     Handle space = Space(H5Dget_space(d.get()));  // HDF5 1.10 takes no H5S_ALL here
     if (H5Dget_num_chunks(d.get(), space.get(), &n) < 0) {
-      walk->error = std::string("dataset /") + name + ": " + ErrorText();
+      walk->error = "dataset /" + Shown(name) + ": " + ErrorText();
       return -1;
     }
     for (hsize_t i = 0; i < n; ++i) {
@@ -78,7 +78,7 @@ herr_t CollectExtents(hid_t obj, const char* name, const H5O_info_t* info, void*
       haddr_t addr = HADDR_UNDEF;
       hsize_t size = 0;
       if (H5Dget_chunk_info(d.get(), space.get(), i, offset, &mask, &addr, &size) < 0) {
-        walk->error = std::string("dataset /") + name + ": " + ErrorText();
+        walk->error = "dataset /" + Shown(name) + ": " + ErrorText();
         return -1;
       }
       if (addr != HADDR_UNDEF && size > 0) walk->extents.emplace_back(addr, size);
@@ -94,7 +94,7 @@ herr_t CheckLink(hid_t, const char* name, const H5L_info_t* info, void* data) {
   const char* kind = info->type == H5L_TYPE_SOFT       ? "a soft link"
                      : info->type == H5L_TYPE_EXTERNAL ? "an external link"
                                                        : "a user-defined link";
-  *error = std::string("/") + name + " is " + kind + "; a ckpt file holds hard links only";
+  *error = "/" + Shown(name) + " is " + kind + "; a ckpt file holds hard links only";
   return 1;  // stop: refused
 }
 
@@ -108,8 +108,8 @@ herr_t CheckDatasetStorage(hid_t obj, const char* name, const H5O_info_t* info, 
   auto* walk = static_cast<StorageWalk*>(data);
   const Handle dapl = NoExternalLinks();
   Handle d = Dataset(H5Dopen2(obj, name, dapl.get()));
-  walk->status = d.valid() ? CheckStorage(d.get(), walk->label + ": dataset /" + name)
-                           : DataLoss(walk->label + ": dataset /" + name + ": " + ErrorText());
+  const std::string where = walk->label + ": dataset /" + Shown(name);  // any name a file holds
+  walk->status = d.valid() ? CheckStorage(d.get(), where) : DataLoss(where + ": " + ErrorText());
   return walk->status.ok() ? 0 : 1;
 }
 

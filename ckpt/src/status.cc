@@ -116,6 +116,10 @@ bool PrintableUtf8(std::string_view s) {
   return true;
 }
 
+std::string Shown(std::string_view s, size_t max) {
+  return PrintableUtf8(s) ? std::string(s) : Excerpt(s, max);
+}
+
 Status PosixError(std::string_view context, int errnum) {
   std::string m = std::string(context) + ": " + std::strerror(errnum);
   switch (errnum) {

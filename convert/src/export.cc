@@ -568,16 +568,13 @@ struct ExportIdentity {
   std::map<std::string, std::string> values;
 };
 
-// A string from an export's files (a header's __metadata__ value, the index's names) for a
-// message: as it is when it is printable UTF-8, else escaped whole (Excerpt), so a terminal
-// escape a file holds never reaches the terminal raw.
-std::string Shown(const std::string& s) { return PrintableUtf8(s) ? s : Excerpt(s, s.size()); }
-
 std::map<std::string, std::string> IdentityOf(const safetensors::SafetensorsHeader& h) {
   std::map<std::string, std::string> v;
   for (const char* key : {"ckpt_tag", "ckpt_global_step", "ckpt_dtype", "tied_weights"}) {
     auto it = h.metadata.find(key);
-    v[key] = it == h.metadata.end() ? std::string("(absent)") : Shown(it->second);
+    // Escaped whole when not printable (compared between shards, then quoted).
+    v[key] =
+        it == h.metadata.end() ? std::string("(absent)") : Shown(it->second, it->second.size());
   }
   return v;
 }

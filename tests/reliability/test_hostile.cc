@@ -50,6 +50,18 @@ void StoreManifest(const std::string& tag_dir, const Manifest& m) {
   Spit(tag_dir + "/manifest.json", SerializeManifest(m));
 }
 
+// Whether a command's output shows on a terminal as text: no control character but newline,
+// no DEL, no C1 (U+0080-U+009F, a C1 CSI drives some terminals as ESC [ does).
+bool TerminalSafe(const std::string& out) {
+  for (size_t i = 0; i < out.size(); ++i) {
+    const auto c = static_cast<unsigned char>(out[i]);
+    if ((c < 0x20 && c != '\n') || c == 0x7f) return false;
+    if (c == 0xc2 && i + 1 < out.size() && static_cast<unsigned char>(out[i + 1]) < 0xa0)
+      return false;
+  }
+  return true;
+}
+
 // Reads everything a resume reads; true when all of it loads.
 bool LoadsCompletely(const std::string& path) {
   auto r = CheckpointReader::Open(path);
@@ -468,21 +480,12 @@ TEST_CASE("client_state and optimizer strings reach inspect and diff escaped", "
     m.optimizer["note"] = note;
     StoreManifest(root + "/global_step200", m);
   }
-  auto terminal_safe = [](const std::string& out) {
-    for (size_t i = 0; i < out.size(); ++i) {
-      const auto c = static_cast<unsigned char>(out[i]);
-      if ((c < 0x20 && c != '\n') || c == 0x7f) return false;
-      if (c == 0xc2 && i + 1 < out.size() && static_cast<unsigned char>(out[i + 1]) < 0xa0)
-        return false;  // C1
-    }
-    return true;
-  };
   std::string out;
   for (const std::string& args : {"inspect " + a, "inspect --json " + a, "diff " + a + " " + b}) {
     const int rc = RunCli(args, &out);
     INFO(args << "\n" << out);
     CHECK(rc == (args.rfind("diff", 0) == 0 ? 1 : 0));
-    CHECK(terminal_safe(out));
+    CHECK(TerminalSafe(out));
     CHECK(out.find("\\u009b31mRED\\u007f\\u001b]0;t\\u0007 \xc3\xa9") != std::string::npos);
   }
   // An optimizer type that is not AdamW is refused by name (next-update, a resharded load):
@@ -495,7 +498,7 @@ TEST_CASE("client_state and optimizer strings reach inspect and diff escaped", "
   auto hyper = (*src)->OptimizerHyper();
   REQUIRE_FALSE(hyper.ok());
   INFO(hyper.status().ToString());
-  CHECK(terminal_safe(hyper.status().message()));
+  CHECK(TerminalSafe(hyper.status().message()));
   CHECK(hyper.status().message().find("optimizer type '\\xc2\\x9b31mRED") != std::string::npos);
 }
 
@@ -528,30 +531,50 @@ TEST_CASE("an export's index names and __metadata__ reach ckpt check escaped", "
     for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(text.size() >> (8 * i));
     Spit(ex + "/" + shard, out + text + bytes.substr(8 + n));
   }
-  auto terminal_safe = [](const std::string& out) {
-    for (size_t i = 0; i < out.size(); ++i) {
-      const auto c = static_cast<unsigned char>(out[i]);
-      if ((c < 0x20 && c != '\n') || c == 0x7f) return false;
-      if (c == 0xc2 && i + 1 < out.size() && static_cast<unsigned char>(out[i + 1]) < 0xa0)
-        return false;  // C1
-    }
-    return true;
-  };
   std::string out;
   for (const std::string& args :
        {"check " + ex, "check --json " + ex, "check --tag global_step100 " + ex}) {
     CHECK(RunCli(args, &out) == 1);
     INFO(args << "\n" << out);
-    CHECK(terminal_safe(out));
+    CHECK(TerminalSafe(out));
     CHECK(out.find("1b[31m") != std::string::npos);  // shown, escaped
   }
   CHECK(out.find("export of tag 'global_step100\\x1b[31m\\xc2\\x9b'") != std::string::npos);
 }
 
-TEST_CASE("a rank file's format attributes reach messages escaped", "[io]") {
-  // The root attributes `format` and `format_version` are the file's bytes (its metadata seal
-  // recomputed, or absent as in files before 1.2): until 2026-12-07 a foreign format or a newer
-  // version was quoted raw.
+TEST_CASE("a rank file's attributes and object names reach messages escaped", "[io]") {
+  // The root attributes `format` and `format_version` and the names of the file's links and
+  // datasets are the file's bytes (its metadata seal recomputed, or absent as in files before
+  // 1.2): until 2026-12-07 a foreign format, a newer version, or the name of a soft link or of
+  // a dataset the format does not allow was quoted raw.
+  const std::string odd = "odd\x1b]0;t\x07\xc2\x9b";
+  for (const bool link : {true, false}) {
+    Hostile h;
+    hid_t f = H5Fopen(h.file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    REQUIRE(f >= 0);
+    if (link) {
+      REQUIRE(H5Lcreate_soft("/data_position", f, odd.c_str(), H5P_DEFAULT, H5P_DEFAULT) >= 0);
+    } else {  // a compact dataset: a layout the format does not define
+      hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+      REQUIRE(H5Pset_layout(dcpl, H5D_COMPACT) >= 0);
+      hsize_t n = 4;
+      hid_t space = H5Screate_simple(1, &n, nullptr);
+      hid_t d = H5Dcreate2(f, odd.c_str(), H5T_STD_U8LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+      REQUIRE(d >= 0);
+      H5Dclose(d);
+      H5Sclose(space);
+      H5Pclose(dcpl);
+    }
+    H5Fclose(f);
+    h.Reseal();
+    std::string out;
+    CHECK(RunCli("check --deep " + h.root, &out) == 1);
+    INFO(out);
+    CHECK(TerminalSafe(out));
+    CHECK(out.find(link ? "/odd\\x1b]0;t\\x07\\xc2\\x9b is a soft link"
+                        : "dataset /odd\\x1b]0;t\\x07\\xc2\\x9b: compact layout") !=
+          std::string::npos);
+  }
   for (const auto& [attr, value, rc] :
        {std::tuple{"format", "ckpt\x1b]0;t\x07\xc2\x9b", 1},
         std::tuple{"format_version", "9.0\x1b]0;t\x07\xc2\x9b", 2}}) {
@@ -568,10 +591,7 @@ TEST_CASE("a rank file's format attributes reach messages escaped", "[io]") {
       const int got = RunCli(args, &out);
       INFO(attr << ": " << args << "\n" << out);
       CHECK(got == (args.rfind("check", 0) == 0 ? 1 : rc));
-      CHECK(std::none_of(out.begin(), out.end(), [](char c) {
-        return (static_cast<unsigned char>(c) < 0x20 && c != '\n') ||
-               static_cast<unsigned char>(c) >= 0x7f;
-      }));
+      CHECK(TerminalSafe(out));
       CHECK(out.find("\\x1b]0;t\\x07\\xc2\\x9b") != std::string::npos);
     }
     CHECK(!fs::exists(h.dir / "e"));

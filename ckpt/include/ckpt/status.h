@@ -92,6 +92,10 @@ std::string Excerpt(std::string_view bytes, size_t max = 40);
 // Such strings go into safetensors headers, manifests (JSON) and terminals as they are; a
 // file is free to hold any bytes, so readers refuse anything else rather than carry it there.
 bool PrintableUtf8(std::string_view s);
+// A string from a file for a message: as it is when it is PrintableUtf8 (a name in UTF-8 reads
+// as itself), else escaped (Excerpt, at most `max` bytes). For strings a reader does not refuse
+// outright (an HDF5 object's name, a safetensors __metadata__ value, libhdf5's own error text).
+std::string Shown(std::string_view s, size_t max = 256);
 // The same mapper under its older name.
 inline Status ErrnoError(std::string_view context, int errnum) {
   return PosixError(context, errnum);

@@ -60,10 +60,12 @@ if [ "${#stale[@]}" -gt 0 ]; then
 fi
 
 # fuzz_rank_file seals its inputs as the seeds' writer did (h5::SealFile).
-# fuzz_deepspeed takes its fixtures' files from its seeds.
+# fuzz_deepspeed takes its fixtures' files from its seeds; fuzz_universal copies its tag
+# directory (manifest and universal.h5) from tests/fuzz/universal_fixture.
 harness_flags=(-DCKPT_FUZZ_SEED_DIR="\"$repo/tests/fuzz/corpus/rank_file\""
-               -DCKPT_FUZZ_DEEPSPEED_SEEDS="\"$repo/tests/fuzz/corpus/deepspeed\"")
-for target in manifest rank_file safetensors units torch_pickle json deepspeed; do
+               -DCKPT_FUZZ_DEEPSPEED_SEEDS="\"$repo/tests/fuzz/corpus/deepspeed\""
+               -DCKPT_FUZZ_UNIVERSAL_FIXTURE="\"$repo/tests/fuzz/universal_fixture\"")
+for target in manifest rank_file safetensors units torch_pickle json deepspeed universal; do
   src="$repo/fuzz/fuzz_$target.cc"
   exe="$out/bin/fuzz_$target"
   newest=1

@@ -2,7 +2,7 @@
 # Runs every libFuzzer target for N seconds on the seed corpus (tests/fuzz/corpus/<target>/).
 #
 #   tools/fuzz.sh [--seconds N]
-#                 [--targets "manifest rank_file safetensors units torch_pickle json deepspeed"]
+#                 [--targets "manifest rank_file safetensors units torch_pickle json deepspeed universal"]
 #                 [--out DIR]
 #
 # Builds the targets first (fuzz/build.sh, clang 14, ASan + UBSan). Inputs found during the
@@ -14,7 +14,7 @@
 set -uo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 seconds=20
-targets="manifest rank_file safetensors units torch_pickle json deepspeed"
+targets="manifest rank_file safetensors units torch_pickle json deepspeed universal"
 out="$repo/build-fuzz"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -59,6 +59,7 @@ for t in $targets; do
   # (free lists, the ID table) alive between inputs, which LeakSanitizer would report.
   leaks=1
   [ "$t" = rank_file ] && leaks=0
+  [ "$t" = universal ] && leaks=0
   ASAN_OPTIONS="detect_leaks=$leaks:allocator_may_return_null=1" \
   UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
     "$exe" "$corpus" "$seeds" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
@@ -78,6 +79,9 @@ for t in $targets; do
       deepspeed) require_reach \
                    "[0-9]* inputs, [0-9]* re-CRC'd, [0-9]* checkpoints opened, [0-9]* of them changed, [0-9]* read whole; [0-9]* integer mutations, [0-9]* opened" \
                    '.*, \([0-9]*\) of them changed,.*' 'no changed file opened as a checkpoint' ;;
+      universal) require_reach \
+                   '[0-9]* inputs, [0-9]* past the metadata seal, [0-9]* of them changed, [0-9]* read whole' \
+                   '.*, \([0-9]*\) of them changed,.*' 'no changed input reached HDF5' ;;
       manifest) require_reach \
                   '[0-9]* inputs, [0-9]* re-sealed, [0-9]* parsed whole, [0-9]* by the fast path, [0-9]* summarized' \
                   '.*, \([0-9]*\) by the fast path,.*' 'no input parsed by the fast path' ;;

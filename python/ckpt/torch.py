@@ -385,25 +385,61 @@ def _check_table(m, table, path):
         _refuse(f"{path} has parameters this model lacks: " + ", ".join(sorted(extra)[:5]))
 
 
-def _restore_rng(reader, rank, files):
+def _read_rng(reader, rank, files):
+    """This rank's generator states from the checkpoint, read and checked before anything is
+    applied (a state that does not parse or fit refuses the load, nothing changed); returns the
+    function that applies them."""
     names = {d["name"] for d in files.get(rank, [])}
+
+    def parsed(name, make):
+        try:
+            return make(reader.read_blob(rank, name))
+        except ckpt.Error:
+            raise
+        except Exception as e:  # noqa: BLE001 - any malformed state is the same refusal
+            _refuse(f"{reader.dir}: {name} of rank {rank} is not a generator state "
+                    f"({type(e).__name__}: {str(e)[:120]!r})")
+
+    def torch_state(blob, device):
+        t = torch.from_numpy(np.frombuffer(blob, dtype=np.uint8).copy())
+        torch.Generator(device=device).set_state(t)  # a scratch generator: raises where torch would
+        return t
+
     if _RNG_TORCH in names:
-        torch.set_rng_state(torch.from_numpy(np.frombuffer(
-            reader.read_blob(rank, _RNG_TORCH), dtype=np.uint8).copy()))
+        cpu = parsed(_RNG_TORCH, lambda b: torch_state(b, "cpu"))
     else:  # a resharded checkpoint's new rank: seeded from (step, rank)
-        torch.manual_seed(zlib.crc32(f"{reader.manifest['counters']['global_step']}/{rank}".encode()))
-    if torch.cuda.is_available():
-        cuda = sorted(n for n in names if n.startswith(_RNG_CUDA))
+        cpu = zlib.crc32(f"{reader.manifest['counters']['global_step']}/{rank}".encode())
+    cuda = sorted(n for n in names if n.startswith(_RNG_CUDA)) if torch.cuda.is_available() else []
+    cuda = [parsed(n, lambda b: torch_state(b, "cuda")) for n in cuda]
+
+    def numpy_state(blob):
+        s = json.loads(blob)
+        state = (s["kind"], np.array(s["keys"], dtype=np.uint32), s["pos"], s["has_gauss"],
+                 s["cached_gaussian"])
+        np.random.RandomState().set_state(state)  # raises where numpy would
+        return state
+
+    def python_state(blob):
+        s = json.loads(blob)
+        state = (s["version"], tuple(s["state"]), s["gauss_next"])
+        random.Random().setstate(state)  # raises where random would
+        return state
+
+    np_state = parsed(_RNG_NUMPY, numpy_state) if _RNG_NUMPY in names else None
+    py_state = parsed(_RNG_PYTHON, python_state) if _RNG_PYTHON in names else None
+
+    def apply():
+        if isinstance(cpu, int):
+            torch.manual_seed(cpu)
+        else:
+            torch.set_rng_state(cpu)
         if cuda:
-            torch.cuda.set_rng_state_all([torch.from_numpy(np.frombuffer(
-                reader.read_blob(rank, n), dtype=np.uint8).copy()) for n in cuda])
-    if _RNG_NUMPY in names:
-        s = json.loads(reader.read_blob(rank, _RNG_NUMPY))
-        np.random.set_state((s["kind"], np.array(s["keys"], dtype=np.uint32), s["pos"],
-                             s["has_gauss"], s["cached_gaussian"]))
-    if _RNG_PYTHON in names:
-        s = json.loads(reader.read_blob(rank, _RNG_PYTHON))
-        random.setstate((s["version"], tuple(s["state"]), s["gauss_next"]))
+            torch.cuda.set_rng_state_all(cuda)
+        if np_state is not None:
+            np.random.set_state(np_state)
+        if py_state is not None:
+            random.setstate(py_state)
+    return apply
 
 
 def _open_agreed(root, tag, verify_checksums, rank, world):
@@ -435,7 +471,8 @@ def load(root, model, optimizer, *, tag=None, scheduler=None, restore_rng=True,
          verify_checksums=True):
     """Restores model, optimizer (and scheduler, RNG) from ROOT's latest tag or `tag`; every rank
     calls it. Refuses (ckpt.Error, nothing changed) a checkpoint of another world size, optimizer
-    layout or parameter table. Returns a LoadInfo."""
+    layout or parameter table, or one whose generator states, optimizer steps, parameter groups
+    or scheduler state do not parse. Returns a LoadInfo."""
     rank, world = _world()
     layout = _Layout(model, optimizer)
     reader = _open_agreed(root, tag, verify_checksums, rank, world)
@@ -465,20 +502,34 @@ def load(root, model, optimizer, *, tag=None, scheduler=None, restore_rng=True,
     step_of = {}
     for r, ds in files.items():
         if any(d["name"] == _OPT_STEPS for d in ds):
-            step_of.update(reader.read_json(r, _OPT_STEPS))
-    default_step = int(m["optimizer"].get("step", m["counters"]["global_step"]))
+            steps = reader.read_json(r, _OPT_STEPS)
+            if not isinstance(steps, dict) or not all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool)
+                    for v in steps.values()):
+                _refuse(f"{reader.dir}: {_OPT_STEPS} of rank {r} is not a step per parameter")
+            step_of.update(steps)
+    default_step = m["optimizer"].get("step", m["counters"]["global_step"])
+    if not isinstance(default_step, (int, float)) or isinstance(default_step, bool):
+        _refuse(f"{reader.dir}: the manifest's optimizer step is not a number")
+    default_step = int(default_step)
     groups = None
     if any(d["name"] == _PARAM_GROUPS for d in files.get(0, [])):
         groups = reader.read_json(0, _PARAM_GROUPS)
+        if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
+            _refuse(f"{reader.dir}: {_PARAM_GROUPS} is not a list of parameter groups")
         if len(groups) != len(optimizer.param_groups):
             _refuse(f"{reader.dir} has {len(groups)} optimizer param groups, this optimizer "
                     f"{len(optimizer.param_groups)}")
     own = rank if any(d["name"] == "scheduler" for d in files.get(rank, [])) else 0
     sched = reader.read_json(own, "scheduler") if any(
         d["name"] == "scheduler" for d in files.get(own, [])) else None
+    if sched is not None and (not isinstance(sched, dict) or not isinstance(
+            sched.get("torch", {}), (dict, type(None)))):
+        _refuse(f"{reader.dir}: the scheduler state is not a state dict")
     data_rank = rank if any(d["name"] == "data_position" for d in files.get(rank, [])) else 0
     data_state = reader.read_json(data_rank, "data_position") if any(
         d["name"] == "data_position" for d in files.get(data_rank, [])) else None
+    apply_rng = _read_rng(reader, rank, files) if restore_rng else None
 
     # Apply.
     with torch.no_grad():
@@ -508,8 +559,8 @@ def load(root, model, optimizer, *, tag=None, scheduler=None, restore_rng=True,
             optimizer._sync_param_groups(optimizer.param_groups, layout.local.param_groups)
     if scheduler is not None and sched is not None and sched.get("torch") is not None:
         scheduler.load_state_dict(sched["torch"])
-    if restore_rng:
-        _restore_rng(reader, rank, files)
+    if apply_rng is not None:
+        apply_rng()
     return LoadInfo(reader.tag, m["counters"]["global_step"], data_state, m["client_state"], m)
 
 

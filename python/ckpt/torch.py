@@ -572,13 +572,27 @@ def _from_numpy(raw, dtype):
 def load_export(path):
     """The state_dict of a `ckpt export-fp32` output (a directory or one .safetensors file),
     tied aliases restored from its `tied_weights` metadata, as torch tensors: what
-    model.load_state_dict(..., strict=True) takes."""
+    model.load_state_dict(..., strict=True) takes. An index that names a file outside the
+    directory, or an index or tied_weights that does not parse, raises ckpt.CorruptionError
+    naming the file; nothing outside the directory is read."""
     import os
+
+    def corrupt(where, what):
+        raise ckpt.CorruptionError(f"DataLoss: {where}: {what}")
+
     if os.path.isdir(path):
         index = os.path.join(path, "model.safetensors.index.json")
         if os.path.exists(index):
-            with open(index) as f:
-                files = sorted(set(json.load(f)["weight_map"].values()))
+            try:
+                with open(index, "rb") as f:
+                    weight_map = json.loads(f.read())["weight_map"]
+                files = sorted(set(weight_map.values()))
+            except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
+                corrupt(index, f"not a safetensors index ({type(e).__name__})")
+            for f in files:
+                if (not isinstance(f, str) or not f.endswith(".safetensors") or "/" in f
+                        or "\\" in f or f.startswith(".")):
+                    corrupt(index, f"weight_map names {f!r}, not a shard of this directory")
         else:
             files = ["model.safetensors"]
         paths = [os.path.join(path, f) for f in files]
@@ -587,10 +601,20 @@ def load_export(path):
     state, tied = {}, {}
     for p in paths:
         tensors, meta = ckpt.read_safetensors(p, with_metadata=True)
-        tied.update(json.loads(meta.get("tied_weights", "{}")))
+        try:
+            aliases = json.loads(meta.get("tied_weights", "{}"))
+            if not isinstance(aliases, dict) or not all(
+                    isinstance(k, str) and isinstance(v, str) for k, v in aliases.items()):
+                raise TypeError("not an object of names")
+        except (ValueError, TypeError, RecursionError) as e:
+            corrupt(p, f"__metadata__ tied_weights is not a map of aliases ({e})")
+        tied.update(aliases)
         for name, arr in tensors.items():
             t = torch.from_numpy(arr)
             state[name] = t.view(torch.bfloat16) if arr.dtype == np.uint16 else t
     for alias, owner in tied.items():
+        if owner not in state:
+            corrupt(paths[0], f"tied_weights names {alias!r} an alias of {owner!r}, "
+                              "which the export does not hold")
         state[alias] = state[owner]
     return state

@@ -3,7 +3,12 @@ state does not parse (a generator state of the wrong size or not JSON, optimizer
 not numbers, parameter groups or a scheduler state of the wrong shape): refused with ckpt.Error
 naming the dataset, and nothing changed (model, optimizer, scheduler, generators). Until
 2026-12-07 the generator states were parsed after the weights and moments were copied in, so
-such a load failed with a bare Python error and a half-restored model."""
+such a load failed with a bare Python error and a half-restored model. ckpt.torch.load_export
+never reads a file its index points to outside the export's directory, and refuses a damaged
+index or tied_weights with ckpt.CorruptionError (it read `../outside.safetensors` as a shard
+and failed on a missing alias with KeyError until 2026-12-07)."""
+import json
+import os
 import random
 import unittest
 
@@ -111,6 +116,43 @@ class LoadRefusals(unittest.TestCase):
         self.assertTrue(torch.equal(saved[4], got[4]))
         self.assertTrue(np.array_equal(saved[5], got[5]))
         self.assertEqual(saved[6], got[6])
+
+
+
+class LoadExport(unittest.TestCase):
+    def export_dir(self, weight_map, tied=None):
+        root = util.tempdir(self)
+        d = os.path.join(root, "export")
+        os.makedirs(d)
+        shard = "model-00001-of-00001.safetensors"
+        meta = {"tied_weights": json.dumps(tied)} if tied is not None else {}
+        ckpt.write_safetensors(os.path.join(d, shard), {"w": np.arange(6, dtype=np.float32)}, meta)
+        ckpt.write_safetensors(os.path.join(root, "outside.safetensors"),
+                               {"secret": np.ones(3, dtype=np.float32)})
+        with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {}, "weight_map": weight_map}, f)
+        return d
+
+    def test_a_good_export_with_an_alias(self):
+        d = self.export_dir({"w": "model-00001-of-00001.safetensors"}, tied={"v": "w"})
+        state = ckpt.torch.load_export(d)
+        self.assertEqual(sorted(state), ["v", "w"])
+        self.assertTrue(torch.equal(state["v"], torch.arange(6, dtype=torch.float32)))
+
+    def test_nothing_outside_the_directory_and_damage_refused(self):
+        shard = "model-00001-of-00001.safetensors"
+        for weight_map, tied, says in [
+                ({"w": shard, "secret": "../outside.safetensors"}, None, "not a shard"),
+                ({"w": shard, "secret": os.path.abspath("/tmp/x.safetensors")}, None,
+                 "not a shard"),
+                ({"w": shard}, {"v": "missing"}, "does not hold"),
+                ({"w": shard}, ["v"], "not a map of aliases"),
+                ([shard], None, "not a safetensors index")]:
+            with self.subTest(weight_map=weight_map, tied=tied):
+                d = self.export_dir(weight_map, tied)
+                with self.assertRaises(ckpt.CorruptionError) as caught:
+                    ckpt.torch.load_export(d)
+                self.assertIn(says, str(caught.exception))
 
 
 if __name__ == "__main__":

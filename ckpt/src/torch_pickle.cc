@@ -447,7 +447,8 @@ class PickleParser {
       if (last >= t.storage_numel)
         return Bad("tensor view (offset " + std::to_string(t.offset) + ", shape " +
                    ShapeText(t.shape) + ") needs element " + std::to_string(last) +
-                   " of storage '" + t.key + "', which holds " + std::to_string(t.storage_numel));
+                   " of storage '" + Excerpt(t.key, 40) + "', which holds " +
+                   std::to_string(t.storage_numel));
     }
     CKPT_ASSIGN_OR_RETURN(PyValue * v, New(Kind::kTensor), "");
     v->tensor = static_cast<int>(doc_.tensors_.size());

@@ -155,6 +155,14 @@ TEST_CASE("unpickler quotes names from the file escaped, never raw", "[unit]") {
         std::string::npos);
   CHECK(a.status().message().find('\xff') == std::string::npos);
   CHECK(a.status().message().find('\x1b') == std::string::npos);
+  // A view too large for its storage quotes the storage's key, a string of the pickle (a raw
+  // \x01 in it reached the message until 2026-12-07; found by fuzz_torch_pickle's TerminalSafe).
+  std::string view = TensorPickle(3, 1, 4);
+  view.replace(view.find(U("0")), U("0").size(), U("\x01\x1b[31m"));
+  auto v = ParsePickle(view, "evil.pkl");
+  REQUIRE(!v.ok());
+  CHECK(v.status().message().find("of storage '\\x01\\x1b[31m'") != std::string::npos);
+  CHECK(ckpt::PrintableUtf8(v.status().message()));
   auto b = ParsePickle(global, "evil.pkl");
   REQUIRE(!b.ok());
   CHECK(b.status().message().find("os.system") != std::string::npos);

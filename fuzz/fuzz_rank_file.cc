@@ -33,10 +33,10 @@
 #include <vector>
 
 #include "ckpt/env.h"
-#include "ckpt/h5.h"  // h5::SealFile: the seeds' seals, as their writer records them
 #include "ckpt/manifest.h"
 #include "ckpt/reader.h"
 #include "ckpt/synth.h"
+#include "fuzz_sealed.h"
 #include "fuzz_util.h"
 
 #ifndef CKPT_FUZZ_SEED_DIR
@@ -45,15 +45,10 @@
 
 namespace {
 
-struct Seal {
-  ckpt::h5::Extents extents;
-  std::string xxh3;
-};
-
 struct Fixture {
   std::string dir;                    // the tag directory
   ckpt::Manifest manifest;            // as written, for patching
-  std::map<uint64_t, Seal> seals;     // seed file size -> its seal
+  std::map<uint64_t, ckpt_fuzz::Seal> seals;  // seed file size -> its seal
 };
 
 struct Counts {
@@ -78,21 +73,12 @@ const Fixture& GetFixture() {
     const std::string base = ckpt_fuzz::TempDir("fuzz-rank");
     Fixture fx;
     fx.dir = WriteRoot(base + "/root", "none");
-    std::ifstream in(fx.dir + "/manifest.json");
-    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    auto m = ckpt::ParseManifest(text, "fixture");
-    if (!m.ok()) std::abort();
-    fx.manifest = *m;
+    fx.manifest = ckpt_fuzz::ReadManifest(fx.dir);
     for (const auto& e : std::filesystem::directory_iterator(CKPT_FUZZ_SEED_DIR)) {
       if (e.path().extension() != ".h5" || e.path().filename().string().rfind("crash-", 0) == 0)
         continue;
       const uint64_t size = std::filesystem::file_size(e.path());
-      Seal seal;
-      if (!ckpt::h5::SealFile(ckpt::Env::Default(), e.path().string(), size, &seal.extents,
-                              &seal.xxh3)
-               .ok())
-        std::abort();
-      fx.seals[size] = seal;
+      fx.seals[size] = ckpt_fuzz::SealOf(e.path().string(), size);
     }
     if (fx.seals.empty()) std::abort();
     return fx;
@@ -104,15 +90,7 @@ const Fixture& GetFixture() {
 // Returns true when every read succeeded.
 bool RunOne(const uint8_t* data, size_t size) {
   const Fixture& fx = GetFixture();
-  ckpt_fuzz::WriteFile(fx.dir + "/rank_00000.h5", data, size);
-  ckpt::Manifest m = fx.manifest;
-  ckpt::FileRecord& f = m.files[0];
-  f.bytes = size;
-  f.xxh3 = "";
-  auto seal = fx.seals.find(size);
-  f.data_extents = seal != fx.seals.end() ? seal->second.extents : ckpt::h5::Extents{};
-  f.metadata_xxh3 = seal != fx.seals.end() ? seal->second.xxh3 : "0000000000000000";
-  std::ofstream(fx.dir + "/manifest.json", std::ios::trunc) << ckpt::SerializeManifest(m);
+  ckpt_fuzz::InstallSealed(fx.dir, fx.manifest, fx.seals, data, size);  // rank_00000.h5
 
   ++counts.inputs;
   auto problems = ckpt::CheckCheckpoint(fx.dir, /*deep=*/true);

@@ -31,9 +31,9 @@
 #include <vector>
 
 #include "ckpt/env.h"
-#include "ckpt/h5.h"  // h5::SealFile: the seed's seal, as its writer recorded it
 #include "ckpt/manifest.h"
 #include "ckpt/universal.h"
+#include "fuzz_sealed.h"
 #include "fuzz_util.h"
 
 #ifndef CKPT_FUZZ_UNIVERSAL_FIXTURE
@@ -42,15 +42,10 @@
 
 namespace {
 
-struct Seal {
-  ckpt::h5::Extents extents;
-  std::string xxh3;
-};
-
 struct Fixture {
   std::string dir;                 // the copied tag directory
   ckpt::Manifest manifest;         // as the fixture records it, for patching
-  std::map<uint64_t, Seal> seals;  // seed file size -> its seal
+  std::map<uint64_t, ckpt_fuzz::Seal> seals;  // seed file size -> its seal
   std::vector<uint8_t> seed;       // the fixture's universal.h5
 };
 
@@ -63,17 +58,11 @@ const Fixture& GetFixture() {
     Fixture fx;
     fx.dir = ckpt_fuzz::TempDir("fuzz-universal") + "/tag";
     std::filesystem::copy(CKPT_FUZZ_UNIVERSAL_FIXTURE, fx.dir);
-    std::ifstream in(fx.dir + "/manifest.json");
-    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    auto m = ckpt::ParseManifest(text, "fixture");
-    if (!m.ok() || m->kind != "universal" || m->files.size() != 1) std::abort();
-    fx.manifest = *m;
+    fx.manifest = ckpt_fuzz::ReadManifest(fx.dir);
+    if (fx.manifest.kind != "universal" || fx.manifest.files.size() != 1) std::abort();
     const std::string seed = fx.dir + "/universal.h5";
     fx.seed = ckpt_fuzz::ReadFile(seed);
-    Seal seal;
-    if (!ckpt::h5::SealFile(ckpt::Env::Default(), seed, fx.seed.size(), &seal.extents, &seal.xxh3)
-             .ok())
-      std::abort();
+    const ckpt_fuzz::Seal seal = ckpt_fuzz::SealOf(seed, fx.seed.size());
     if (seal.xxh3 != fx.manifest.files[0].metadata_xxh3) std::abort();  // the writer's seal
     fx.seals[fx.seed.size()] = seal;
     return fx;
@@ -85,15 +74,7 @@ const Fixture& GetFixture() {
 // every read succeeded.
 bool RunOne(const uint8_t* data, size_t size) {
   const Fixture& fx = GetFixture();
-  ckpt_fuzz::WriteFile(fx.dir + "/universal.h5", data, size);
-  ckpt::Manifest m = fx.manifest;
-  ckpt::FileRecord& f = m.files[0];
-  f.bytes = size;
-  f.xxh3 = "";
-  auto seal = fx.seals.find(size);
-  f.data_extents = seal != fx.seals.end() ? seal->second.extents : ckpt::h5::Extents{};
-  f.metadata_xxh3 = seal != fx.seals.end() ? seal->second.xxh3 : "0000000000000000";
-  std::ofstream(fx.dir + "/manifest.json", std::ios::trunc) << ckpt::SerializeManifest(m);
+  ckpt_fuzz::InstallSealed(fx.dir, fx.manifest, fx.seals, data, size);  // universal.h5
 
   ++counts.inputs;
   auto reader = ckpt::UniversalReader::Open(fx.dir);
@@ -134,7 +115,7 @@ bool RunOne(const uint8_t* data, size_t size) {
       // bytes (HDF5's free space, padding). Equal sizes keep the seal; the data regions are
       // what the datasets hold, so their bytes must be the seed's.
       if (size == fx.seed.size())
-        for (const auto& [at, n] : f.data_extents)
+        for (const auto& [at, n] : fx.seals.at(size).extents)
           if (at + n <= size && std::memcmp(data + at, fx.seed.data() + at, n) != 0)
             __builtin_trap();
     }

@@ -156,18 +156,21 @@ Result<UniversalReader> UniversalReader::Open(const std::string& dir_arg, Env* e
                         h5::OpenVerified(*file, impl->file_path, impl->file_path, size,
                                          rec.data_extents, rec.metadata_xxh3, rec.xxh3));
   auto format = h5::ReadStringAttr(impl->file.get(), "format");
-  if (!format.ok() || *format != kUniversalFormat)
-    return DataLoss(impl->file_path + ": root attribute format is not '" +
-                    std::string(kUniversalFormat) + "'");
+  if (!format.ok() || *format != kUniversalFormat) {
+    H5Eclear2(H5E_DEFAULT);
+    return DataLoss(impl->file_path + ": root attribute format is " +
+                    (format.ok() ? "'" + Excerpt(*format, 64) + "'" : std::string("missing")) +
+                    ", not '" + std::string(kUniversalFormat) + "'");
+  }
   CKPT_ASSIGN_OR_RETURN(std::string version, h5::ReadStringAttr(impl->file.get(), "format_version"),
                         impl->file_path);
   int major = 0, minor = 0;
   if (std::sscanf(version.c_str(), "%d.%d", &major, &minor) != 2)
     return DataLoss(impl->file_path + ": bad format_version '" + Excerpt(version, 64) + "'");
   if (major > kUniversalMajor)
-    return Unimplemented(impl->file_path + ": written by universal layout " +
-                         Excerpt(version, 64) +
-                         ", this reader supports " + std::to_string(kUniversalMajor) + ".x");
+    return Unimplemented(impl->file_path + ": written by universal layout " + Excerpt(version, 64) +
+                         ", this reader supports " + std::to_string(kUniversalMajor) +
+                         ".x; upgrade ckpt to read it");
   return UniversalReader(std::move(impl));
 }
 

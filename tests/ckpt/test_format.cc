@@ -10,6 +10,7 @@
 #include "ckpt/root.h"
 #include "ckpt/synth.h"
 #include "ckpt_test_helpers.h"
+#include "manifest_util.h"
 #include "test_util.h"
 
 using namespace ckpt;
@@ -481,25 +482,6 @@ TEST_CASE("synthetic checkpoints hold partition-independent values", "[io]") {
 }
 
 namespace {
-
-// `j` as a manifest file's text, sealed as any writer seals one (format 1.1 rule): a valid
-// seal on content ParseManifest may or may not accept.
-// `text` sealed as a writer seals it: its manifest_xxh3 replaced by the XXH3 of the text with
-// those 16 characters read as '0' (also for edits nlohmann cannot make: duplicate keys, a
-// byte-order mark, a "-0").
-std::string Resealed(std::string text) {
-  const size_t at = FindManifestDigest(text);
-  REQUIRE(at != std::string::npos);
-  text.replace(at, kDigestPlaceholder.size(), kDigestPlaceholder);
-  const std::string digest = DigestHex(Xxh3(text.data(), text.size()));
-  text.replace(at, digest.size(), digest);
-  return text;
-}
-
-std::string SealedText(nlohmann::json j) {
-  j["manifest_xxh3"] = std::string(kDigestPlaceholder);
-  return Resealed(j.dump(1) + "\n");
-}
 
 void CheckSameSummary(const ManifestSummary& a, const ManifestSummary& b) {
   CHECK(a.tag == b.tag);

@@ -25,11 +25,14 @@
 #include "convert/export.h"
 #include "safetensors/safetensors.h"
 #include "convert/universal.h"
+#include "manifest_util.h"
 #include "reliability_util.h"
 
 using namespace ckpt;
 using namespace ckpt::reliability;
+using ckpt::testing::ResealFile;
 using ckpt::testing::ScratchDir;
+using ckpt::testing::SealedText;
 
 namespace {
 
@@ -613,29 +616,31 @@ void RunConvertSuite(Tally& tally) {
   }
   for (const auto& [what, mutate] :
        std::vector<std::pair<std::string, std::function<void(const std::string&)>>>{
-           {"universal.h5 format_version 2.0 (manifest updated to match)",
+           {"universal.h5 format_version 2.0 (manifest resealed to match)",
             [](const std::string& w) {
               RewriteRootAttr(w + "/universal.h5", "format_version", "2.0");
-              auto j = nlohmann::json::parse(Slurp(w + "/manifest.json"));
-              j["files"][0]["xxh3"] = Xxh3FileHex(w + "/universal.h5").value();
-              j["files"][0]["bytes"] = std::filesystem::file_size(w + "/universal.h5");
-              Spit(w + "/manifest.json", j.dump(2));
+              ResealFile(w, 0);
             }},
-           {"manifest format_version 2.0",
+           {"manifest format_version 2.0 (resealed)",
             [](const std::string& w) {
               auto j = nlohmann::json::parse(Slurp(w + "/manifest.json"));
               j["format_version"] = "2.0";
-              Spit(w + "/manifest.json", j.dump(2));
+              Spit(w + "/manifest.json", SealedText(j));
             }},
-           {"manifest kind sharded",
+           {"manifest kind sharded (resealed)",
             [](const std::string& w) {
               auto j = nlohmann::json::parse(Slurp(w + "/manifest.json"));
               j["kind"] = "sharded";
-              Spit(w + "/manifest.json", j.dump(2));
+              Spit(w + "/manifest.json", SealedText(j));
             }}}) {
     Verdict v = run_uni("universal version/kind", what, mutate);
     INFO(what << ": " << v.detail);
     CHECK(v.outcome == Outcome::kRefused);
+    // Refused for what was changed (a newer version; a sharded manifest's one file for two
+    // ranks), not by a checksum the edit broke.
+    CHECK(v.detail.find("checksum") == std::string::npos);
+    CHECK(v.detail.find(what.find("kind") != std::string::npos ? "rank files listed" : "2.0") !=
+          std::string::npos);
   }
 
   // Safetensors exports: one file, and sharded (several files + index).
@@ -814,16 +819,20 @@ TEST_CASE("a rank file claiming a newer format version is refused", "[io]") {
   auto tags = WriteSmallRoot(d / "root", 2, 2, "none", 1);
   const std::string dir = d / ("root/" + tags.back());
   RewriteRootAttr(dir + "/rank_00001.h5", "format_version", "2.0");
-  // Keep the manifest consistent with the rewritten file, as a newer writer would.
-  auto j = nlohmann::json::parse(Slurp(dir + "/manifest.json"));
-  j["files"][1]["xxh3"] = Xxh3FileHex(dir + "/rank_00001.h5").value();
-  j["files"][1]["bytes"] = std::filesystem::file_size(dir + "/rank_00001.h5");
-  Spit(dir + "/manifest.json", j.dump(2));
+  // Keep the manifest consistent with the rewritten file, as a newer writer would: until
+  // 2026-12-07 this test left the manifest's own checksum stale, so the refusal it saw was that
+  // checksum's, never the version's.
+  ResealFile(dir, 1);
   auto problems = CheckCheckpoint(dir, true);
   REQUIRE(problems.ok());
-  CHECK_FALSE(problems->empty());
+  REQUIRE(problems->size() == 1);
+  INFO(problems->front().what);
+  CHECK(problems->front().file == "rank_00001.h5");
+  CHECK(problems->front().what.find("format version 2.0") != std::string::npos);
   auto r = CheckpointReader::Open(dir);
-  bool refused = !r.ok();
-  if (r.ok()) refused = !r->ReadDatasetBytes(1, "master").ok();
-  CHECK(refused);
+  REQUIRE(r.ok());
+  auto read = r->ReadDatasetBytes(1, "master");
+  REQUIRE_FALSE(read.ok());
+  CHECK(read.status().code() == StatusCode::kUnimplemented);
+  CHECK(read.status().message().find("upgrade ckpt") != std::string::npos);
 }

@@ -32,6 +32,7 @@
 #include "ckpt/reader.h"
 #include "ckpt/root.h"
 #include "ckpt/state_source.h"
+#include "manifest_util.h"
 #include "reliability_util.h"
 
 namespace fs = std::filesystem;
@@ -111,17 +112,7 @@ struct Hostile {
 
   // Reseals the manifest after the file was edited; `digests` maps dataset -> bytes it now reads.
   void Reseal(const std::map<std::string, std::string>& digests = {}) {
-    Manifest m = LoadManifest(tag);
-    FileRecord& f = m.files[0];
-    f.bytes = fs::file_size(file);
-    f.xxh3 = *Xxh3FileHex(file);
-    f.data_extents.clear();
-    f.metadata_xxh3.clear();
-    for (auto& d : f.datasets) {
-      auto it = digests.find(d.name);
-      if (it != digests.end()) d.xxh3 = DigestHex(Xxh3(it->second.data(), it->second.size()));
-    }
-    StoreManifest(tag, m);
+    testing::ResealFile(tag, 0, digests);
   }
 
   // Replaces dataset `name` (a 1-D fp32 or uint8 vector) by one created with `dcpl`.
@@ -595,6 +586,31 @@ TEST_CASE("a rank file's attributes and object names reach messages escaped", "[
       CHECK(out.find("\\x1b]0;t\\x07\\xc2\\x9b") != std::string::npos);
     }
     CHECK(!fs::exists(h.dir / "e"));
+  }
+  // The same two attributes of a universal checkpoint's universal.h5, its manifest resealed.
+  for (const auto& [attr, value, rc] :
+       {std::tuple{"format", "ckpt-universal\x1b]0;t\x07\xc2\x9b", 1},
+        std::tuple{"format_version", "9.0\x1b]0;t\x07\xc2\x9b", 2}}) {
+    Hostile h;
+    const std::string uni = h.dir / "uni";
+    REQUIRE(RunCli("to-universal " + h.root + " " + uni) == 0);
+    hid_t f = H5Fopen((uni + "/universal.h5").c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    REQUIRE(f >= 0);
+    REQUIRE(H5Adelete(f, attr) >= 0);
+    REQUIRE(h5::WriteStringAttr(f, attr, value).ok());
+    H5Fclose(f);
+    testing::ResealFile(uni, 0);
+    std::string out;
+    for (const std::string& args : {"check --deep " + uni, "export-fp32 " + uni + " " + h.dir / "e",
+                                    "reshard " + uni + " " + h.dir / "r --dp 2"}) {
+      const int got = RunCli(args, &out);
+      INFO(attr << ": " << args << "\n" << out);
+      CHECK(got == (args.rfind("check", 0) == 0 ? 1 : rc));
+      CHECK(TerminalSafe(out));
+      CHECK(out.find("\\x1b]0;t\\x07\\xc2\\x9b") != std::string::npos);
+    }
+    CHECK(!fs::exists(h.dir / "e"));
+    CHECK(!fs::exists(h.dir / "r"));
   }
 }
 

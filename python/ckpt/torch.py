@@ -18,6 +18,7 @@ every rank the scheduler state; client_state in the manifest.
 
 import atexit
 import json
+import math
 import random
 import sys
 import zlib
@@ -239,6 +240,43 @@ def _rng_datasets():
         {"version": version, "state": list(state), "gauss_next": gauss_next}).encode(),
         "python_random_state_json"))
     return out
+
+
+def _number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+# What each saved hyper-parameter must be for load to apply it (what save writes from an AdamW
+# or Adam group): anything else, or another key (`params` would replace the group's parameters),
+# is refused before anything changes.
+_HYPER_VALID = {
+    "lr": (_number, "a finite number"),
+    "eps": (_number, "a finite number"),
+    "weight_decay": (_number, "a finite number"),
+    "initial_lr": (_number, "a finite number"),
+    "betas": (lambda v: isinstance(v, list) and len(v) == 2 and all(_number(b) for b in v),
+              "a pair of finite numbers"),
+    "amsgrad": (lambda v: isinstance(v, bool), "true or false"),
+    "maximize": (lambda v: isinstance(v, bool), "true or false"),
+}
+assert set(_HYPER_VALID) == set(_HYPER_KEYS)
+
+
+def _group_problem(group):
+    """Why a saved param group cannot be applied, or None."""
+    for k, v in group.items():
+        if k not in _HYPER_VALID:
+            return f"'{_shown(k)[:64]}' is not a hyper-parameter ckpt saves"
+        ok, want = _HYPER_VALID[k]
+        if not ok(v):
+            return f"'{k}' is {_shown(json.dumps(v))[:64]}, not {want}"
+    return None
+
+
+def _shown(text):
+    """`text` as a message may quote it: printable characters as they are, others escaped."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                   for c in str(text))
 
 
 def _hyper(group):
@@ -520,6 +558,10 @@ def load(root, model, optimizer, *, tag=None, scheduler=None, restore_rng=True,
         if len(groups) != len(optimizer.param_groups):
             _refuse(f"{reader.dir} has {len(groups)} optimizer param groups, this optimizer "
                     f"{len(optimizer.param_groups)}")
+        for i, g in enumerate(groups):
+            problem = _group_problem(g)
+            if problem:
+                _refuse(f"{reader.dir}: {_PARAM_GROUPS} group {i}: {problem}")
     own = rank if any(d["name"] == "scheduler" for d in files.get(rank, [])) else 0
     sched = reader.read_json(own, "scheduler") if any(
         d["name"] == "scheduler" for d in files.get(own, [])) else None

@@ -3,7 +3,9 @@ state does not parse (a generator state of the wrong size or not JSON, optimizer
 not numbers, parameter groups or a scheduler state of the wrong shape): refused with ckpt.Error
 naming the dataset, and nothing changed (model, optimizer, scheduler, generators). Until
 2026-12-07 the generator states were parsed after the weights and moments were copied in, so
-such a load failed with a bare Python error and a half-restored model. ckpt.torch.load_export
+such a load failed with a bare Python error and a half-restored model; and a param group's
+values were applied as they were (an `lr` of "fast" reached the optimizer, which failed at its
+next step; a `params` key replaced the group's parameters, so the optimizer updated none). ckpt.torch.load_export
 never reads a file its index points to outside the export's directory, and refuses a damaged
 index or tied_weights with ckpt.CorruptionError (it read `../outside.safetensors` as a shard
 and failed on a missing alias with KeyError until 2026-12-07)."""
@@ -77,6 +79,11 @@ class LoadRefusals(unittest.TestCase):
             ("rng/python", b'{"version": 3, "state": [1, 2], "gauss_next": null}'),
             ("torch/optimizer_steps", {"0.weight": "many"}),
             ("torch/param_groups", {"lr": 1}),
+            ("torch/param_groups", [{"lr": "fast"}]),
+            ("torch/param_groups", [{"lr": 1e-3, "params": []}]),
+            ("torch/param_groups", [{"betas": [0.9]}]),
+            ("torch/param_groups", [{"weight_decay": True}]),
+            ("torch/param_groups", [{"maximize": "yes"}]),
             ("scheduler", {"torch": [1, 2], "next_lr": 0.1}),
         ]
         for name, value in cases:

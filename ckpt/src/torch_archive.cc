@@ -335,7 +335,7 @@ struct TorchFile::Impl {
     }
     if (!f) {
       f.reset(Zip().fopen_index(zip.get(), idx, 0));
-      if (!f) return Failed("cannot open record: ", Zip().strerror(zip.get()));
+      if (!f) return Failed("cannot open " + Named(idx) + ": ", Zip().strerror(zip.get()));
       // A seek (to 0 too, unless the record is read whole) tells a record that cannot.
       if (offset > 0 || !whole) {
         if (Zip().fseek(f.get(), static_cast<zip_int64_t>(offset), SEEK_SET) == 0) {
@@ -343,7 +343,7 @@ struct TorchFile::Impl {
         } else {
           // Compressed records cannot seek: read up to the offset.
           f.reset(Zip().fopen_index(zip.get(), idx, 0));
-          if (!f) return Failed("cannot open record: ", Zip().strerror(zip.get()));
+          if (!f) return Failed("cannot open " + Named(idx) + ": ", Zip().strerror(zip.get()));
           stream = true;
         }
       }
@@ -353,7 +353,7 @@ struct TorchFile::Impl {
       while (at < offset) {
         const zip_int64_t got =
             Zip().fread(f.get(), skip.data(), std::min<uint64_t>(offset - at, skip.size()));
-        if (got <= 0) return Failed("record ends early", "");
+        if (got <= 0) return Failed(Named(idx) + " ends early", "");
         at += static_cast<uint64_t>(got);
       }
     }
@@ -361,15 +361,15 @@ struct TorchFile::Impl {
     uint64_t done = 0;
     while (done < n) {
       const zip_int64_t got = Zip().fread(f.get(), dst + done, n - done);
-      if (got < 0) return Failed("reading a record: ", Zip().file_strerror(f.get()));
-      if (got == 0) return DataLoss(path + ": record ends early (truncated archive)");
+      if (got < 0) return Failed(Named(idx) + ": ", Zip().file_strerror(f.get()));
+      if (got == 0) return DataLoss(path + ": " + Named(idx) + " ends early (truncated archive)");
       done += static_cast<uint64_t>(got);
     }
     if (whole) {
       char more = 0;
       const zip_int64_t got = Zip().fread(f.get(), &more, 1);
-      if (got < 0) return Failed("reading a record: ", Zip().file_strerror(f.get()));
-      if (got > 0) return DataLoss(path + ": a record holds more bytes than its size");
+      if (got < 0) return Failed(Named(idx) + ": ", Zip().file_strerror(f.get()));
+      if (got > 0) return DataLoss(path + ": " + Named(idx) + " holds more bytes than its size");
     }
     bytes_read += n;
     // Kept unless read to its end (a partition read through: its inflate state freed now,
@@ -537,6 +537,8 @@ struct TorchFile::Impl {
     const char* name = Zip().get_name(zip.get(), idx, 0);
     return name ? name : "?";
   }
+  // "record NAME", as messages name the record a read failed in (escaped where not printable).
+  std::string Named(zip_uint64_t idx) const { return "record " + Excerpt(RecordName(idx), 200); }
 };
 
 TorchFile::TorchFile(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

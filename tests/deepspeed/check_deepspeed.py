@@ -262,9 +262,19 @@ def printable(p, what):
     return text
 
 
-# What the refusal of a hostile kind must say, where a refusal for another cause would pass
-# unnoticed (a claimed size met by allocating it and failing at the record's end).
+# What the refusal of each hostile kind must say: a refusal for another cause would pass
+# unnoticed (a claimed size met by allocating it and failing at the record's end; a damaged
+# pickle refused for an earlier reason than the one the kind plants).
 HOSTILE_MESSAGES = {
+    "truncate": "not a readable PyTorch zip archive",
+    "os_system": "ckpt never runs code from a checkpoint",
+    "eval": "a Python builtin that can run code",
+    "short_storage": "tensor view (offset 0, shape [1320]) needs element 1319 of storage",
+    "partitions": "records partition_count 3, found 2 optimizer file(s)",
+    "missing_rank": "zero_pp_rank_1_mp_rank_00_optim_states.pt is missing",
+    "missing_model": "mp_rank_00_model_states.pt is missing",
+    "bad_name": "is not printable UTF-8",
+    "pickle_crc": "record mp_rank_00_model_states/data.pkl: CRC error",
     "repeat_view": "its elements repeat",
     "deflate_claim": "more than deflate can hold",
     "huge_padding": "more than a partition of its group holds",
@@ -284,7 +294,7 @@ def check_hostile(ckpt, work, kind, zero=2, world=2, dtype="bf16"):
             fail(f"hostile {kind}: ckpt {cmd[0]} exited {p.returncode}\n{text}")
         if ".pt" not in text:
             fail(f"hostile {kind}: ckpt {cmd[0]} message names no file: {text}")
-        if HOSTILE_MESSAGES.get(kind, "") not in text:
+        if HOSTILE_MESSAGES[kind] not in text:
             fail(f"hostile {kind}: ckpt {cmd[0]} refused without saying "
                  f"{HOSTILE_MESSAGES[kind]!r}: {text}")
         if os.path.exists(marker):

@@ -1088,6 +1088,7 @@ Result<std::unique_ptr<RankFile>> RankFile::OpenUnparsed(const std::string& path
   CKPT_RETURN_IF_ERROR(h5::VerifySeal(*rf->impl_->data, rf->impl_->label, record.bytes,
                                       record.data_extents, record.metadata_xxh3, record.xxh3),
                        "");
+  CKPT_RETURN_IF_ERROR(h5::ProbeStructure(path, rf->impl_->label), "");
   return rf;
 }
 

@@ -13,6 +13,7 @@
 #include <optional>
 #include <thread>
 
+#include "ckpt/h5.h"
 #include "ckpt/hash.h"
 #include "ckpt/json.h"
 #include "ckpt/progress.h"
@@ -344,6 +345,12 @@ Result<std::vector<Problem>> CheckCheckpoint(const std::string& tag_dir, bool de
   auto check_file = [&](size_t i) {
     const FileRecord& f = m.files[i];
     std::vector<Problem>* out = &found[i];
+    if (i >= seal_first) {
+      // Its HDF5 probe (when one is set) outside the lock, beside the other files'; the open
+      // under the lock then finds the file walked (a refusal it reports itself).
+      const std::string path = reader->dir() + "/" + f.path;
+      if (env->Exists(path)) (void)h5::ProbeStructure(path, f.path);
+    }
     std::unique_lock<std::mutex> hdf5_lock(open_mu);
     // Declared after the lock: a file that keeps its HDF5 handles closes them before the lock
     // is released, so that the next file opened reuses its metadata cache.

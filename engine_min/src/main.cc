@@ -398,6 +398,7 @@ int RunCommand(MpiComm& mpi, int argc, char** argv) {
 }
 
 int Run(int argc, char** argv) {
+  ckpt::ServeHdf5Probe(argc, argv);  // HDF5 files read are walked by a probe process first
   ckpt::DisableHdf5ExitCleanup();  // a failed save exits with its error, not HDF5's crash
   DieWithLauncher();
   ckpt::IgnoreFileSizeLimitSignal();  // past `ulimit -f`: EFBIG and a message, not SIGXFSZ

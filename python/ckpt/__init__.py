@@ -18,6 +18,7 @@ Errors raise ckpt.CorruptionError (data loss: checksum mismatch, truncation) or 
 """
 
 import json as _json
+import os as _os
 
 import numpy as _np
 
@@ -37,6 +38,21 @@ from ._ckpt import (  # noqa: F401  (re-exported)
     xxh3,
 )
 from . import _ckpt
+
+
+def _set_hdf5_probe():
+    """HDF5 files this process reads are first walked by the `ckpt` executable beside the
+    package (build/bin/ckpt next to build/python), in a process of its own: crafted HDF5
+    metadata that crashes libhdf5 then crashes that process, and the file is refused, instead
+    of ending this one (docs/reliability.md, "Hostile files"). Without the executable, no probe;
+    CKPT_HDF5_PROBE names another."""
+    here = _os.path.dirname(_os.path.abspath(__file__))
+    program = _os.environ.get("CKPT_HDF5_PROBE") or _os.path.join(here, "..", "..", "bin", "ckpt")
+    if _os.access(program, _os.X_OK):
+        _ckpt.set_hdf5_probe(_os.path.realpath(program))
+
+
+_set_hdf5_probe()
 
 __all__ = [
     "Error", "CorruptionError", "Reader", "Dataset", "plan", "save_shard", "AsyncSaver", "load_resharded", "ls", "inspect",

@@ -1,6 +1,7 @@
 """The binding: every dtype and shape round-trips through save_shard / Reader, without copies
 where promised; ls/inspect/check equal the CLI's --json; errors are exceptions; the GIL is
 released during I/O."""
+import json
 import os
 import threading
 import unittest
@@ -171,6 +172,40 @@ class Binding(unittest.TestCase):
                 "partition": planned["partition"], "params": planned["params"]},
                 [ckpt.Dataset.tensor(k, np.zeros(32, np.float32))
                  for k in ("master", "exp_avg", "exp_avg_sq")], Broken())
+
+    def test_hdf5_metadata_that_crashes_libhdf5_is_refused(self):
+        """A rank file whose object header crashes libhdf5 (XOR 0x02 into byte 1188 of the
+        issue's checkpoint), its manifest resealed as whoever hands it over can (size, XXH3, no
+        metadata seal): the probe process (build/bin/ckpt) crashes instead of this one, and the
+        file is refused. Until 2026-12-07 this ended the Python process with SIGSEGV."""
+        root = util.tempdir(self)
+        util.run([util.CLI, "synth", root, "--params", "50k", "--ranks", "2", "--zero", "2",
+                  "--tags", "3"])
+        tag = os.path.join(root, "global_step300")
+        path = os.path.join(tag, "rank_00000.h5")
+        with open(path, "rb") as f:
+            data = bytearray(f.read())
+        data[1188] ^= 0x02
+        with open(path, "wb") as f:
+            f.write(data)
+        with open(os.path.join(tag, "manifest.json")) as f:
+            m = json.load(f)
+        rec = next(r for r in m["files"] if r["rank"] == 0)
+        rec.update(bytes=len(data), xxh3=ckpt.xxh3(bytes(data)))
+        rec.pop("metadata_xxh3", None)
+        rec.pop("data_extents", None)
+        m["manifest_xxh3"] = "0" * 16
+        text = json.dumps(m, indent=1) + "\n"
+        text = text.replace('"' + "0" * 16 + '"', '"' + ckpt.xxh3(text.encode()) + '"', 1)
+        with open(os.path.join(tag, "manifest.json"), "w") as f:
+            f.write(text)
+        report = ckpt.check(root, deep=True)
+        self.assertFalse(report["ok"])
+        self.assertIn("libhdf5 crashed", json.dumps(report))
+        with self.assertRaises(ckpt.CorruptionError) as e:
+            ckpt.Reader(root).read_dataset(0, "master")
+        self.assertIn("rank_00000.h5: libhdf5 crashed", str(e.exception))
+        self.assertIn("global_step200", ckpt.Reader(root, "global_step200").dir)  # still reads
 
     def test_gil_released_during_io(self):
         root = util.tempdir(self)

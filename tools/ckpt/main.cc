@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ckpt/json.h"
+#include "ckpt/reader.h"
 #include "ckpt/writer.h"
 #include "command.h"
 
@@ -75,6 +76,7 @@ void PrintJson(const nlohmann::json& j) { std::cout << JsonText(j, 2) << std::en
 
 int main(int argc, char** argv) {
   using namespace ckpt::cli;
+  ckpt::ServeHdf5Probe(argc, argv);  // HDF5 files read are walked by a probe process first
   ckpt::DisableHdf5ExitCleanup();  // a failed save exits with its error, not HDF5's crash
   ckpt::IgnoreFileSizeLimitSignal();  // past `ulimit -f`: EFBIG and a message, not SIGXFSZ
   CLI::App app{"ckpt: atomic, verifiable checkpoints for sharded (ZeRO) training"};

@@ -108,7 +108,9 @@ Status SelectFlatRange(hid_t space, const std::vector<int64_t>& shape, int64_t b
 // ---- Untrusted files (docs/format.md, "Metadata seal") -------------------------------------
 // libhdf5 is not hardened against corrupt metadata (a flipped bit in an object header can
 // crash it), so no byte of a file's HDF5 structure reaches it unverified, and HDF5 features
-// that reach outside the file are refused before any data is read.
+// that reach outside the file are refused before any data is read. A sealed file can still be
+// hostile (whoever writes the manifest can seal anything): with a probe set (SetHdf5Probe,
+// reader.h) a process of its own walks each file through libhdf5 first (ProbeStructure).
 
 using Extents = std::vector<std::pair<uint64_t, uint64_t>>;  // {offset, bytes}, sorted
 
@@ -150,6 +152,13 @@ Status VerifySeal(const RandomAccessFile& file, const std::string& label, uint64
                   const Extents& extents, const std::string& metadata_xxh3,
                   const std::string& file_xxh3);
 Result<Handle> OpenSealed(const std::string& path, const std::string& label);
+// With a probe program set (ckpt::SetHdf5Probe, reader.h): has it open and walk the file at
+// `path` in a process of its own, DataLoss when libhdf5 crashed or hung there; Ok without a
+// probe, or when the probe walked this file (same inode, size, modification time) before.
+// OpenSealed calls it first; a caller that verifies files in parallel before parsing them one
+// at a time (VerifySeal, then OpenSealed under a lock) calls it with VerifySeal, so that the
+// probes run in parallel too.
+Status ProbeStructure(const std::string& path, const std::string& label);
 
 // Refuses, before its data is read, a dataset whose storage the format does not define:
 // external storage, a virtual or compact layout, a filter other than shuffle and zstd (an

@@ -117,4 +117,24 @@ nlohmann::json CheckReportToJson(const std::vector<Problem>& problems, const std
 Result<std::vector<Problem>> CheckCheckpoint(const std::string& tag_dir, bool deep,
                                              Env* env = nullptr, bool progress = false);
 
+// ---- HDF5 structure parsed in a process of its own (docs/reliability.md, "Hostile files") ---
+// The metadata seal proves that a rank or universal file is the one its manifest describes,
+// not that the manifest is honest: whoever hands over a hostile checkpoint can seal it again
+// (or leave its files unsealed, as files before format 1.2 are), and crafted HDF5 metadata
+// can crash libhdf5. With a probe program set, every HDF5 file a reader opens is first opened
+// and walked by `PROGRAM __h5-probe FILE` in a process of its own (every link, object,
+// attribute, dataset layout, chunk index, and the data of small datasets, as the readers use
+// them); a probe that dies by a signal, or is still running after `seconds`, refuses the file
+// (DataLoss "...: libhdf5 crashed reading its HDF5 structure (in a probe process) ...; not
+// opened") before this process hands libhdf5 a byte of it. A file the probe walked is not
+// probed again while its inode, size and modification time are unchanged. The CLI and
+// engine_min set themselves as the probe; the Python module sets the `ckpt` executable beside
+// the package when there is one. Empty (the default for a library): no probe.
+void SetHdf5Probe(std::string program, double seconds = 300);
+// For executables, first thing in main(): when argv is `PROGRAM __h5-probe FILE`, walks FILE
+// and ends the process (exit 0 whether or not libhdf5 reported an error, which the reader then
+// reports itself: only a crash or a hang is the probe's finding); otherwise sets this
+// executable (/proc/self/exe) as the probe.
+void ServeHdf5Probe(int argc, char** argv);
+
 }  // namespace ckpt

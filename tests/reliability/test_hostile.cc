@@ -631,51 +631,37 @@ TEST_CASE("a rank file's attributes and object names reach messages escaped", "[
                         : "dataset /odd\\x1b]0;t\\x07\\xc2\\x9b: compact layout") !=
           std::string::npos);
   }
-  for (const auto& [attr, value, rc] :
-       {std::tuple{"format", "ckpt\x1b]0;t\x07\xc2\x9b", 1},
-        std::tuple{"format_version", "9.0\x1b]0;t\x07\xc2\x9b", 2}}) {
-    Hostile h;
-    hid_t f = H5Fopen(h.file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
-    REQUIRE(f >= 0);
-    REQUIRE(H5Adelete(f, attr) >= 0);
-    REQUIRE(h5::WriteStringAttr(f, attr, value).ok());
-    H5Fclose(f);
-    h.Reseal();
-    std::string out;
-    for (const std::string& args :
-         {"check --deep " + h.root, "export-fp32 " + h.root + " " + h.dir / "e"}) {
-      const int got = RunCli(args, &out);
-      INFO(attr << ": " << args << "\n" << out);
-      CHECK(got == (args.rfind("check", 0) == 0 ? 1 : rc));
-      CHECK(TerminalSafe(out));
-      CHECK(out.find("\\x1b]0;t\\x07\\xc2\\x9b") != std::string::npos);
+  // The root attributes `format` and `format_version` of a rank file and of a universal
+  // checkpoint's universal.h5, each manifest resealed.
+  for (const bool universal : {false, true}) {
+    for (const auto& [attr, value, rc] :
+         {std::tuple{"format", "ckpt\x1b]0;t\x07\xc2\x9b", 1},
+          std::tuple{"format_version", "9.0\x1b]0;t\x07\xc2\x9b", 2}}) {
+      Hostile h;
+      const std::string uni = h.dir / "uni";
+      if (universal) REQUIRE(RunCli("to-universal " + h.root + " " + uni) == 0);
+      const std::string file = universal ? uni + "/universal.h5" : h.file;
+      hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+      REQUIRE(f >= 0);
+      REQUIRE(H5Adelete(f, attr) >= 0);
+      REQUIRE(h5::WriteStringAttr(f, attr, value).ok());
+      H5Fclose(f);
+      universal ? testing::ResealFile(uni, 0) : h.Reseal();
+      const std::string src = universal ? uni : h.root;
+      std::vector<std::string> commands = {"check --deep " + src,
+                                           "export-fp32 " + src + " " + h.dir / "e"};
+      if (universal) commands.push_back("reshard " + uni + " " + h.dir / "r --dp 2");
+      std::string out;
+      for (const std::string& args : commands) {
+        const int got = RunCli(args, &out);
+        INFO(attr << ": " << args << "\n" << out);
+        CHECK(got == (args.rfind("check", 0) == 0 ? 1 : rc));
+        CHECK(TerminalSafe(out));
+        CHECK(out.find("\\x1b]0;t\\x07\\xc2\\x9b") != std::string::npos);
+      }
+      CHECK(!fs::exists(h.dir / "e"));
+      CHECK(!fs::exists(h.dir / "r"));
     }
-    CHECK(!fs::exists(h.dir / "e"));
-  }
-  // The same two attributes of a universal checkpoint's universal.h5, its manifest resealed.
-  for (const auto& [attr, value, rc] :
-       {std::tuple{"format", "ckpt-universal\x1b]0;t\x07\xc2\x9b", 1},
-        std::tuple{"format_version", "9.0\x1b]0;t\x07\xc2\x9b", 2}}) {
-    Hostile h;
-    const std::string uni = h.dir / "uni";
-    REQUIRE(RunCli("to-universal " + h.root + " " + uni) == 0);
-    hid_t f = H5Fopen((uni + "/universal.h5").c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
-    REQUIRE(f >= 0);
-    REQUIRE(H5Adelete(f, attr) >= 0);
-    REQUIRE(h5::WriteStringAttr(f, attr, value).ok());
-    H5Fclose(f);
-    testing::ResealFile(uni, 0);
-    std::string out;
-    for (const std::string& args : {"check --deep " + uni, "export-fp32 " + uni + " " + h.dir / "e",
-                                    "reshard " + uni + " " + h.dir / "r --dp 2"}) {
-      const int got = RunCli(args, &out);
-      INFO(attr << ": " << args << "\n" << out);
-      CHECK(got == (args.rfind("check", 0) == 0 ? 1 : rc));
-      CHECK(TerminalSafe(out));
-      CHECK(out.find("\\x1b]0;t\\x07\\xc2\\x9b") != std::string::npos);
-    }
-    CHECK(!fs::exists(h.dir / "e"));
-    CHECK(!fs::exists(h.dir / "r"));
   }
 }
 

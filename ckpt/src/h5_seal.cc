@@ -1,6 +1,7 @@
 // The metadata seal and the checks that keep untrusted HDF5 files inside their own bytes
 // (h5.h, "Untrusted files"; docs/format.md, "Metadata seal").
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/stat.h>
@@ -14,7 +15,7 @@
 #include <cstring>
 #include <mutex>
 #include <set>
-#include <thread>
+#include <string_view>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -140,6 +141,7 @@ herr_t DenyExternalLink(const char*, const char*, const char*, const char*, unsi
 // ---- The probe (reader.h, SetHdf5Probe) ----------------------------------------------------
 
 constexpr const char* kProbeVerb = "__h5-probe";
+constexpr std::string_view kProbeDone = "walked\n";  // what the probe writes once it has
 
 struct ProbeConfig {
   std::mutex mu;
@@ -207,17 +209,18 @@ herr_t ProbeObject(hid_t obj, const char* name, const H5O_info_t* info, void* da
 }
 
 // What `PROGRAM __h5-probe FILE` does: opens FILE as OpenSealed does and walks everything the
-// readers may ask libhdf5 about. Its exit code is 0 whether or not libhdf5 reported an error
-// (the reader reports that itself); only a crash or a hang is the probe's finding.
-int ProbeWalk(const char* path) {
+// readers may ask libhdf5 about; ServeHdf5Probe then says kProbeDone whether or not libhdf5
+// reported an error (the reader reports that itself): only a crash or a hang is the probe's
+// finding.
+void ProbeWalk(const char* path) {
   Init();
   Handle file = File(H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT));
-  if (!file.valid()) return 0;
+  if (!file.valid()) return;
   std::string refused;
   if (H5Lvisit(file.get(), H5_INDEX_NAME, H5_ITER_INC, CheckLink, &refused) < 0 || !refused.empty())
-    return 0;
+    return;
   H5Ovisit2(file.get(), H5_INDEX_NAME, H5_ITER_INC, ProbeObject, nullptr, H5O_INFO_BASIC);
-  return 0;
+  return;
 }
 
 }  // namespace
@@ -240,45 +243,69 @@ Status ProbeStructure(const std::string& path, const std::string& label) {
       if (config.walked.count(id)) return Status::Ok();
     }
   }
+  // The probe says it walked the file by writing kProbeDone to its stdout, a pipe to us: its
+  // end without it is a crash, however this process's SIGCHLD is set (ignored, a child is
+  // reaped before waitpid can tell how it ended).
+  int out[2];
+  if (pipe2(out, O_CLOEXEC) != 0)
+    return IOError(label + ": a pipe for the HDF5 probe: " + std::strerror(errno));
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
-  for (int fd : {STDIN_FILENO, STDOUT_FILENO, STDERR_FILENO})
-    posix_spawn_file_actions_addopen(&actions, fd, "/dev/null",
-                                     fd == STDIN_FILENO ? O_RDONLY : O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
   std::string verb = kProbeVerb, file = path;
   char* argv[] = {program.data(), verb.data(), file.data(), nullptr};
   pid_t pid = -1;
   const int rc = posix_spawn(&pid, program.c_str(), &actions, nullptr, argv, environ);
   posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0)
+  close(out[1]);
+  if (rc != 0) {
+    close(out[0]);
     return IOError(label + ": cannot start the HDF5 probe '" + Shown(program) + "' (" +
                    std::strerror(rc) + "); not opened");
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  int status = 0;
-  for (auto pause = std::chrono::microseconds(50);;) {
-    const pid_t got = waitpid(pid, &status, WNOHANG);
-    if (got == pid) break;
-    if (got < 0 && errno != EINTR)
-      return IOError(label + ": waiting for the HDF5 probe: " + std::strerror(errno));
-    if (std::chrono::steady_clock::now() > deadline) {
-      kill(pid, SIGKILL);
-      while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-      }
-      return DataLoss(label + ": libhdf5 was still reading its HDF5 structure after " +
-                      std::to_string(static_cast<int64_t>(seconds)) +
-                      " s (in a probe process): a damaged or hostile file; not opened");
-    }
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::microseconds(5000));
   }
-  if (WIFSIGNALED(status))
-    return DataLoss(label + ": libhdf5 crashed (" + strsignal(WTERMSIG(status)) +
-                    ") reading its HDF5 structure (in a probe process): a damaged or hostile "
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  std::string said;
+  bool timed_out = false;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      timed_out = true;
+      break;
+    }
+    pollfd p{out[0], POLLIN, 0};
+    const int ready = poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 60000)));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) continue;  // the deadline is checked above
+    char buf[64];
+    const ssize_t n = read(out[0], buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // the probe ended
+    if (said.size() < 256) said.append(buf, static_cast<size_t>(n));
+  }
+  close(out[0]);
+  if (timed_out) kill(pid, SIGKILL);
+  int status = 0;
+  pid_t reaped;
+  while ((reaped = waitpid(pid, &status, 0)) < 0 && errno == EINTR) {
+  }
+  if (timed_out)
+    return DataLoss(label + ": libhdf5 was still reading its HDF5 structure after " +
+                    std::to_string(static_cast<int64_t>(seconds)) +
+                    " s (in a probe process): a damaged or hostile file; not opened");
+  if (said != kProbeDone) {
+    std::string how = "ended before it finished";
+    if (reaped == pid && WIFSIGNALED(status)) {
+      how = std::string("crashed (") + strsignal(WTERMSIG(status)) + ")";
+    } else if (reaped == pid && WIFEXITED(status)) {
+      how = "exited " + std::to_string(WEXITSTATUS(status)) + " before it finished";
+    }
+    return DataLoss(label + ": libhdf5 " + how +
+                    " reading its HDF5 structure (in a probe process): a damaged or hostile "
                     "file; not opened");
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-    return DataLoss(label + ": the HDF5 probe failed reading its HDF5 structure (exit " +
-                    std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1) +
-                    "): a damaged or hostile file; not opened");
+  }
   if (known) {
     std::lock_guard<std::mutex> lock(config.mu);
     config.walked.insert(id);
@@ -453,8 +480,12 @@ void SetHdf5Probe(std::string program, double seconds) {
 
 void ServeHdf5Probe(int argc, char** argv) {
   if (argc == 3 && std::strcmp(argv[1], h5::kProbeVerb) == 0) {
+    h5::ProbeWalk(argv[2]);
+    const std::string_view done = h5::kProbeDone;
+    const bool told = write(STDOUT_FILENO, done.data(), done.size()) ==
+                      static_cast<ssize_t>(done.size());
     // _Exit: no exit handlers (HDF5's, LeakSanitizer's), whose findings are not the file's.
-    std::_Exit(h5::ProbeWalk(argv[2]));
+    std::_Exit(told ? 0 : 1);
   }
   std::vector<char> self(4096);
   const ssize_t n = readlink("/proc/self/exe", self.data(), self.size() - 1);

@@ -3,6 +3,7 @@ where promised; ls/inspect/check equal the CLI's --json; errors are exceptions; 
 released during I/O."""
 import json
 import os
+import signal
 import threading
 import unittest
 
@@ -206,6 +207,15 @@ class Binding(unittest.TestCase):
             ckpt.Reader(root).read_dataset(0, "master")
         self.assertIn("rank_00000.h5: libhdf5 crashed", str(e.exception))
         self.assertIn("global_step200", ckpt.Reader(root, "global_step200").dir)  # still reads
+        # With SIGCHLD ignored the probe is reaped before anyone can ask how it ended: it is
+        # still refused (the probe says on a pipe that it finished; this one never does).
+        old = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+        try:
+            with self.assertRaises(ckpt.CorruptionError) as e:
+                ckpt.Reader(root).read_dataset(0, "master")
+        finally:
+            signal.signal(signal.SIGCHLD, old)
+        self.assertIn("rank_00000.h5: libhdf5 ended before it finished", str(e.exception))
 
     def test_gil_released_during_io(self):
         root = util.tempdir(self)

@@ -131,10 +131,10 @@ Result<std::vector<Problem>> CheckCheckpoint(const std::string& tag_dir, bool de
 // engine_min set themselves as the probe; the Python module sets the `ckpt` executable beside
 // the package when there is one. Empty (the default for a library): no probe.
 void SetHdf5Probe(std::string program, double seconds = 300);
-// For executables, first thing in main(): when argv is `PROGRAM __h5-probe FILE`, walks FILE
-// and ends the process (exit 0 whether or not libhdf5 reported an error, which the reader then
-// reports itself: only a crash or a hang is the probe's finding); otherwise sets this
-// executable (/proc/self/exe) as the probe.
+// For executables, first thing in main(): when argv is `PROGRAM __h5-probe FILE`, walks FILE,
+// says so on stdout and ends the process (whether or not libhdf5 reported an error, which the
+// reader then reports itself: only a crash or a hang is the probe's finding); otherwise sets
+// this executable (/proc/self/exe) as the probe.
 void ServeHdf5Probe(int argc, char** argv);
 
 }  // namespace ckpt

@@ -482,8 +482,8 @@ void ServeHdf5Probe(int argc, char** argv) {
   if (argc == 3 && std::strcmp(argv[1], h5::kProbeVerb) == 0) {
     h5::ProbeWalk(argv[2]);
     const std::string_view done = h5::kProbeDone;
-    const bool told = write(STDOUT_FILENO, done.data(), done.size()) ==
-                      static_cast<ssize_t>(done.size());
+    const bool told =
+        write(STDOUT_FILENO, done.data(), done.size()) == static_cast<ssize_t>(done.size());
     // _Exit: no exit handlers (HDF5's, LeakSanitizer's), whose findings are not the file's.
     std::_Exit(told ? 0 : 1);
   }

@@ -220,7 +220,6 @@ void ProbeWalk(const char* path) {
   if (H5Lvisit(file.get(), H5_INDEX_NAME, H5_ITER_INC, CheckLink, &refused) < 0 || !refused.empty())
     return;
   H5Ovisit2(file.get(), H5_INDEX_NAME, H5_ITER_INC, ProbeObject, nullptr, H5O_INFO_BASIC);
-  return;
 }
 
 }  // namespace

@@ -134,7 +134,8 @@ void SetHdf5Probe(std::string program, double seconds = 300);
 // For executables, first thing in main(): when argv is `PROGRAM __h5-probe FILE`, walks FILE,
 // says so on stdout and ends the process (whether or not libhdf5 reported an error, which the
 // reader then reports itself: only a crash or a hang is the probe's finding); otherwise sets
-// this executable (/proc/self/exe) as the probe.
+// this executable (/proc/self/exe, which still names it once its file is replaced) as the
+// probe.
 void ServeHdf5Probe(int argc, char** argv);
 
 }  // namespace ckpt

@@ -295,12 +295,14 @@ Status ProbeStructure(const std::string& path, const std::string& label) {
                     std::to_string(static_cast<int64_t>(seconds)) +
                     " s (in a probe process): a damaged or hostile file; not opened");
   if (said != kProbeDone) {
-    std::string how = "ended before it finished";
-    if (reaped == pid && WIFSIGNALED(status)) {
-      how = std::string("crashed (") + strsignal(WTERMSIG(status)) + ")";
-    } else if (reaped == pid && WIFEXITED(status)) {
-      how = "exited " + std::to_string(WEXITSTATUS(status)) + " before it finished";
-    }
+    if (reaped == pid && WIFEXITED(status))  // not a crash: the probe itself is wrong
+      return DataLoss(label + ": the HDF5 probe '" + Shown(program) + "' exited " +
+                      std::to_string(WEXITSTATUS(status)) +
+                      " without finishing its walk of the file (a ckpt executable of another "
+                      "version, or a damaged or hostile file); not opened");
+    const std::string how = reaped == pid && WIFSIGNALED(status)
+                                ? std::string("crashed (") + strsignal(WTERMSIG(status)) + ")"
+                                : std::string("ended before it finished");
     return DataLoss(label + ": libhdf5 " + how +
                     " reading its HDF5 structure (in a probe process): a damaged or hostile "
                     "file; not opened");

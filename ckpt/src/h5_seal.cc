@@ -228,19 +228,20 @@ Status ProbeStructure(const std::string& path, const std::string& label) {
   ProbeConfig& config = Probe();
   std::string program;
   double seconds;
-  std::tuple<dev_t, ino_t, off_t, int64_t> id{};
-  struct stat st {};
-  const bool known = stat(path.c_str(), &st) == 0;
   {
     std::lock_guard<std::mutex> lock(config.mu);
     program = config.program;
     seconds = config.seconds;
-    if (program.empty()) return Status::Ok();
-    if (known) {
-      id = {st.st_dev, st.st_ino, st.st_size,
-            static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
-      if (config.walked.count(id)) return Status::Ok();
-    }
+  }
+  if (program.empty()) return Status::Ok();  // no probe: not even a stat
+  std::tuple<dev_t, ino_t, off_t, int64_t> id{};
+  struct stat st {};
+  const bool known = stat(path.c_str(), &st) == 0;
+  if (known) {
+    id = {st.st_dev, st.st_ino, st.st_size,
+          static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+    std::lock_guard<std::mutex> lock(config.mu);
+    if (config.walked.count(id)) return Status::Ok();
   }
   // The probe says it walked the file by writing kProbeDone to its stdout, a pipe to us: its
   // end without it is a crash, however this process's SIGCHLD is set (ignored, a child is

@@ -541,13 +541,11 @@ def load(root, model, optimizer, *, tag=None, scheduler=None, restore_rng=True,
     for r, ds in files.items():
         if any(d["name"] == _OPT_STEPS for d in ds):
             steps = reader.read_json(r, _OPT_STEPS)
-            if not isinstance(steps, dict) or not all(
-                    isinstance(v, (int, float)) and not isinstance(v, bool)
-                    for v in steps.values()):
+            if not isinstance(steps, dict) or not all(_number(v) for v in steps.values()):
                 _refuse(f"{reader.dir}: {_OPT_STEPS} of rank {r} is not a step per parameter")
             step_of.update(steps)
     default_step = m["optimizer"].get("step", m["counters"]["global_step"])
-    if not isinstance(default_step, (int, float)) or isinstance(default_step, bool):
+    if not _number(default_step):
         _refuse(f"{reader.dir}: the manifest's optimizer step is not a number")
     default_step = int(default_step)
     groups = None

@@ -59,13 +59,14 @@ if [ "${#stale[@]}" -gt 0 ]; then
     'src="${1%%:*}"; obj="${1#*:}"; $CXX $flags_str -fsanitize=fuzzer-no-link -c "$src" -o "$obj"' _ {}
 fi
 
-# fuzz_rank_file seals its inputs as the seeds' writer did (h5::SealFile).
+# fuzz_rank_file seals its inputs as the seeds' writer did (h5::SealFile); fuzz_resealed seals
+# each input itself, from the same seeds.
 # fuzz_deepspeed takes its fixtures' files from its seeds; fuzz_universal copies its tag
 # directory (manifest and universal.h5) from tests/fuzz/universal_fixture.
 harness_flags=(-DCKPT_FUZZ_SEED_DIR="\"$repo/tests/fuzz/corpus/rank_file\""
                -DCKPT_FUZZ_DEEPSPEED_SEEDS="\"$repo/tests/fuzz/corpus/deepspeed\""
                -DCKPT_FUZZ_UNIVERSAL_FIXTURE="\"$repo/tests/fuzz/universal_fixture\"")
-for target in manifest rank_file safetensors units torch_pickle json deepspeed universal; do
+for target in manifest rank_file resealed safetensors units torch_pickle json deepspeed universal; do
   src="$repo/fuzz/fuzz_$target.cc"
   exe="$out/bin/fuzz_$target"
   newest=1

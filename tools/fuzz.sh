@@ -2,7 +2,8 @@
 # Runs every libFuzzer target for N seconds on the seed corpus (tests/fuzz/corpus/<target>/).
 #
 #   tools/fuzz.sh [--seconds N]
-#                 [--targets "manifest rank_file safetensors units torch_pickle json deepspeed universal"]
+#                 [--targets "manifest rank_file resealed safetensors units torch_pickle json deepspeed
+#                            universal"]
 #                 [--out DIR]
 #
 # Builds the targets first (fuzz/build.sh, clang 14, ASan + UBSan). Inputs found during the
@@ -14,7 +15,7 @@
 set -uo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 seconds=20
-targets="manifest rank_file safetensors units torch_pickle json deepspeed universal"
+targets="manifest rank_file resealed safetensors units torch_pickle json deepspeed universal"
 out="$repo/build-fuzz"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -43,6 +44,7 @@ summary=""
 for t in $targets; do
   exe="$out/bin/fuzz_$t"
   seeds="$repo/tests/fuzz/corpus/$t"
+  [ "$t" = resealed ] && seeds="$repo/tests/fuzz/corpus/rank_file"  # the same files, sealed anew
   corpus="$out/corpus/$t"
   artifacts="$out/artifacts/$t/"
   mkdir -p "$corpus" "$artifacts"
@@ -59,6 +61,7 @@ for t in $targets; do
   # (free lists, the ID table) alive between inputs, which LeakSanitizer would report.
   leaks=1
   [ "$t" = rank_file ] && leaks=0
+  [ "$t" = resealed ] && leaks=0
   [ "$t" = universal ] && leaks=0
   ASAN_OPTIONS="detect_leaks=$leaks:allocator_may_return_null=1" \
   UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
@@ -71,11 +74,15 @@ for t in $targets; do
   # Harnesses that print how far their inputs got must get some all the way: the rank-file
   # reader past the metadata seal to HDF5 (fuzz/fuzz_rank_file.cc), the manifest parser past
   # the seal to the schema checks (fuzz/fuzz_manifest.cc), the DeepSpeed reader with a changed
-  # file opened as a checkpoint (fuzz/fuzz_deepspeed.cc).
+  # file opened as a checkpoint (fuzz/fuzz_deepspeed.cc), a structure no seed has past the HDF5
+  # probe into this process's libhdf5 and the readers (fuzz/fuzz_resealed.cc).
   if [ "$rc" = 0 ]; then
     case "$t" in
       rank_file) require_reach '[0-9]* inputs, [0-9]* past the manifest, [0-9]* past the metadata seal' \
                    '.*, \([0-9]*\) past the metadata seal' 'no input reached HDF5' ;;
+      resealed) require_reach \
+                  '[0-9]* inputs, [0-9]* refused by the probe ([0-9]* crashed it), [0-9]* walked, [0-9]* changed structures read' \
+                  '.*, \([0-9]*\) changed structures read' 'no changed structure read past the probe' ;;
       deepspeed) require_reach \
                    "[0-9]* inputs, [0-9]* re-CRC'd, [0-9]* checkpoints opened, [0-9]* of them changed, [0-9]* read whole; [0-9]* integer mutations, [0-9]* opened" \
                    '.*, \([0-9]*\) of them changed,.*' 'no changed file opened as a checkpoint' ;;

@@ -23,6 +23,7 @@
 #include "ckpt/h5.h"
 #include "ckpt/hash.h"
 #include "ckpt/reader.h"
+#include "zstd_filter.h"
 
 extern char** environ;
 
@@ -202,6 +203,11 @@ herr_t ProbeObject(hid_t obj, const char* name, const H5O_info_t* info, void* da
   if ((cls == H5T_INTEGER || cls == H5T_FLOAT) && points > 0 && elem > 0 && elem <= 16 &&
       static_cast<uint64_t>(points) <= (4u << 20) / elem) {
     std::vector<uint8_t> buf(static_cast<size_t>(points) * elem);
+    // As the readers read: a zstd chunk decompresses to exactly a chunk's bytes or fails
+    // (without it libhdf5 read past a short chunk here: fuzz_resealed, 2026-12-07).
+    const size_t chunk = ChunkBytes(d.get());
+    if (chunk == 0) return 1;
+    ExpectChunkBytes expect(chunk);
     H5Dread(d.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data());
   }
   H5Eclear2(H5E_DEFAULT);
@@ -315,6 +321,12 @@ Status ProbeStructure(const std::string& path, const std::string& label) {
   return Status::Ok();
 }
 
+void ForgetProbedFiles() {
+  ProbeConfig& config = Probe();
+  std::lock_guard<std::mutex> lock(config.mu);
+  config.walked.clear();
+}
+
 Result<Extents> DataExtents(hid_t file, const std::string& label) {
   ExtentWalk walk;
   if (H5Ovisit2(file, H5_INDEX_NAME, H5_ITER_INC, CollectExtents, &walk, H5O_INFO_BASIC) < 0)
@@ -415,6 +427,7 @@ Status CheckStorage(hid_t dset, const std::string& where) {
                     " external file(s), outside the checkpoint; refused");
   const int nfilters = H5Pget_nfilters(dcpl.get());
   if (nfilters < 0) return DataLoss(where + ": unreadable filter pipeline");
+  bool zstd = false;
   for (int i = 0; i < nfilters; ++i) {
     unsigned flags = 0;
     size_t nelmts = 0;
@@ -424,7 +437,12 @@ Status CheckStorage(hid_t dset, const std::string& where) {
     if (id != H5Z_FILTER_SHUFFLE && id != kZstdFilterId)
       return DataLoss(where + ": filter " + std::to_string(id) +
                       ", which the format does not define; refused");
+    zstd = zstd || id == kZstdFilterId;
   }
+  // Shuffle alone is not a ckpt pipeline, and would hand HDF5 a chunk of whatever length the
+  // file claims (zstd's output is held to the chunk's size: ExpectChunkBytes).
+  if (nfilters > 0 && !zstd)
+    return DataLoss(where + ": shuffle without zstd, which the format does not define; refused");
   // Every element stored: ckpt writes every chunk of a chunked dataset and allocates a
   // contiguous one whole. HDF5 reads an unwritten chunk or an unallocated dataset as the fill
   // value, so without this a file of a few KB, its checksums computed over zeros, could claim a

@@ -1144,18 +1144,9 @@ Result<hid_t> RankFile::Impl::Dataset(const DatasetRecord& rec, bool whole) {
   if (d < 0) return DataLoss(label + ": dataset /" + rec.name + ": " + h5::ErrorText());
   h5::Handle handle = h5::Dataset(d);
   if (!chunk_bytes.count(rec.name)) {
-    h5::Handle dcpl = h5::Plist(H5Dget_create_plist(d));
-    h5::Handle type = h5::Type(H5Dget_type(d));
-    size_t n = H5Tget_size(type.get());
-    if (H5Pget_layout(dcpl.get()) == H5D_CHUNKED) {
-      hsize_t dims[H5S_MAX_RANK] = {0};
-      const int nd = H5Pget_chunk(dcpl.get(), H5S_MAX_RANK, dims);
-      if (nd < 0) return DataLoss(label + ": dataset /" + rec.name + ": bad chunk dimensions");
-      for (int i = 0; i < nd; ++i)
-        if (__builtin_mul_overflow(n, static_cast<size_t>(dims[i]), &n))
-          return DataLoss(label + ": dataset /" + rec.name + ": chunk size overflows");
-    }
-    H5Eclear2(H5E_DEFAULT);
+    const size_t n = h5::ChunkBytes(d);
+    if (n == 0)
+      return DataLoss(label + ": dataset /" + rec.name + ": unreadable type or chunk size");
     chunk_bytes[rec.name] = n;
   }
   if (!whole) handles.clear();

@@ -14,6 +14,7 @@
 #include "ckpt/shape.h"
 #include "manifest_fast.h"
 #include "rank_file.h"
+#include "zstd_filter.h"
 
 namespace ckpt {
 namespace {
@@ -111,6 +112,12 @@ struct UniversalReader::Impl {
                          Label() + ": /" + name);
     const hsize_t n = static_cast<hsize_t>(end - begin);
     h5::Handle mspace = h5::Space(H5Screate_simple(1, &n, nullptr));
+    // A zstd chunk must decompress to exactly a chunk's bytes (HDF5 copies a whole chunk out
+    // of whatever the filter returns).
+    const size_t chunk = h5::ChunkBytes(d);
+    if (chunk == 0)
+      return DataLoss(Label() + ": dataset /" + name + ": unreadable type or chunk size");
+    h5::ExpectChunkBytes expect(chunk);
     if (H5Dread(d, h5::MemType(dtype), mspace.get(), fspace.get(), H5P_DEFAULT, out) < 0)
       return DataLoss(Label() + ": read /" + name + ": " + h5::ErrorText());
     bytes_read += n * DTypeSize(dtype);

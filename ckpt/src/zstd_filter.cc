@@ -13,6 +13,23 @@ ExpectChunkBytes::ExpectChunkBytes(size_t bytes) : previous_(expected_chunk_byte
 }
 ExpectChunkBytes::~ExpectChunkBytes() { expected_chunk_bytes = previous_; }
 
+size_t ChunkBytes(hid_t dset) {
+  const hid_t dcpl = H5Dget_create_plist(dset);
+  const hid_t type = H5Dget_type(dset);
+  size_t n = type >= 0 ? H5Tget_size(type) : 0;
+  if (dcpl >= 0 && H5Pget_layout(dcpl) == H5D_CHUNKED) {
+    hsize_t dims[H5S_MAX_RANK] = {0};
+    const int nd = H5Pget_chunk(dcpl, H5S_MAX_RANK, dims);
+    if (nd < 1) n = 0;
+    for (int i = 0; i < nd && n > 0; ++i)
+      if (__builtin_mul_overflow(n, static_cast<size_t>(dims[i]), &n)) n = 0;
+  }
+  if (type >= 0) H5Tclose(type);
+  if (dcpl >= 0) H5Pclose(dcpl);
+  H5Eclear2(H5E_DEFAULT);
+  return n;
+}
+
 size_t ZstdFilterCallback(unsigned int flags, size_t cd_nelmts, const unsigned int cd_values[],
                           size_t nbytes, size_t* buf_size, void** buf) {
   if (flags & H5Z_FLAG_REVERSE) {

@@ -28,4 +28,9 @@ class ExpectChunkBytes {
   size_t previous_;
 };
 
+// The bytes of one chunk of the open dataset `dset` (its element size when it is not chunked),
+// what a reader through the filter sets ExpectChunkBytes to; 0 when the dataset's type or chunk
+// dimensions cannot be read or their product overflows.
+size_t ChunkBytes(hid_t dset);
+
 }  // namespace ckpt::h5

@@ -32,6 +32,7 @@
 #include "ckpt/reader.h"
 #include "ckpt/root.h"
 #include "ckpt/state_source.h"
+#include "ckpt/universal.h"
 #include "manifest_util.h"
 #include "reliability_util.h"
 
@@ -275,6 +276,8 @@ TEST_CASE("metadata flips resealed as an attacker would: refused or read, never 
     Spit(file, bytes);
     Spit(tag + "/manifest.json", manifest);
     testing::ResealFile(tag, 0);
+    // Rewritten in place: the probe walks each flip, however fast the sweep goes.
+    h5::ForgetProbedFiles();
     auto problems = CheckCheckpoint(tag, /*deep=*/true);
     if (!problems.ok() || !problems->empty()) ++refused;
     if (problems.ok() && !problems->empty() &&
@@ -289,6 +292,67 @@ TEST_CASE("metadata flips resealed as an attacker would: refused or read, never 
       offsets.size(), refused, by_probe, loaded);
   CHECK(offsets.size() > 1000);
   CHECK(by_probe > 0);  // the sweep reaches flips that crash libhdf5 (byte 1188 among them)
+}
+
+TEST_CASE("a zstd chunk shorter than its chunk never reaches a reader's buffer", "[io]") {
+  // libhdf5 copies a whole chunk out of whatever length a filter returns. The rank-file
+  // readers held zstd to the chunk's size (ExpectChunkBytes, issue 20); the universal reader
+  // and the HDF5 probe did not (found by fuzz_resealed, 2026-12-07: an ASan heap over-read in
+  // the probe's H5Dread). Here universal.h5's embed.weight master (74 fp32, 296 bytes) becomes
+  // one zstd chunk whose frame holds 148 bytes, and the file is sealed again: before, the
+  // partial read returned Ok with 148 bytes from past the frame's buffer (heap memory) as the
+  // tensor's second half.
+  testing::ScratchDir dir("ckpt-short-chunk");
+  const std::string root = dir / "R", uni = dir / "U";
+  REQUIRE(RunCli("synth " + root + " --ranks 1 --params 300 --zero 0") == 0);
+  REQUIRE(RunCli("to-universal " + root + " " + uni) == 0);
+  const std::string file = uni + "/universal.h5", name = "params/embed.weight/master";
+  h5::Init();  // registers the zstd filter in this process
+  {
+    hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    REQUIRE(f >= 0);
+    // The frame: the one chunk of a dataset half as long, written through the filter.
+    hsize_t n = 74, half = 37, zero = 0;
+    hid_t hcpl = H5Pcreate(H5P_DATASET_CREATE);
+    REQUIRE(H5Pset_chunk(hcpl, 1, &half) >= 0);
+    REQUIRE(H5Pset_filter(hcpl, 32015, H5Z_FLAG_MANDATORY, 0, nullptr) >= 0);
+    hid_t hspace = H5Screate_simple(1, &half, nullptr);
+    hid_t h = H5Dcreate2(f, "half", H5T_IEEE_F32LE, hspace, H5P_DEFAULT, hcpl, H5P_DEFAULT);
+    REQUIRE(h >= 0);
+    const std::vector<float> values(37, 1.5f);
+    REQUIRE(H5Dwrite(h, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()) >= 0);
+    hsize_t frame_bytes = 0;
+    REQUIRE(H5Dget_chunk_storage_size(h, &zero, &frame_bytes) >= 0);
+    std::vector<char> frame(frame_bytes);
+    uint32_t mask = 0;
+    REQUIRE(H5Dread_chunk(h, H5P_DEFAULT, &zero, &mask, frame.data()) >= 0);
+    H5Dclose(h);
+    REQUIRE(H5Ldelete(f, "half", H5P_DEFAULT) >= 0);
+    REQUIRE(H5Ldelete(f, name.c_str(), H5P_DEFAULT) >= 0);
+    hid_t space = H5Screate_simple(1, &n, nullptr);
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    REQUIRE(H5Pset_chunk(dcpl, 1, &n) >= 0);
+    REQUIRE(H5Pset_filter(dcpl, 32015, H5Z_FLAG_MANDATORY, 0, nullptr) >= 0);
+    hid_t d = H5Dcreate2(f, name.c_str(), H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    REQUIRE(d >= 0);
+    REQUIRE(H5Dwrite_chunk(d, H5P_DEFAULT, 0, &zero, frame_bytes, frame.data()) >= 0);
+    H5Dclose(d);
+    for (hid_t p : {hcpl, dcpl}) H5Pclose(p);
+    for (hid_t sp : {hspace, space}) H5Sclose(sp);
+    H5Fclose(f);
+  }
+  testing::ResealFile(uni, 0);
+  auto reader = UniversalReader::Open(uni);
+  REQUIRE(reader.ok());
+  std::vector<float> out(74, 0.0f);
+  const Status s = reader->ReadParamRange("embed.weight", "master", 0, 74, out.data());
+  INFO(s.ToString());
+  CHECK(!s.ok());
+  CHECK(s.message().find("read /params/embed.weight/master") != std::string::npos);
+  // The probe walks it as the readers read it, and says so.
+  std::string said;
+  CHECK(RunCli("__h5-probe " + file, &said) == 0);
+  CHECK(said == "walked\n");
 }
 
 TEST_CASE("external storage, external and soft links, virtual datasets: refused", "[io]") {
@@ -375,7 +439,8 @@ TEST_CASE("external storage, external and soft links, virtual datasets: refused"
     }
   }
   SECTION("a layout and a filter the format does not define") {
-    for (int variant = 0; variant < 2; ++variant) {
+    // Shuffle alone (2) would hand libhdf5 a chunk of whatever length the file claims.
+    for (int variant = 0; variant < 3; ++variant) {
       Hostile h;
       hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
       const Manifest m = LoadManifest(h.tag);
@@ -384,7 +449,7 @@ TEST_CASE("external storage, external and soft links, virtual datasets: refused"
         REQUIRE(H5Pset_layout(dcpl, H5D_COMPACT) >= 0);
       } else {
         REQUIRE(H5Pset_chunk(dcpl, 1, &chunk) >= 0);
-        REQUIRE(H5Pset_deflate(dcpl, 1) >= 0);
+        REQUIRE((variant == 1 ? H5Pset_deflate(dcpl, 1) : H5Pset_shuffle(dcpl)) >= 0);
       }
       h.Recreate("master", dcpl);
       H5Pclose(dcpl);
@@ -392,7 +457,10 @@ TEST_CASE("external storage, external and soft links, virtual datasets: refused"
       std::string out;
       CHECK(RunCli("check --deep " + h.root, &out) == 1);
       INFO(out);
-      CHECK(out.find(variant == 0 ? "compact layout" : "filter 1,") != std::string::npos);
+      CHECK(out.find(variant == 0   ? "compact layout"
+                     : variant == 1 ? "filter 1,"
+                                    : "dataset /master: shuffle without zstd") !=
+            std::string::npos);
     }
   }
 }

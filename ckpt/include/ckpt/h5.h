@@ -159,6 +159,10 @@ Result<Handle> OpenSealed(const std::string& path, const std::string& label);
 // at a time (VerifySeal, then OpenSealed under a lock) calls it with VerifySeal, so that the
 // probes run in parallel too.
 Status ProbeStructure(const std::string& path, const std::string& label);
+// Forgets which files the probe walked, so the next ProbeStructure of each runs the probe
+// again: for a harness that rewrites one file in place faster than its modification time
+// moves (fuzz/fuzz_resealed.cc).
+void ForgetProbedFiles();
 
 // Refuses, before its data is read, a dataset whose storage the format does not define:
 // external storage, a virtual or compact layout, a filter other than shuffle and zstd (an

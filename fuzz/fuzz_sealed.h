@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -18,6 +19,7 @@
 #include "ckpt/manifest.h"
 #include "ckpt/reader.h"
 #include "ckpt/synth.h"
+#include "ckpt/universal.h"
 #include "fuzz_util.h"
 
 namespace ckpt_fuzz {
@@ -173,6 +175,51 @@ inline bool ReadRankCheckpoint(const std::string& dir, Reached* reached) {
     all_ok = full.ok() && all_ok;
   }
   return all_ok;
+}
+
+// How far ReadUniversalCheckpoint got.
+struct UniversalReached {
+  bool opened = false;    // UniversalReader::Open accepted the directory
+  bool verified = false;  // every dataset read whole and verified
+};
+
+// Reads the universal checkpoint in `dir` every way a user does: every parameter's every state
+// whole and in a middle range (ReadParamRange: hyperslabs, no checksum), every dataset whole
+// (ReadDatasetBytes, its XXH3) and verified in bounded memory (VerifyDataset), the two
+// agreeing (else traps, as for a message that is not terminal-safe). True when everything read.
+inline bool ReadUniversalCheckpoint(const std::string& dir, UniversalReached* reached) {
+  auto reader = ckpt::UniversalReader::Open(dir);
+  RequireTerminalSafe(reader.status());
+  if (!reader.ok()) return false;
+  reached->opened = true;
+  bool all_ok = true;
+  std::vector<float> buf;
+  for (const ckpt::ParamEntry& p : reader->manifest().params) {
+    if (p.numel < 0 || p.numel > (1 << 20)) continue;
+    buf.assign(static_cast<size_t>(p.numel), 0.f);
+    for (const char* state : {"master", "exp_avg", "exp_avg_sq"}) {
+      if (p.frozen && std::strcmp(state, "master") != 0) continue;
+      const ckpt::Status whole = reader->ReadParamRange(p.name, state, 0, p.numel, buf.data());
+      RequireTerminalSafe(whole);
+      all_ok = whole.ok() && all_ok;
+      if (p.numel >= 3) {
+        const ckpt::Status mid = reader->ReadParamRange(p.name, state, 1, p.numel - 1, buf.data());
+        RequireTerminalSafe(mid);
+        all_ok = mid.ok() && all_ok;
+      }
+    }
+  }
+  bool verified = true;
+  for (const ckpt::DatasetRecord& d : reader->manifest().files[0].datasets) {
+    auto bytes = reader->ReadDatasetBytes(d.name);
+    RequireTerminalSafe(bytes.status());
+    const ckpt::Status v = reader->VerifyDataset(d.name);
+    RequireTerminalSafe(v);
+    if (bytes.ok() != v.ok()) __builtin_trap();  // both check the same digest
+    verified = verified && v.ok();
+  }
+  reached->verified = verified;
+  return verified && all_ok;
 }
 
 }  // namespace ckpt_fuzz

@@ -43,8 +43,10 @@ require_reach() {
 summary=""
 for t in $targets; do
   exe="$out/bin/fuzz_$t"
-  seeds="$repo/tests/fuzz/corpus/$t"
-  [ "$t" = resealed ] && seeds="$repo/tests/fuzz/corpus/rank_file"  # the same files, sealed anew
+  seeds=("$repo/tests/fuzz/corpus/$t")
+  # fuzz_resealed seals the rank-file seeds and the universal fixture's file anew.
+  [ "$t" = resealed ] &&
+    seeds=("$repo/tests/fuzz/corpus/rank_file" "$repo/tests/fuzz/universal_fixture")
   corpus="$out/corpus/$t"
   artifacts="$out/artifacts/$t/"
   mkdir -p "$corpus" "$artifacts"
@@ -65,7 +67,7 @@ for t in $targets; do
   [ "$t" = universal ] && leaks=0
   ASAN_OPTIONS="detect_leaks=$leaks:allocator_may_return_null=1" \
   UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" \
-    "$exe" "$corpus" "$seeds" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+    "$exe" "$corpus" "${seeds[@]}" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
       -max_len=65536 -print_final_stats=1 -artifact_prefix="$artifacts" >"$log" 2>&1
   rc=$?
   execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)
@@ -81,8 +83,8 @@ for t in $targets; do
       rank_file) require_reach '[0-9]* inputs, [0-9]* past the manifest, [0-9]* past the metadata seal' \
                    '.*, \([0-9]*\) past the metadata seal' 'no input reached HDF5' ;;
       resealed) require_reach \
-                  '[0-9]* inputs, [0-9]* refused by the probe ([0-9]* crashed it), [0-9]* walked, [0-9]* changed structures read' \
-                  '.*, \([0-9]*\) changed structures read' 'no changed structure read past the probe' ;;
+                  '[0-9]* inputs, [0-9]* refused by the probe ([0-9]* crashed it), [0-9]* walked, [0-9]* changed structures read ([0-9]* universal)' \
+                  '.*, \([0-9]*\) changed structures read.*' 'no changed structure read past the probe' ;;
       deepspeed) require_reach \
                    "[0-9]* inputs, [0-9]* re-CRC'd, [0-9]* checkpoints opened, [0-9]* of them changed, [0-9]* read whole; [0-9]* integer mutations, [0-9]* opened" \
                    '.*, \([0-9]*\) of them changed,.*' 'no changed file opened as a checkpoint' ;;

@@ -166,7 +166,8 @@ void ForgetProbedFiles();
 
 // Refuses, before its data is read, a dataset whose storage the format does not define:
 // external storage, a virtual or compact layout, a filter other than shuffle and zstd (an
-// unknown filter would make HDF5 search and load plugins), elements not stored (an unwritten
+// unknown filter would make HDF5 search and load plugins), shuffle without zstd (its chunks
+// would reach HDF5 at whatever length the file claims), elements not stored (an unwritten
 // chunk, an unallocated contiguous dataset: HDF5 reads them as the fill value). DataLoss
 // naming `where`.
 Status CheckStorage(hid_t dset, const std::string& where);

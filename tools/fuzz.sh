@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs every libFuzzer target for N seconds on the seed corpus (tests/fuzz/corpus/<target>/).
+# Runs every libFuzzer target for N seconds on the seed corpus (tests/fuzz/corpus/<target>/),
+# after replaying what earlier runs found (tests/fuzz/findings/<target>/).
 #
 #   tools/fuzz.sh [--seconds N]
 #                 [--targets "manifest rank_file resealed safetensors units torch_pickle json deepspeed
@@ -47,6 +48,9 @@ for t in $targets; do
   # fuzz_resealed seals the rank-file seeds and the universal fixture's file anew.
   [ "$t" = resealed ] &&
     seeds=("$repo/tests/fuzz/corpus/rank_file" "$repo/tests/fuzz/universal_fixture")
+  # What earlier runs found (tests/fuzz/findings/<target>/) is replayed first, every run.
+  findings="$repo/tests/fuzz/findings/$t"
+  [ -d "$findings" ] && seeds+=("$findings")
   corpus="$out/corpus/$t"
   artifacts="$out/artifacts/$t/"
   mkdir -p "$corpus" "$artifacts"

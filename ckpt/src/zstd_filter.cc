@@ -13,6 +13,8 @@ ExpectChunkBytes::ExpectChunkBytes(size_t bytes) : previous_(expected_chunk_byte
 }
 ExpectChunkBytes::~ExpectChunkBytes() { expected_chunk_bytes = previous_; }
 
+// Raw handles, not h5::Handle: this file is also built alone into the HDF5 plugin
+// (ckpt/CMakeLists.txt, ckpt_h5zstd), which links none of the library's other sources.
 size_t ChunkBytes(hid_t dset) {
   const hid_t dcpl = H5Dget_create_plist(dset);
   const hid_t type = H5Dget_type(dset);

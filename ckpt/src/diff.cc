@@ -180,6 +180,7 @@ Result<DiffReport> DiffCheckpoints(const std::string& a, const std::string& b,
   SourceOptions oa, ob;
   oa.env = ob.env = o.env;
   oa.stream_verify = ob.stream_verify = true;
+  oa.probe_all = ob.probe_all = true;
   oa.tag = o.tag_a;
   ob.tag = o.tag_b;
   Sources s;

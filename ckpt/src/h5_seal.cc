@@ -11,11 +11,17 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string_view>
+#include <system_error>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -144,17 +150,28 @@ herr_t DenyExternalLink(const char*, const char*, const char*, const char*, unsi
 constexpr const char* kProbeVerb = "__h5-probe";
 constexpr std::string_view kProbeDone = "walked\n";  // what the probe writes once it has
 
+using FileId = std::tuple<dev_t, ino_t, off_t, int64_t>;  // device, inode, size, mtime (ns)
+
 struct ProbeConfig {
   std::mutex mu;
+  std::condition_variable resolved;  // a ProbeBatch resolved one of its files
   std::string program;
   double seconds = 300;
-  // Files the probe walked: device, inode, size, modification time (ns).
-  std::set<std::tuple<dev_t, ino_t, off_t, int64_t>> walked;
+  std::set<FileId> walked;                // files the probe walked
+  std::map<FileId, std::string> refused;  // files it hung on: the error after the label
+  std::map<FileId, int> pending;          // files ProbeBatches have yet to resolve (how many)
 };
 
 ProbeConfig& Probe() {
   static ProbeConfig* config = new ProbeConfig;  // never destroyed: used until exit
   return *config;
+}
+
+std::optional<FileId> IdOf(const std::string& path) {
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) return std::nullopt;
+  return FileId{st.st_dev, st.st_ino, st.st_size,
+                static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
 }
 
 // The probe process's walk over one object's attributes: each opened, its type and space
@@ -233,103 +250,264 @@ void ProbeWalk(const char* path) {
   H5Ovisit2(file.get(), H5_INDEX_NAME, H5_ITER_INC, ProbeObject, nullptr, H5O_INFO_BASIC);
 }
 
-}  // namespace
+// How `PROGRAM __h5-probe FILE...` ended.
+struct ProbeRun {
+  size_t walked = 0;        // files it said it walked, from the first, in order
+  bool timed_out = false;   // still walking one file `seconds` after the last word (killed)
+  std::string spawn_error;  // it could not be started (the reason)
+  bool reaped = false;      // how it ended, when waitpid could tell (SIGCHLD not ignored)
+  int status = 0;
+};
 
-Status ProbeStructure(const std::string& path, const std::string& label) {
-  ProbeConfig& config = Probe();
-  std::string program;
-  double seconds;
-  {
-    std::lock_guard<std::mutex> lock(config.mu);
-    program = config.program;
-    seconds = config.seconds;
-  }
-  if (program.empty()) return Status::Ok();  // no probe: not even a stat
-  std::tuple<dev_t, ino_t, off_t, int64_t> id{};
-  struct stat st {};
-  const bool known = stat(path.c_str(), &st) == 0;
-  if (known) {
-    id = {st.st_dev, st.st_ino, st.st_size,
-          static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
-    std::lock_guard<std::mutex> lock(config.mu);
-    if (config.walked.count(id)) return Status::Ok();
-  }
-  // The probe says it walked the file by writing kProbeDone to its stdout, a pipe to us: its
-  // end without it is a crash, however this process's SIGCHLD is set (ignored, a child is
-  // reaped before waitpid can tell how it ended).
+// Runs the probe on `files`, in that order, one process for all of them; calls on_walked(i)
+// as soon as the probe says it walked files[i]. Each file gets `seconds` from the word about
+// the file before it (from the start for the first). `cancel`, when given, is where the
+// caller may kill the probe (ProbeBatch's destructor): its pid while it runs, else -1.
+ProbeRun RunProbe(const std::string& program, double seconds, const std::vector<std::string>& files,
+                  const std::function<void(size_t)>& on_walked,
+                  std::pair<std::mutex*, pid_t*> cancel = {nullptr, nullptr}) {
+  ProbeRun run;
+  // The probe says it walked each file by writing kProbeDone to its stdout, a pipe to us: its
+  // end before it said so is a crash, however this process's SIGCHLD is set (ignored, a child
+  // is reaped before waitpid can tell how it ended).
   int out[2];
-  if (pipe2(out, O_CLOEXEC) != 0)
-    return IOError(label + ": a pipe for the HDF5 probe: " + std::strerror(errno));
+  if (pipe2(out, O_CLOEXEC) != 0) {
+    run.spawn_error = std::string("a pipe: ") + std::strerror(errno);
+    return run;
+  }
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
   posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
-  std::string verb = kProbeVerb, file = path;
-  char* argv[] = {program.data(), verb.data(), file.data(), nullptr};
+  std::vector<std::string> args = {program, kProbeVerb};
+  args.insert(args.end(), files.begin(), files.end());
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
   pid_t pid = -1;
-  const int rc = posix_spawn(&pid, program.c_str(), &actions, nullptr, argv, environ);
+  int rc;
+  {
+    std::unique_lock<std::mutex> lock;
+    if (cancel.first) lock = std::unique_lock<std::mutex>(*cancel.first);
+    rc = posix_spawn(&pid, program.c_str(), &actions, nullptr, argv.data(), environ);
+    if (rc == 0 && cancel.second) *cancel.second = pid;
+  }
   posix_spawn_file_actions_destroy(&actions);
   close(out[1]);
   if (rc != 0) {
     close(out[0]);
-    return IOError(label + ": cannot start the HDF5 probe '" + Shown(program) + "' (" +
-                   std::strerror(rc) + "); not opened");
+    run.spawn_error = std::strerror(rc);
+    return run;
   }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  std::string said;
-  bool timed_out = false;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  std::string said;  // what the probe wrote since its last whole word
   for (;;) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
-      timed_out = true;
+      run.timed_out = true;
       break;
     }
     pollfd p{out[0], POLLIN, 0};
     const int ready = poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 60000)));
     if (ready < 0 && errno == EINTR) continue;
     if (ready <= 0) continue;  // the deadline is checked above
-    char buf[64];
+    char buf[256];
     const ssize_t n = read(out[0], buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;  // the probe ended
-    if (said.size() < 256) said.append(buf, static_cast<size_t>(n));
+    said.append(buf, static_cast<size_t>(n));
+    while (said.size() >= kProbeDone.size() && run.walked < files.size() &&
+           said.compare(0, kProbeDone.size(), kProbeDone) == 0) {
+      said.erase(0, kProbeDone.size());
+      on_walked(run.walked++);
+      deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    }
+    if (said.size() >= kProbeDone.size()) break;  // anything else: not a probe's word
   }
   close(out[0]);
-  if (timed_out) kill(pid, SIGKILL);
-  int status = 0;
+  {
+    std::unique_lock<std::mutex> lock;
+    if (cancel.first) lock = std::unique_lock<std::mutex>(*cancel.first);
+    if (run.timed_out) kill(pid, SIGKILL);
+    if (cancel.second) *cancel.second = -1;
+  }
   pid_t reaped;
-  while ((reaped = waitpid(pid, &status, 0)) < 0 && errno == EINTR) {
+  while ((reaped = waitpid(pid, &run.status, 0)) < 0 && errno == EINTR) {
   }
-  if (timed_out)
-    return DataLoss(label + ": libhdf5 was still reading its HDF5 structure after " +
-                    std::to_string(static_cast<int64_t>(seconds)) +
-                    " s (in a probe process): a damaged or hostile file; not opened");
-  if (said != kProbeDone) {
-    if (reaped == pid && WIFEXITED(status))  // not a crash: the probe itself is wrong
-      return DataLoss(label + ": the HDF5 probe '" + Shown(program) + "' exited " +
-                      std::to_string(WEXITSTATUS(status)) +
-                      " without finishing its walk of the file (a ckpt executable of another "
-                      "version, or a damaged or hostile file); not opened");
-    const std::string how = reaped == pid && WIFSIGNALED(status)
-                                ? std::string("crashed (") + strsignal(WTERMSIG(status)) + ")"
-                                : std::string("ended before it finished");
-    return DataLoss(label + ": libhdf5 " + how +
-                    " reading its HDF5 structure (in a probe process): a damaged or hostile "
-                    "file; not opened");
+  run.reaped = reaped == pid;
+  return run;
+}
+
+// What follows the label in the refusal of the file a probe was walking when it ended
+// (run.walked < the files it was given).
+std::string RefusalTail(const ProbeRun& run, const std::string& program, double seconds) {
+  if (run.timed_out)
+    return ": libhdf5 was still reading its HDF5 structure after " +
+           std::to_string(static_cast<int64_t>(seconds)) +
+           " s (in a probe process): a damaged or hostile file; not opened";
+  if (run.reaped && WIFEXITED(run.status))  // not a crash: the probe itself is wrong
+    return ": the HDF5 probe '" + Shown(program) + "' exited " +
+           std::to_string(WEXITSTATUS(run.status)) +
+           " without finishing its walk of the file (a ckpt executable of another version, or "
+           "a damaged or hostile file); not opened";
+  const std::string how = run.reaped && WIFSIGNALED(run.status)
+                              ? std::string("crashed (") + strsignal(WTERMSIG(run.status)) + ")"
+                              : std::string("ended before it finished");
+  return ": libhdf5 " + how +
+         " reading its HDF5 structure (in a probe process): a damaged or hostile file; not opened";
+}
+
+// A refusal that is the file's own (a crash or a hang), not the probe program's.
+bool FileRefused(const ProbeRun& run) {
+  return run.timed_out || !(run.reaped && WIFEXITED(run.status));
+}
+
+}  // namespace
+
+Status ProbeStructure(const std::string& path, const std::string& label) {
+  ProbeConfig& config = Probe();
+  std::string program;
+  double seconds = 0;
+  const std::optional<FileId> id = [&]() -> std::optional<FileId> {
+    {
+      std::lock_guard<std::mutex> lock(config.mu);
+      if (config.program.empty()) return std::nullopt;  // no probe: not even a stat
+      program = config.program;
+      seconds = config.seconds;
+    }
+    return IdOf(path);
+  }();
+  if (program.empty()) return Status::Ok();
+  if (id) {
+    std::unique_lock<std::mutex> lock(config.mu);
+    // A ProbeBatch walking it: its word (a file the batch cannot vouch for is probed here).
+    config.resolved.wait(lock, [&] { return !config.pending.count(*id); });
+    if (config.walked.count(*id)) return Status::Ok();
+    if (auto it = config.refused.find(*id); it != config.refused.end())
+      return DataLoss(label + it->second);
   }
-  if (known) {
+  const ProbeRun run = RunProbe(program, seconds, {path}, [](size_t) {});
+  if (!run.spawn_error.empty())
+    return IOError(label + ": cannot start the HDF5 probe '" + Shown(program) + "' (" +
+                   run.spawn_error + "); not opened");
+  std::lock_guard<std::mutex> lock(config.mu);
+  if (run.walked == 1) {
+    if (id) config.walked.insert(*id);
+    return Status::Ok();
+  }
+  const std::string tail = RefusalTail(run, program, seconds);
+  if (id && run.timed_out) config.refused.emplace(*id, tail);  // not waited for twice
+  return DataLoss(label + tail);
+}
+
+struct ProbeBatch::Share {
+  std::vector<std::string> paths;
+  std::vector<FileId> ids;
+  pid_t running = -1;  // the probe walking them, under ProbeBatch::mu_
+};
+
+ProbeBatch::ProbeBatch(const std::vector<std::string>& paths, int processes) {
+  ProbeConfig& config = Probe();
+  std::string program;
+  double seconds = 0;
+  {
     std::lock_guard<std::mutex> lock(config.mu);
-    config.walked.insert(id);
+    program = config.program;
+    seconds = config.seconds;
   }
-  return Status::Ok();
+  if (program.empty() || paths.size() < 2) return;  // one file: ProbeStructure as it comes
+  if (processes <= 0)
+    processes = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const size_t n = std::min(paths.size(), static_cast<size_t>(processes));
+  shares_.resize(n);
+  {
+    // File i goes to share i % n: the shares walk the files in the order a caller's threads
+    // reach them. Files already walked or unknown (no stat: their open fails anyway) are left
+    // to ProbeStructure.
+    std::lock_guard<std::mutex> lock(config.mu);
+    for (size_t i = 0, k = 0; i < paths.size(); ++i) {
+      const std::optional<FileId> id = IdOf(paths[i]);
+      if (!id || config.walked.count(*id) || config.refused.count(*id)) continue;
+      ++config.pending[*id];
+      Share& share = shares_[k++ % n];
+      share.paths.push_back(paths[i]);
+      share.ids.push_back(*id);
+    }
+  }
+  for (Share& share : shares_) {
+    if (share.paths.empty()) continue;
+    try {
+      threads_.emplace_back([this, &share, program, seconds] { Walk(share, program, seconds); });
+    } catch (const std::system_error&) {
+      Resolve(share, 0, share.paths.size(), nullptr);  // no thread: ProbeStructure probes them
+    }
+  }
+}
+
+ProbeBatch::~ProbeBatch() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    for (Share& share : shares_)
+      if (share.running > 0) kill(share.running, SIGKILL);
+  }
+  for (auto& t : threads_) t.join();
+}
+
+void ProbeBatch::Resolve(Share& share, size_t from, size_t to, const std::string* refusal,
+                         bool walked) {
+  ProbeConfig& config = Probe();
+  std::lock_guard<std::mutex> lock(config.mu);
+  for (size_t i = from; i < to; ++i) {
+    const FileId& id = share.ids[i];
+    if (walked) config.walked.insert(id);
+    if (refusal) config.refused.emplace(id, *refusal);
+    if (auto it = config.pending.find(id); it != config.pending.end() && --it->second == 0)
+      config.pending.erase(it);
+  }
+  config.resolved.notify_all();
+}
+
+void ProbeBatch::Walk(Share& share, const std::string& program, double seconds) {
+  const size_t n = share.paths.size();
+  size_t k = 0;  // the files before k are resolved
+  auto stopped = [&] {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stop_;
+  };
+  while (k < n && !stopped()) {
+    const std::vector<std::string> rest(share.paths.begin() + static_cast<ptrdiff_t>(k),
+                                        share.paths.end());
+    const ProbeRun run = RunProbe(
+        program, seconds, rest, [&](size_t i) { Resolve(share, k + i, k + i + 1, nullptr, true); },
+        {&mu_, &share.running});
+    k += run.walked;
+    if (k >= n || stopped()) break;
+    // It ended before file k. A probe that could not start, or that exited on its own (not
+    // a crash: a ckpt of another version walks one file only), leaves the rest to
+    // ProbeStructure, one probe each.
+    if (!run.spawn_error.empty() || !FileRefused(run)) break;
+    if (run.timed_out) {
+      // A hang is file k's (each file has its own `seconds`): refused, not waited for twice.
+      const std::string tail = RefusalTail(run, program, seconds);
+      Resolve(share, k, k + 1, &tail);
+    } else {
+      // After a crash file k is ProbeStructure's, probed alone as before batches: refused
+      // for what libhdf5 does with it alone, not after other files, and in its own words.
+      Resolve(share, k, k + 1, nullptr);
+    }
+    ++k;
+  }
+  Resolve(share, k, n, nullptr);  // what is left is ProbeStructure's to probe
 }
 
 void ForgetProbedFiles() {
   ProbeConfig& config = Probe();
   std::lock_guard<std::mutex> lock(config.mu);
   config.walked.clear();
+  config.refused.clear();
 }
 
 Result<Extents> DataExtents(hid_t file, const std::string& label) {
@@ -504,13 +682,16 @@ void SetHdf5Probe(std::string program, double seconds) {
 }
 
 void ServeHdf5Probe(int argc, char** argv) {
-  if (argc == 3 && std::strcmp(argv[1], h5::kProbeVerb) == 0) {
-    h5::ProbeWalk(argv[2]);
+  if (argc >= 3 && std::strcmp(argv[1], h5::kProbeVerb) == 0) {
+    // Each file in turn, the word after each (a ProbeBatch hands one process several).
     const std::string_view done = h5::kProbeDone;
-    const bool told =
-        write(STDOUT_FILENO, done.data(), done.size()) == static_cast<ssize_t>(done.size());
+    for (int i = 2; i < argc; ++i) {
+      h5::ProbeWalk(argv[i]);
+      if (write(STDOUT_FILENO, done.data(), done.size()) != static_cast<ssize_t>(done.size()))
+        std::_Exit(1);
+    }
     // _Exit: no exit handlers (HDF5's, LeakSanitizer's), whose findings are not the file's.
-    std::_Exit(told ? 0 : 1);
+    std::_Exit(0);
   }
   // This executable, even once its file is replaced or deleted (a rebuild during a run): the
   // spawned child's /proc/self/exe is still ours when it calls execve.

@@ -123,6 +123,7 @@ Result<ExportReport> ExportFp32(const std::string& src_path, const std::string& 
   // The writing thread hashes each piece (consume), so the reading thread only reads.
   so.defer_stream_hashes = true;
   so.open_ahead = true;
+  so.probe_all = true;
   CKPT_ASSIGN_OR_RETURN(auto src, OpenStateSource(src_path, so), "");
   const Manifest& m = src->manifest();
   ExportReport report;

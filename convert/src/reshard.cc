@@ -136,6 +136,7 @@ Result<ReshardReport> Reshard(const std::string& src_path, const std::string& ou
   SourceOptions so;
   so.tag = opts.tag;
   so.env = env;
+  so.probe_all = true;
   CKPT_ASSIGN_OR_RETURN(auto src, OpenStateSource(src_path, so), "");
   const Manifest& sm = src->manifest();
   ReshardReport report;

@@ -169,6 +169,7 @@ Result<ToUniversalReport> ConvertToUniversal(const std::string& src_path, const 
   so.env = env;
   so.stream_verify = true;
   so.defer_stream_hashes = true;  // by each window's `filled`, on the writing thread
+  so.probe_all = true;
   CKPT_ASSIGN_OR_RETURN(auto src, OpenStateSource(src_path, so), "");
   ToUniversalReport report;
   report.source_dir = src->dir();

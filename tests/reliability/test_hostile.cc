@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -245,6 +246,151 @@ TEST_CASE("the issue's object-header flip: every reader exits 1, none crashes", 
   CHECK(!fs::exists(dir / "e"));
   CHECK(!fs::exists(dir / "u"));
   CHECK(!fs::exists(dir / "r"));
+  // One probe process for four files (h5::ProbeBatch), the crashing one second: it alone is
+  // refused, for its crash; the files after it are walked by the next process.
+  SetHdf5Probe(testing::BinDir() + "/ckpt");
+  h5::ForgetProbedFiles();
+  const std::vector<std::string> files = {
+      root + "/global_step200/rank_00000.h5", root + "/global_step300/rank_00000.h5",
+      root + "/global_step200/rank_00001.h5", root + "/global_step300/rank_00001.h5"};
+  {
+    h5::ProbeBatch batch(files, /*processes=*/1);
+    for (const std::string& f : files) {
+      const Status s = h5::ProbeStructure(f, f);
+      INFO(f << ": " << s.ToString());
+      if (f == file)
+        CHECK(s.message() == f + ": libhdf5 crashed (Segmentation fault) reading its HDF5 "
+                                 "structure (in a probe process): a damaged or hostile file; "
+                                 "not opened");
+      else
+        CHECK(s.ok());
+    }
+  }
+  SetHdf5Probe("");
+  h5::ForgetProbedFiles();
+}
+
+TEST_CASE("HDF5 probes in batches: a crash or a hang is the file's own", "[io]") {
+  // h5::ProbeBatch's bookkeeping, with a stand-in probe (a shell script that speaks the
+  // probe's protocol without libhdf5 and logs each start): it crashes on any file named
+  // *crash*, on *crowded* unless given it alone, and hangs on *hang*.
+  testing::ScratchDir dir("ckpt-probe-batch");
+  const std::string log = dir / "log", probe = dir / "probe.sh";
+  // Every stand-in starts by logging its arguments.
+  const std::string logs = "#!/bin/sh\necho \"$*\" >> '" + log + "'\n";
+  Spit(probe, logs + R"(shift
+for f in "$@"; do
+  case "$f" in
+    *crash*) kill -SEGV $$ ;;
+    *crowded*) [ $# -gt 1 ] && kill -SEGV $$ ;;
+    *hang*) sleep 5 ;;
+  esac
+  printf 'walked\n'
+done
+)");
+  fs::permissions(probe, fs::perms::owner_all);
+  std::vector<std::string> files;
+  for (const char* name : {"a", "crash", "b", "crowded", "hang", "c"}) {
+    files.push_back(dir / name);
+    Spit(files.back(), name);
+  }
+  auto starts = [&] {
+    std::string text = fs::exists(log) ? Slurp(log) : "";
+    return std::count(text.begin(), text.end(), '\n');
+  };
+  SetHdf5Probe(probe, /*seconds=*/1);
+  h5::ForgetProbedFiles();
+  {
+    h5::ProbeBatch batch(files, /*processes=*/1);
+    std::map<std::string, Status> got;
+    for (const std::string& f : files) got[fs::path(f).filename()] = h5::ProbeStructure(f, f);
+    for (const char* name : {"a", "b", "crowded", "c"}) {
+      INFO(name << ": " << got[name].ToString());
+      CHECK(got[name].ok());
+    }
+    CHECK(got["crash"].message() == dir / "crash" +
+                                        ": libhdf5 crashed (Segmentation fault) reading its HDF5 "
+                                        "structure (in a probe process): a damaged or hostile "
+                                        "file; not opened");
+    CHECK(got["hang"].message() == dir / "hang" +
+                                       ": libhdf5 was still reading its HDF5 structure after 1 s "
+                                       "(in a probe process): a damaged or hostile file; not "
+                                       "opened");
+  }
+  // All six, then from `b`, then from `hang` (refused once), then `c`; `crash` and
+  // `crowded` alone (it walks alone, so it is not refused).
+  const std::string text = Slurp(log);
+  INFO(text);
+  CHECK(starts() == 6);
+  std::string all = "__h5-probe";
+  for (const std::string& f : files) all += " " + f;
+  CHECK(text.rfind(all + "\n", 0) == 0);  // one process was handed all six
+  CHECK(text.find("__h5-probe " + dir / "b " + dir / "crowded " + dir / "hang " + dir / "c\n") !=
+        std::string::npos);
+  CHECK(text.find("__h5-probe " + dir / "crash" + "\n") != std::string::npos);
+  CHECK(text.find("__h5-probe " + dir / "crowded" + "\n") != std::string::npos);
+  CHECK(text.find("__h5-probe " + dir / "hang" + "\n") == std::string::npos);
+  // The walks and the hang stay known: asking again starts no probe (a crash is probed
+  // again, as before batches).
+  for (const std::string& f : files)
+    if (fs::path(f).filename() != "crash") (void)h5::ProbeStructure(f, f);
+  CHECK(starts() == 6);
+
+  // A probe that takes one file only (a `ckpt` before batches: it refuses more arguments) is
+  // asked for each file alone, and every file is walked.
+  Spit(probe, logs + "[ $# -gt 2 ] && exit 2\nprintf 'walked\\n'\n");
+  fs::remove(log);
+  h5::ForgetProbedFiles();
+  const std::vector<std::string> plain = {dir / "a", dir / "b", dir / "c"};
+  {
+    h5::ProbeBatch batch(plain, /*processes=*/1);
+    for (const std::string& f : plain) CHECK(h5::ProbeStructure(f, f).ok());
+  }
+  CHECK(starts() == 4);
+
+  // `check` and a source opened for a whole-checkpoint reader (export's) hand each probe
+  // process a share of the files: the real probe behind a script that logs each start.
+  const std::string root = dir / "R", tag = root + "/global_step100";
+  REQUIRE(RunCli("synth " + root + " --params 50k --ranks 6 --zero 2") == 0);
+  Spit(probe, logs + "exec '" + testing::BinDir() + "/ckpt' \"$@\"\n");
+  const size_t shares = std::min<size_t>(6, std::max(1u, std::thread::hardware_concurrency()));
+  auto each_file_once = [&] {
+    const std::string text = Slurp(log);
+    INFO(text);
+    for (int r = 0; r < 6; ++r) {
+      const std::string name = tag + "/rank_0000" + std::to_string(r) + ".h5";
+      size_t seen = 0;
+      for (size_t at = text.find(name); at != std::string::npos; at = text.find(name, at + 1))
+        ++seen;
+      CHECK(seen == 1);
+    }
+  };
+  for (const bool deep : {false, true}) {
+    fs::remove(log);
+    h5::ForgetProbedFiles();
+    auto problems = CheckCheckpoint(tag, deep);
+    REQUIRE(problems.ok());
+    CHECK(problems->empty());
+    CHECK(static_cast<size_t>(starts()) == shares);
+    each_file_once();
+  }
+  fs::remove(log);
+  h5::ForgetProbedFiles();
+  {
+    SourceOptions so;
+    so.probe_all = true;
+    auto src = OpenStateSource(root, so);
+    REQUIRE(src.ok());
+    for (const ParamEntry& p : (*src)->manifest().params) {
+      if (!p.trainable()) continue;
+      std::vector<float> out(static_cast<size_t>(p.numel));
+      REQUIRE((*src)->ReadParamRange(p.name, "master", 0, p.numel, out.data()).ok());
+    }
+  }
+  CHECK(static_cast<size_t>(starts()) == shares);
+  each_file_once();
+  SetHdf5Probe("");
+  h5::ForgetProbedFiles();
 }
 
 TEST_CASE("metadata flips resealed as an attacker would: refused or read, never a crash", "[io]") {

@@ -306,6 +306,7 @@ Result<NextUpdateReport> RunNextUpdate(const NextUpdateOptions& o) {
   // truncated rank file is DataLoss even when the pass reads nothing from it.
   SourceOptions so;
   so.tag = o.tag;
+  so.probe_all = true;
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<StateSource> source, OpenStateSource(o.root, so),
                         "open checkpoint " + o.root);
   const Manifest& m = source->manifest();

@@ -9,8 +9,10 @@
 
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -154,11 +156,40 @@ Status VerifySeal(const RandomAccessFile& file, const std::string& label, uint64
 Result<Handle> OpenSealed(const std::string& path, const std::string& label);
 // With a probe program set (ckpt::SetHdf5Probe, reader.h): has it open and walk the file at
 // `path` in a process of its own, DataLoss when libhdf5 crashed or hung there; Ok without a
-// probe, or when the probe walked this file (same inode, size, modification time) before.
+// probe, or when the probe walked this file (same inode, size, modification time) before;
+// a file a probe hung on is refused again without another wait.
 // OpenSealed calls it first; a caller that verifies files in parallel before parsing them one
 // at a time (VerifySeal, then OpenSealed under a lock) calls it with VerifySeal, so that the
 // probes run in parallel too.
 Status ProbeStructure(const std::string& path, const std::string& label);
+// Probes several files ahead, for a caller that opens many (`check`, export): with a probe
+// set, up to `processes` probe processes (0: one per core) start at once, each walking its
+// share of `paths` one file after another and saying so after each, so a process start is paid
+// per share rather than per file. ProbeStructure of one of these files waits for the batch's
+// word on it. A file a probe crashed on is left to ProbeStructure, which probes it alone (so a
+// file is refused only for what libhdf5 does with it alone, as before batches), and the share
+// goes on with the next file in a new process; a file a probe hung on is refused (each file has
+// the probe's `seconds` from the word before it), and not waited for again; all of a share's
+// files are left to ProbeStructure when its probe exits on its own (a `ckpt` of another
+// version walks one file). Without a probe, or for fewer than two files, it does nothing.
+// The destructor stops the probes still running (their files are left to ProbeStructure).
+class ProbeBatch {
+ public:
+  explicit ProbeBatch(const std::vector<std::string>& paths, int processes = 0);
+  ~ProbeBatch();
+  ProbeBatch(const ProbeBatch&) = delete;
+  ProbeBatch& operator=(const ProbeBatch&) = delete;
+
+ private:
+  struct Share;
+  void Walk(Share& share, const std::string& program, double seconds);
+  void Resolve(Share& share, size_t from, size_t to, const std::string* refusal,
+               bool walked = false);
+  std::mutex mu_;  // stop_ and each share's running probe
+  bool stop_ = false;
+  std::vector<Share> shares_;
+  std::vector<std::thread> threads_;
+};
 // Forgets which files the probe walked, so the next ProbeStructure of each runs the probe
 // again: for a harness that rewrites one file in place faster than its modification time
 // moves (fuzz/fuzz_resealed.cc).

@@ -70,6 +70,13 @@ struct SourceOptions {
   // request at the disk; docs/performance.md, 2026-12-04 15:10); rank 0's is opened that way
   // as soon as the source is open (2026-12-06 08:00).
   bool open_ahead = false;
+  // A sharded source starts every rank file's HDF5 probe at open (with a probe set:
+  // ckpt::SetHdf5Probe), in one process per core that walks several files (h5::ProbeBatch),
+  // for a caller that reads every rank's file: a process start is most of a probe's cost, and
+  // one per file took export-fp32 of a 64-rank checkpoint from 0.56-0.59 s to 0.69-0.83 on the
+  // development VM (docs/reliability.md, "Hostile files"). A caller that reads a few ranks'
+  // files (a rank's load) leaves it off: each file it opens is probed alone.
+  bool probe_all = false;
   // Every ReadParamRange is verified before it returns: a dataset that records piece digests
   // (format 1.3) by the pieces the range touches, an older one (and a DeepSpeed zip record) by
   // one whole pass the first time it is read (what LoadResharded opens with). Ignored with

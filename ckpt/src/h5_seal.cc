@@ -418,17 +418,19 @@ ProbeBatch::ProbeBatch(const std::vector<std::string>& paths, int processes) {
     seconds = config.seconds;
   }
   if (program.empty() || paths.size() < 2) return;  // one file: ProbeStructure as it comes
-  if (processes <= 0)
-    processes = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (processes <= 0)  // one a core, up to 8: each holds a ckpt executable's memory
+    processes = static_cast<int>(std::min(8u, std::max(1u, std::thread::hardware_concurrency())));
   const size_t n = std::min(paths.size(), static_cast<size_t>(processes));
   shares_.resize(n);
+  std::vector<std::optional<FileId>> ids;
+  for (const std::string& path : paths) ids.push_back(IdOf(path));
   {
     // File i goes to share i % n: the shares walk the files in the order a caller's threads
     // reach them. Files already walked or unknown (no stat: their open fails anyway) are left
     // to ProbeStructure.
     std::lock_guard<std::mutex> lock(config.mu);
     for (size_t i = 0, k = 0; i < paths.size(); ++i) {
-      const std::optional<FileId> id = IdOf(paths[i]);
+      const std::optional<FileId>& id = ids[i];
       if (!id || config.walked.count(*id) || config.refused.count(*id)) continue;
       ++config.pending[*id];
       Share& share = shares_[k++ % n];
@@ -477,14 +479,18 @@ void ProbeBatch::Walk(Share& share, const std::string& program, double seconds) 
     std::lock_guard<std::mutex> lock(mu_);
     return stop_;
   };
+  // At most this many files a process: a command line stays far below the kernel's limits.
+  constexpr size_t kFilesPerProcess = 256;
   while (k < n && !stopped()) {
-    const std::vector<std::string> rest(share.paths.begin() + static_cast<ptrdiff_t>(k),
-                                        share.paths.end());
+    const auto from = share.paths.begin() + static_cast<ptrdiff_t>(k);
+    const std::vector<std::string> next(
+        from, from + static_cast<ptrdiff_t>(std::min(n - k, kFilesPerProcess)));
     const ProbeRun run = RunProbe(
-        program, seconds, rest, [&](size_t i) { Resolve(share, k + i, k + i + 1, nullptr, true); },
+        program, seconds, next, [&](size_t i) { Resolve(share, k + i, k + i + 1, nullptr, true); },
         {&mu_, &share.running});
     k += run.walked;
-    if (k >= n || stopped()) break;
+    if (run.walked == next.size()) continue;  // all of them: the next files, if any
+    if (stopped()) break;
     // It ended before file k. A probe that could not start, or that exited on its own (not
     // a crash: a ckpt of another version walks one file only), leaves the rest to
     // ProbeStructure, one probe each.

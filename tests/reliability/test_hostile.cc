@@ -348,6 +348,22 @@ done
   }
   CHECK(starts() == 4);
 
+  // Up to 256 files a process: 300 files in one share take two.
+  Spit(probe, logs + "shift\nfor f in \"$@\"; do printf 'walked\\n'; done\n");
+  fs::remove(log);
+  h5::ForgetProbedFiles();
+  std::vector<std::string> many;
+  fs::create_directory(dir / "many");
+  for (int i = 0; i < 300; ++i) {
+    many.push_back(dir / ("many/" + std::to_string(i)));
+    Spit(many.back(), "x");
+  }
+  {
+    h5::ProbeBatch batch(many, /*processes=*/1);
+    for (const std::string& f : many) REQUIRE(h5::ProbeStructure(f, f).ok());
+  }
+  CHECK(starts() == 2);
+
   // `check` and a source opened for a whole-checkpoint reader (export's) hand each probe
   // process a share of the files: the real probe behind a script that logs each start.
   const std::string root = dir / "R", tag = root + "/global_step100";

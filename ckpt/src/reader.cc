@@ -345,7 +345,15 @@ Result<std::vector<Problem>> CheckCheckpoint(const std::string& tag_dir, bool de
   auto check_file = [&](size_t i) {
     const FileRecord& f = m.files[i];
     std::vector<Problem>* out = &found[i];
-    if (i >= seal_first) {
+    std::unique_ptr<internal::RankFile> unparsed;
+    if (i >= seal_first && deep) {
+      // A file after the first round: its seal (and probe) outside the lock too, beside the
+      // other files' data passes. Under the lock its small reads, queued behind those passes'
+      // 8 MiB reads, held up every other file's HDF5 open: 64 files of 16 MiB kept 3.5 reads
+      // in flight (issue 19, docs/performance.md, 2026-12-07 20:15).
+      unparsed = open_file(i, /*parse=*/false);
+      if (!unparsed) return;  // its problem is recorded
+    } else if (i >= seal_first) {
       // Its HDF5 probe (when one is set) outside the lock, beside the other files'; the open
       // under the lock then finds the file walked (a refusal it reports itself).
       const std::string path = reader->dir() + "/" + f.path;
@@ -354,8 +362,9 @@ Result<std::vector<Problem>> CheckCheckpoint(const std::string& tag_dir, bool de
     std::unique_lock<std::mutex> hdf5_lock(open_mu);
     // Declared after the lock: a file that keeps its HDF5 handles closes them before the lock
     // is released, so that the next file opened reuses its metadata cache.
-    std::unique_ptr<internal::RankFile> rf =
-        i < seal_first ? std::move(sealed[i]) : open_file(i, /*parse=*/true);
+    std::unique_ptr<internal::RankFile> rf = i < seal_first ? std::move(sealed[i])
+                                             : unparsed     ? std::move(unparsed)
+                                                            : open_file(i, /*parse=*/true);
     if (!rf) return;  // its problem is recorded
     if (Status parsed = rf->Parse(); !parsed.ok()) {
       out->push_back({f.path, "", ProblemText(parsed.message(), f.path, "")});

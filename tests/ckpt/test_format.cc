@@ -461,6 +461,49 @@ TEST_CASE("corruption is detected and named", "[io]") {
   }
 }
 
+TEST_CASE("check --deep names each damaged file of more than its first round", "[io]") {
+  // 20 rank files: the first 16 are sealed before any data pass, the rest each by the thread
+  // that checks it, outside libhdf5's lock (issue 19). Damage in either round is named, in
+  // file order, and no other file is.
+  ScratchDir dir;
+  Manifest m = SmallModel("global_step12", 20, 1);
+  REQUIRE(SaveWithThreads(dir.str(), m).ok());
+  const std::string tag = dir / "global_step12";
+  REQUIRE(CheckCheckpoint(tag, true)->empty());
+  auto file = [&](int r) {
+    return tag + "/rank_000" + (r < 10 ? "0" : "") + std::to_string(r) + ".h5";
+  };
+  auto flip = [&](int r, size_t at) {
+    std::string bytes = Slurp(file(r));
+    REQUIRE(at < bytes.size());
+    bytes[at] = static_cast<char>(bytes[at] ^ 0x10);
+    Spit(file(r), bytes);
+  };
+  const auto extents = CheckpointReader::Open(tag)->manifest().files;
+  flip(3, extents[3].data_extents.front().first + 8);    // data, first round
+  flip(17, 0);                                           // HDF5 metadata (the superblock)
+  flip(19, extents[19].data_extents.front().first + 8);  // data
+  {
+    std::string bytes = Slurp(file(18));
+    Spit(file(18), bytes.substr(0, bytes.size() - 100));  // truncated
+  }
+  auto probs = CheckCheckpoint(tag, true);
+  REQUIRE(probs.ok());
+  std::vector<std::string> named;
+  for (const auto& p : *probs) {
+    INFO(p.file << " /" << p.dataset << ": " << p.what);
+    if (named.empty() || named.back() != p.file) named.push_back(p.file);
+  }
+  CHECK(named == std::vector<std::string>{"rank_00003.h5", "rank_00017.h5", "rank_00018.h5",
+                                          "rank_00019.h5"});
+  for (const auto& p : *probs) {
+    if (p.file == "rank_00017.h5")
+      CHECK_THAT(p.what, Catch::Contains("metadata checksum mismatch"));
+    if (p.file == "rank_00018.h5") CHECK_THAT(p.what, Catch::Contains("manifest records"));
+    if (p.file == "rank_00019.h5") CHECK_THAT(p.what, Catch::Contains("checksum mismatch"));
+  }
+}
+
 TEST_CASE("synthetic checkpoints hold partition-independent values", "[io]") {
   ScratchDir a, b;
   SynthOptions o;

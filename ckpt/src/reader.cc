@@ -429,9 +429,10 @@ Result<std::vector<Problem>> CheckCheckpoint(const std::string& tag_dir, bool de
     }
     for (size_t i = next++; i < m.files.size(); i = next++) guarded(i, check_file);
   };
-  // The files' HDF5 probes (with a probe set: ckpt::SetHdf5Probe) in one process per core,
-  // each walking several files, instead of one process per file: a process start is most of
-  // a probe's cost (docs/reliability.md, "Hostile files"). Each file's open waits for its word.
+  // The files' HDF5 probes (with a probe set: ckpt::SetHdf5Probe) in one process per core
+  // (up to 8), each walking several files, instead of one process per file: a process start
+  // is most of a probe's cost (docs/reliability.md, "Hostile files"). Each file's open waits
+  // for its word.
   std::vector<std::string> paths;
   for (const FileRecord& f : m.files) paths.push_back(reader->dir() + "/" + f.path);
   h5::ProbeBatch probes(paths);

@@ -166,8 +166,8 @@ Status ProbeStructure(const std::string& path, const std::string& label);
 // set, up to `processes` probe processes (0: one per core, up to 8) start at once, each
 // walking its share of `paths` one file after another (up to 256 files a process, then
 // another) and saying so after each, so a process start is paid per share rather than per
-// file. ProbeStructure of one of these files waits for the batch's
-// word on it. A file a probe crashed on is left to ProbeStructure, which probes it alone (so a
+// file. ProbeStructure of one of these files waits for the batch's word on it. A file a
+// probe crashed on is left to ProbeStructure, which probes it alone (so a
 // file is refused only for what libhdf5 does with it alone, as before batches), and the share
 // goes on with the next file in a new process; a file a probe hung on is refused (each file has
 // the probe's `seconds` from the word before it), and not waited for again; all of a share's

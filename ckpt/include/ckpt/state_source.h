@@ -71,7 +71,7 @@ struct SourceOptions {
   // as soon as the source is open (2026-12-06 08:00).
   bool open_ahead = false;
   // A sharded source starts every rank file's HDF5 probe at open (with a probe set:
-  // ckpt::SetHdf5Probe), in one process per core that walks several files (h5::ProbeBatch),
+  // ckpt::SetHdf5Probe), one process per core (up to 8) walking several files (h5::ProbeBatch),
   // for a caller that reads every rank's file: a process start is most of a probe's cost, and
   // one per file took export-fp32 of a 64-rank checkpoint from 0.56-0.59 s to 0.69-0.83 on the
   // development VM (docs/reliability.md, "Hostile files"). A caller that reads a few ranks'

@@ -707,8 +707,9 @@ PYBIND11_MODULE(_ckpt, m) {
   m.def("load_resharded", &LoadReshardedPy, py::arg("path"), py::arg("world"),
         py::arg("zero_stage"), py::arg("rank"), py::arg("tag") = "");
   m.def("set_hdf5_probe", &ckpt::SetHdf5Probe, py::arg("program"), py::arg("seconds") = 300.0,
-        "Every HDF5 file a reader opens is first walked by `program __h5-probe FILE` in a "
-        "process of its own; a crash or hang there refuses the file (\"\": no probe).");
+        "Every HDF5 file a reader opens is first walked by `program __h5-probe FILE...` in a "
+        "process of its own (check walks several files a process); a crash or hang there "
+        "refuses the file (\"\": no probe).");
   m.def("ls", &Ls, py::arg("root"));
   m.def("inspect", &Inspect, py::arg("path"), py::arg("tag") = "");
   m.def("check", &Check, py::arg("path"), py::arg("tag") = "", py::arg("deep") = false);

@@ -424,18 +424,28 @@ ProbeBatch::ProbeBatch(const std::vector<std::string>& paths, int processes) {
   shares_.resize(n);
   std::vector<std::optional<FileId>> ids;
   for (const std::string& path : paths) ids.push_back(IdOf(path));
+  std::vector<FileId> registered;
+  registered.reserve(paths.size());
   {
     // File i goes to share i % n: the shares walk the files in the order a caller's threads
     // reach them. Files already walked or unknown (no stat: their open fails anyway) are left
-    // to ProbeStructure.
+    // to ProbeStructure. Out of memory half way, the files registered are released again (a
+    // ProbeStructure would otherwise wait for them forever).
     std::lock_guard<std::mutex> lock(config.mu);
-    for (size_t i = 0, k = 0; i < paths.size(); ++i) {
-      const std::optional<FileId>& id = ids[i];
-      if (!id || config.walked.count(*id) || config.refused.count(*id)) continue;
-      ++config.pending[*id];
-      Share& share = shares_[k++ % n];
-      share.paths.push_back(paths[i]);
-      share.ids.push_back(*id);
+    try {
+      for (size_t i = 0, k = 0; i < paths.size(); ++i) {
+        const std::optional<FileId>& id = ids[i];
+        if (!id || config.walked.count(*id) || config.refused.count(*id)) continue;
+        Share& share = shares_[k++ % n];
+        share.paths.push_back(paths[i]);
+        share.ids.push_back(*id);
+        ++config.pending[*id];
+        registered.push_back(*id);  // reserved: does not throw
+      }
+    } catch (...) {
+      for (const FileId& id : registered)
+        if (auto it = config.pending.find(id); --it->second == 0) config.pending.erase(it);
+      throw;
     }
   }
   for (Share& share : shares_) {

@@ -167,6 +167,13 @@ ProbeConfig& Probe() {
   return *config;
 }
 
+// The probe program set and its time limit, read under the lock (empty: no probe).
+std::pair<std::string, double> ProbeProgram() {
+  ProbeConfig& config = Probe();
+  std::lock_guard<std::mutex> lock(config.mu);
+  return {config.program, config.seconds};
+}
+
 std::optional<FileId> IdOf(const std::string& path) {
   struct stat st {};
   if (stat(path.c_str(), &st) != 0) return std::nullopt;
@@ -368,18 +375,9 @@ bool FileRefused(const ProbeRun& run) {
 
 Status ProbeStructure(const std::string& path, const std::string& label) {
   ProbeConfig& config = Probe();
-  std::string program;
-  double seconds = 0;
-  const std::optional<FileId> id = [&]() -> std::optional<FileId> {
-    {
-      std::lock_guard<std::mutex> lock(config.mu);
-      if (config.program.empty()) return std::nullopt;  // no probe: not even a stat
-      program = config.program;
-      seconds = config.seconds;
-    }
-    return IdOf(path);
-  }();
-  if (program.empty()) return Status::Ok();
+  const auto [program, seconds] = ProbeProgram();
+  if (program.empty()) return Status::Ok();  // no probe: not even a stat
+  const std::optional<FileId> id = IdOf(path);
   if (id) {
     std::unique_lock<std::mutex> lock(config.mu);
     // A ProbeBatch walking it: its word (a file the batch cannot vouch for is probed here).
@@ -410,13 +408,7 @@ struct ProbeBatch::Share {
 
 ProbeBatch::ProbeBatch(const std::vector<std::string>& paths, int processes) {
   ProbeConfig& config = Probe();
-  std::string program;
-  double seconds = 0;
-  {
-    std::lock_guard<std::mutex> lock(config.mu);
-    program = config.program;
-    seconds = config.seconds;
-  }
+  const auto [program, seconds] = ProbeProgram();
   if (program.empty() || paths.size() < 2) return;  // one file: ProbeStructure as it comes
   if (processes <= 0)  // one a core, up to 8: each holds a ckpt executable's memory
     processes = static_cast<int>(std::min(8u, std::max(1u, std::thread::hardware_concurrency())));

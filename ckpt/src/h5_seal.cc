@@ -443,7 +443,8 @@ ProbeBatch::ProbeBatch(const std::vector<std::string>& paths, int processes) {
   for (Share& share : shares_) {
     if (share.paths.empty()) continue;
     try {
-      threads_.emplace_back([this, &share, program, seconds] { Walk(share, program, seconds); });
+      threads_.emplace_back(
+          [this, &share, program = program, seconds = seconds] { Walk(share, program, seconds); });
     } catch (const std::system_error&) {
       Resolve(share, 0, share.paths.size(), nullptr);  // no thread: ProbeStructure probes them
     }

@@ -1006,11 +1006,22 @@ TEST_CASE("ForEachOnThreads runs every item once, on several threads, each with 
   CHECK(ForEachOnThreads(0, 4, [](size_t) { return ckpt::Internal("never"); }).empty());
 }
 
-// The threads this process has now (its /proc/self/task entries).
+// The threads this process has now (its /proc/self/task entries). A walk of /proc/self/task
+// goes on from its last entry's place in the thread list: when a thread before it ends
+// meanwhile (threads of earlier tests still ending), the walk skips a live thread. Read until
+// two walks in a row agree (a skipped thread counted as new failed one run of the test in 10).
 static std::set<long> ThreadIds() {
-  std::set<long> ids;
-  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) {
-    ids.insert(std::stol(e.path().filename().string()));
+  auto walk = [] {
+    std::set<long> ids;
+    for (const auto& e : std::filesystem::directory_iterator("/proc/self/task"))
+      ids.insert(std::stol(e.path().filename().string()));
+    return ids;
+  };
+  std::set<long> ids = walk();
+  for (int i = 0; i < 1000; ++i) {
+    std::set<long> again = walk();
+    if (again == ids) break;
+    ids = std::move(again);
   }
   return ids;
 }

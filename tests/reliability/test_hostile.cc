@@ -11,7 +11,11 @@
 //    echoed beyond a short excerpt);
 //  - `latest` integrity (every bit of a 1.2 pointer flipped), a manifest without its checksum,
 //    a manifest naming another tag, a 100000-deep JSON array in a manifest.
+#include <fcntl.h>
 #include <hdf5.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 
@@ -19,6 +23,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -407,6 +412,67 @@ done
   each_file_once();
   SetHdf5Probe("");
   h5::ForgetProbedFiles();
+}
+
+// The bytes the real probe (`ckpt __h5-probe FILE`) read, from its /proc/PID/io once it has
+// ended and before it is reaped (-1: it could not be started or did not end with 0).
+static int64_t ProbeReadBytes(const std::string& file) {
+  const std::string program = testing::BinDir() + "/ckpt";
+  std::vector<std::string> args = {program, "__h5-probe", file};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, program.c_str(), &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) return -1;
+  siginfo_t info{};
+  int64_t rchar = -1;
+  if (waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOWAIT) == 0) {
+    std::istringstream io(Slurp("/proc/" + std::to_string(pid) + "/io"));
+    for (std::string key; io >> key;) {
+      int64_t value = 0;
+      io >> value;
+      if (key == "rchar:") rchar = value;
+    }
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? rchar : -1;
+}
+
+TEST_CASE("the probe reads data through libhdf5 only where a reader does", "[io]") {
+  // A rank file's uncompressed datasets are read outside libhdf5 (RankFile's direct reads):
+  // the probe leaves their data alone (until 2026-12-07 it read every dataset of up to 4 MiB,
+  // so every small rank file's data twice from a cold disk). Its zstd chunks and a universal
+  // checkpoint's datasets go through libhdf5 in the readers: the probe reads them first.
+  testing::ScratchDir dir("ckpt-probe-reads");
+  const std::string plain = dir / "R", zstd = dir / "Z", universal = dir / "U";
+  REQUIRE(RunCli("synth " + plain + " --params 150k --ranks 2 --zero 2") == 0);
+  REQUIRE(RunCli("synth " + zstd + " --params 150k --ranks 2 --zero 2 --compress zstd:1") == 0);
+  REQUIRE(RunCli("to-universal " + plain + " " + universal) == 0);
+  auto data_bytes = [](const FileRecord& f) {
+    uint64_t n = 0;
+    for (const auto& [offset, bytes] : f.data_extents) n += bytes;
+    return static_cast<int64_t>(n);
+  };
+  const FileRecord r = LoadManifest(plain + "/global_step100").files[0];
+  const FileRecord z = LoadManifest(zstd + "/global_step100").files[0];
+  REQUIRE(data_bytes(r) > 800000);  // three datasets of 75k fp32 values and the small ones
+  REQUIRE(data_bytes(z) > 500000);
+  const int64_t plain_read = ProbeReadBytes(plain + "/global_step100/" + r.path);
+  const int64_t zstd_read = ProbeReadBytes(zstd + "/global_step100/" + z.path);
+  const int64_t universal_read = ProbeReadBytes(universal + "/universal.h5");
+  INFO("read by the probe: rank file " << plain_read << " of " << data_bytes(r)
+       << " data bytes, zstd rank file " << zstd_read << " of " << data_bytes(z)
+       << ", universal.h5 " << universal_read);
+  REQUIRE(plain_read > 0);  // its walk read the metadata (and the program its libraries)
+  CHECK(plain_read < data_bytes(r) / 8);
+  CHECK(zstd_read >= data_bytes(z));
+  CHECK(universal_read >= static_cast<int64_t>(std::filesystem::file_size(universal + "/universal.h5")) / 2);
 }
 
 TEST_CASE("metadata flips resealed as an attacker would: refused or read, never a crash", "[io]") {

@@ -242,6 +242,9 @@ def main():
                          "run does not fit in 10 minutes on the 2-core development VM, whose "
                          "shared disk gives 0.1-0.5 GiB/s (docs/performance.md)")
     ap.add_argument("--ranks", type=int, default=4, help="data-parallel ranks (files, threads)")
+    ap.add_argument("--many-ranks", type=int, default=64,
+                    help="rank files of the many_files phase's checkpoint (the same state as "
+                         "--ranks writes, in this many files): check --deep and export-fp32 of it")
     ap.add_argument("--reps", type=int, default=5,
                     help="repetitions of the phases with a target (raw floor, save, load, export)")
     ap.add_argument("--reps2", type=int, default=1,
@@ -257,8 +260,8 @@ def main():
     ap.add_argument("--async-steps", type=int, default=4,
                     help="engine_min steps (each saved) per async-save throughput run")
     ap.add_argument("--skip", default="", help="comma list of phases to skip: torch,scaling,zstd,"
-                    "variants,reshard,reshard_load,reshard_rss,export,deepspeed,lora,nextupdate,async,"
-                    "async_engine,rule")
+                    "variants,reshard,reshard_load,reshard_rss,export,many_files,deepspeed,lora,nextupdate,"
+                    "async,async_engine,rule")
     ap.add_argument("--throttle", default=None, metavar="W[,R]",
                     help="run every phase on a slower disk: the work directory's disk throttled "
                          "to W MiB/s of writes and R of reads (default: unthrottled) for this "
@@ -754,6 +757,25 @@ def main():
                 ck_root, "export_fp32_null", {}, [os.path.join(tag_dir, f) for f in rank_files],
                 null=cf["best_variant_by_median"])
 
+    # --- one file per rank at scale ------------------------------------------------------
+    # The same state written by --many-ranks ranks (ckpt synth, ZeRO-2): as many rank files,
+    # each its HDF5 open, probe and seal, as a large job's checkpoint has. check --deep and
+    # export-fp32 of it, against the same kinds of paired floors as the rows of --ranks files
+    # (on 2026-12-07 a probe process per file cost export a quarter of its time on 64 files).
+    if "many_files" not in skip and a.many_ranks > a.ranks:
+        many_root = os.path.join(work, "ckpt_many")
+        R.run([ckpt, "synth", many_root, "--ranks", str(a.many_ranks), "--params", str(params),
+               "--zero", "2", "--json"])
+        many_tag = os.path.join(many_root, save_tag(many_root))
+        many_files = sorted(os.path.join(many_tag, f) for f in os.listdir(many_tag)
+                            if f.endswith(".h5"))
+        paired_check("check_deep_many_files", ["--deep", many_root], many_files,
+                     "check --deep of the same state in %d rank files" % len(many_files))
+        if "export" not in skip:
+            export_fp32(many_root, "export_fp32_many_files", {"rank_files": len(many_files)},
+                        many_files)
+        shutil.rmtree(many_root, ignore_errors=True)
+
     # --- export-fp32 of a DeepSpeed ZeRO-2 checkpoint (docs/deepspeed.md) --------------------
     # A bf16 ZeRO-2 checkpoint of about --size on disk (14 bytes a parameter: fp32 master and
     # moments in the optimizer files, bf16 weights in the model file), written by the test
@@ -1109,6 +1131,8 @@ def main():
                       ("save_procs", "save, one process per rank >= 0.9x raw write"),
                       ("load_verified_procs", "load, one process per rank >= 0.9x raw read"),
                       ("check_deep", "check --deep >= 0.9x cold read of the files"),
+                      ("check_deep_many_files", "check --deep of --many-ranks files >= 0.9x "
+                                                "cold read of the files"),
                       ("deepspeed_check", "check of a DeepSpeed checkpoint >= 0.9x cold read of "
                                           "its files"),
                       ("deepspeed_lora_check", "check of a LoRA-like DeepSpeed checkpoint >= 0.9x "
@@ -1123,6 +1147,10 @@ def main():
                ">=", 0.9, null=e.get("null"))
         target("export peak RSS <= 2x largest tensor + 64 MiB (MiB)", e["maxrss_kib"] / 1024,
                "<=", round(e["rss_bound_kib"] / 1024, 1))
+    if "export_fp32_many_files" in ph:
+        e = ph["export_fp32_many_files"]
+        target("export of %d rank files >= 0.9x read+write floor (paired)" % e["rank_files"],
+               e["ratio"], ">=", 0.9)
     if "reshard" in ph:
         target("reshard bytes read per rank <= 1.05x owned", ph["reshard"]["max_read_ratio"],
                "<=", 1.05)
@@ -1314,7 +1342,8 @@ def print_table(res):
     order += [k for k in ph if k.startswith("save_zstd")]
     order += ["load_verified", "load_verified_procs", "load_unverified"]
     order += [k for k in ph if k.startswith("load_zstd")]
-    order += ["check_deep", "deepspeed_check", "deepspeed_lora_check", "torch_save", "torch_load"]
+    order += ["check_deep", "check_deep_many_files", "deepspeed_check", "deepspeed_lora_check",
+              "torch_save", "torch_load"]
     order = list(dict.fromkeys(order))  # save_zstd1 is also a variant
     for name in order:
         if name in ph:
@@ -1322,7 +1351,8 @@ def print_table(res):
             label = name + (" [%.3f:1]" % d["compression_ratio"] if "compression_ratio" in d else "")
             row(label, d["bytes"], d["seconds"], d["gib_per_s"], d.get("ratio"), d["maxrss_kib"])
     for name in ["save", "save_heap_state", "save_no_file_checksum", "save_zstd1", "load_verified",
-                 "check_deep", "deepspeed_check", "deepspeed_lora_check"]:
+                 "check_deep", "check_deep_many_files", "deepspeed_check",
+                 "deepspeed_lora_check"]:
         if "paired" in ph.get(name, {}):
             p = ph[name]["paired"]
             print("  %s vs the paired raw passes of the same bytes: best floor %s GiB/s, ratio %s"
@@ -1333,7 +1363,8 @@ def print_table(res):
                 n = ph[name]["null"]
                 print("    calibration: %s in its place: %s s, ratio %s" % (
                     n["variant"], fmt_range(n["seconds"]), fmt_range(n["ratio"])))
-    for name in [k for k in ("export_fp32", "deepspeed_export_fp32", "deepspeed_to_universal",
+    for name in [k for k in ("export_fp32", "export_fp32_many_files", "deepspeed_export_fp32",
+                             "deepspeed_to_universal",
                              "deepspeed_lora_export_fp32")
                  if "paired" in ph.get(k, {})]:
         e = ph[name]
@@ -1367,6 +1398,10 @@ def print_table(res):
         e = ph["export_fp32"]
         row("export_fp32 (read+write)", e["bytes_read"] + e["bytes_written"], e["seconds"],
             e["gib_per_s_read_plus_written"], e["ratio"], e["maxrss_kib"])
+    if "export_fp32_many_files" in ph:
+        e = ph["export_fp32_many_files"]
+        row("export_fp32, %d files (r+w)" % e["rank_files"], e["bytes_read"] + e["bytes_written"],
+            e["seconds"], e["gib_per_s_read_plus_written"], e["ratio"], e["maxrss_kib"])
     if "deepspeed_export_fp32" in ph:
         e = ph["deepspeed_export_fp32"]
         row("deepspeed ZeRO-2 export (r+w)", e["bytes_read"] + e["bytes_written"], e["seconds"],
@@ -1567,7 +1602,8 @@ def markdown(res):
     order += [k for k in ph if k.startswith("save_zstd")]
     order += ["load_verified", "load_verified_procs", "load_unverified"]
     order += [k for k in ph if k.startswith("load_zstd")]
-    order += ["check_deep", "deepspeed_check", "deepspeed_lora_check", "torch_save", "torch_load"]
+    order += ["check_deep", "check_deep_many_files", "deepspeed_check", "deepspeed_lora_check",
+              "torch_save", "torch_load"]
     order = list(dict.fromkeys(order))  # save_zstd1 is also a variant
     for name in order:
         if name in ph:
@@ -1579,6 +1615,11 @@ def markdown(res):
         e = ph["export_fp32"]
         row("`export_fp32` (read + written)", e["bytes_read"] + e["bytes_written"], e["seconds"],
             e["gib_per_s_read_plus_written"], e["ratio"], e["maxrss_kib"])
+    if "export_fp32_many_files" in ph:
+        e = ph["export_fp32_many_files"]
+        row("`export_fp32_many_files`, %d rank files (read + written)" % e["rank_files"],
+            e["bytes_read"] + e["bytes_written"], e["seconds"], e["gib_per_s_read_plus_written"],
+            e["ratio"], e["maxrss_kib"])
     if "reshard" in ph:
         r = ph["reshard"]
         row("`reshard %d->%d` (bytes read by new ranks)" % (r["from"], r["to"]),
@@ -1592,7 +1633,8 @@ def markdown(res):
         L.append("| torch.save / torch.load | %s | | | | |" % ph["torch"]["status"])
     L.append("")
     for name in ["save", "save_procs", "save_heap_state", "save_no_file_checksum", "save_zstd1",
-                 "load_verified", "load_verified_procs", "check_deep", "deepspeed_check",
+                 "load_verified", "load_verified_procs", "check_deep", "check_deep_many_files",
+                 "deepspeed_check",
                  "deepspeed_lora_check"]:
         if "paired" in ph.get(name, {}):
             p = ph[name]["paired"]
@@ -1606,7 +1648,8 @@ def markdown(res):
                          "; against the old buffered floor %s" % fmt_range(p["ratio_to_buffered"])
                          if "ratio_to_buffered" in p else ""))
             L.append("")
-    for name in [k for k in ("export_fp32", "deepspeed_export_fp32", "deepspeed_to_universal",
+    for name in [k for k in ("export_fp32", "export_fp32_many_files", "deepspeed_export_fp32",
+                             "deepspeed_to_universal",
                              "deepspeed_lora_export_fp32")
                  if "paired" in ph.get(k, {})]:
         e = ph[name]
